@@ -1,0 +1,245 @@
+//! The flat parameter vector: a deterministic layout of named tensors, its
+//! split into shard ranges, and its initial values. Every role computes the
+//! same layout from the same model spec.
+
+use std::ops::Range;
+
+use crate::spec::{Activation, ModelSpec};
+
+/// One named tensor inside the flat parameter vector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+}
+
+impl Tensor {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.len()
+    }
+}
+
+/// One dense layer as stored in the flat vector: `weight` is
+/// `[inputs, units]` row-major, `bias` is `[units]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenseShape {
+    pub inputs: usize,
+    pub units: usize,
+    pub activation: Activation,
+    pub weight: Range<usize>,
+    pub bias: Range<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub tensors: Vec<Tensor>,
+    pub layers: Vec<DenseShape>,
+    len: usize,
+}
+
+impl Layout {
+    /// Tensors in layer order, weight before bias. The output layer is linear:
+    /// its logits go to the loss.
+    pub fn from_model(model: &ModelSpec) -> Layout {
+        let mut tensors = Vec::new();
+        let mut layers = Vec::new();
+        let mut offset = 0;
+        let mut inputs = model.input_size as usize;
+        let dims = model
+            .hidden
+            .iter()
+            .map(|l| (l.units as usize, l.activation))
+            .chain(std::iter::once((
+                model.output.units as usize,
+                Activation::Linear,
+            )));
+        for (i, (units, activation)) in dims.enumerate() {
+            let weight = Tensor {
+                name: format!("dense{i}/weight"),
+                shape: vec![inputs, units],
+                offset,
+            };
+            offset += weight.len();
+            let bias = Tensor {
+                name: format!("dense{i}/bias"),
+                shape: vec![units],
+                offset,
+            };
+            offset += bias.len();
+            layers.push(DenseShape {
+                inputs,
+                units,
+                activation,
+                weight: weight.range(),
+                bias: bias.range(),
+            });
+            tensors.push(weight);
+            tensors.push(bias);
+            inputs = units;
+        }
+        Layout {
+            tensors,
+            layers,
+            len: offset,
+        }
+    }
+
+    /// Number of f32 parameters.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn classes(&self) -> usize {
+        self.layers.last().map_or(0, |l| l.units)
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.inputs)
+    }
+
+    /// Contiguous ranges, one per shard, whose sizes differ by at most one.
+    pub fn shard_ranges(&self, shards: usize) -> Vec<Range<usize>> {
+        shard_ranges(self.len, shards)
+    }
+
+    /// Initial values of `range`: uniform Glorot for linear, tanh and sigmoid
+    /// layers, uniform He for relu, zero biases. Each value depends only on
+    /// the seed and its index, so a shard can initialise its own range alone.
+    pub fn initial_values(&self, range: Range<usize>, seed: u64) -> Vec<f32> {
+        let mut out = vec![0.0; range.len()];
+        for layer in &self.layers {
+            let w = &layer.weight;
+            let lo = w.start.max(range.start);
+            let hi = w.end.min(range.end);
+            if lo >= hi {
+                continue;
+            }
+            let limit = match layer.activation {
+                Activation::Relu => (6.0 / layer.inputs as f64).sqrt(),
+                _ => (6.0 / (layer.inputs + layer.units) as f64).sqrt(),
+            };
+            for i in lo..hi {
+                out[i - range.start] = (limit * (2.0 * unit_uniform(seed, i as u64) - 1.0)) as f32;
+            }
+        }
+        out
+    }
+}
+
+/// Splits `[0, len)` into `shards` contiguous ranges whose sizes differ by at most one.
+pub fn shard_ranges(len: usize, shards: usize) -> Vec<Range<usize>> {
+    let shards = shards.max(1);
+    let base = len / shards;
+    let extra = len % shards;
+    let mut start = 0;
+    (0..shards)
+        .map(|s| {
+            let size = base + usize::from(s < extra);
+            let r = start..start + size;
+            start += size;
+            r
+        })
+        .collect()
+}
+
+/// A uniform value in [0, 1) from (seed, index), via splitmix64.
+fn unit_uniform(seed: u64, index: u64) -> f64 {
+    let mut z = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(index)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{DenseLayer, Loss, OutputLayer};
+
+    fn mlp() -> ModelSpec {
+        ModelSpec {
+            input_size: 784,
+            hidden: vec![DenseLayer {
+                units: 512,
+                activation: Activation::Relu,
+            }],
+            output: OutputLayer {
+                units: 10,
+                loss: Loss::SoftmaxCrossEntropy,
+            },
+        }
+    }
+
+    #[test]
+    fn mlp_layout_is_dense_and_ordered() {
+        let l = Layout::from_model(&mlp());
+        assert_eq!(l.len(), 784 * 512 + 512 + 512 * 10 + 10);
+        let names: Vec<_> = l.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "dense0/weight",
+                "dense0/bias",
+                "dense1/weight",
+                "dense1/bias"
+            ]
+        );
+        let mut expected = 0;
+        for t in &l.tensors {
+            assert_eq!(t.offset, expected, "{} is not contiguous", t.name);
+            expected += t.len();
+        }
+        assert_eq!(l.layers[1].activation, Activation::Linear);
+        assert_eq!((l.inputs(), l.classes()), (784, 10));
+    }
+
+    #[test]
+    fn shard_ranges_cover_and_balance() {
+        for (len, shards) in [(10, 3), (407_050, 2), (5, 5), (7, 1), (100, 7)] {
+            let r = shard_ranges(len, shards);
+            assert_eq!(r.len(), shards);
+            assert_eq!(r[0].start, 0);
+            assert_eq!(r.last().unwrap().end, len);
+            for w in r.windows(2) {
+                assert_eq!(w[0].end, w[1].start);
+            }
+            let sizes: Vec<_> = r.iter().map(|x| x.len()).collect();
+            let (mn, mx) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(mx - mn <= 1, "{sizes:?}");
+        }
+    }
+
+    #[test]
+    fn sharded_init_equals_whole_init() {
+        let l = Layout::from_model(&mlp());
+        let whole = l.initial_values(0..l.len(), 7);
+        let mut joined = Vec::new();
+        for r in l.shard_ranges(3) {
+            joined.extend(l.initial_values(r, 7));
+        }
+        assert_eq!(whole, joined);
+        assert_ne!(whole, l.initial_values(0..l.len(), 8));
+        let w = &l.layers[0].weight;
+        let limit = (6.0f32 / 784.0).sqrt();
+        assert!(whole[w.clone()].iter().all(|v| v.abs() <= limit));
+        let mean: f32 = whole[w.clone()].iter().sum::<f32>() / w.len() as f32;
+        assert!(mean.abs() < 0.01);
+        assert!(whole[l.layers[0].bias.clone()].iter().all(|&v| v == 0.0));
+    }
+}

@@ -1,0 +1,15 @@
+//! The `DistBeliefJob` resource, shared by the local runtime and the operator:
+//! the spec and status types, their validation and defaults, and the flat
+//! parameter layout every role derives from the model.
+
+mod error;
+pub mod layout;
+mod load;
+pub mod spec;
+mod validate;
+
+pub use error::{ApiError, ValidationError};
+pub use layout::{Layout, Tensor};
+pub use load::{load_job, parse_job};
+pub use spec::*;
+pub use validate::{Job, validate};

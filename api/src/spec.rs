@@ -1,0 +1,387 @@
+//! The `DistBeliefJob` custom resource. Every `///` here becomes the CRD's
+//! schema description, so each field states its default.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const API_GROUP: &str = "distbelief.dev";
+pub const API_VERSION: &str = "distbelief.dev/v1alpha1";
+pub const KIND: &str = "DistBeliefJob";
+
+/// Where Debian's `dataset-fashion-mnist` package puts the data set.
+pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
+
+/// A distributed training job: the model, its data, the algorithm and its
+/// hyper-parameters, how many parameter-server shards and model replicas run
+/// it, how failures are handled and when it stops.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "distbelief.dev",
+    version = "v1alpha1",
+    kind = "DistBeliefJob",
+    namespaced,
+    shortname = "dbj",
+    status = "DistBeliefJobStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DistBeliefJobSpec {
+    /// The network to train.
+    pub model: ModelSpec,
+    /// Training and test data.
+    #[serde(default)]
+    pub data: DataSpec,
+    /// The training algorithm and its hyper-parameters.
+    pub algorithm: AlgorithmSpec,
+    /// Parameter-server shards. Default: 1 shard, 3 restarts.
+    #[serde(default)]
+    pub parameter_servers: ParameterServerSpec,
+    /// Model replicas. Default: 1 replica, 3 restarts.
+    #[serde(default)]
+    pub replicas: ReplicaSpec,
+    /// When the job is done. Default: 10 epochs or 3600 seconds, no accuracy target.
+    #[serde(default)]
+    pub stop: StopSpec,
+    /// Parameter-server checkpoints. Default: every 30 seconds, in the runtime's own directory.
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+}
+
+/// A multi-layer perceptron: dense hidden layers, then a dense output layer
+/// trained with softmax cross-entropy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelSpec {
+    /// Number of input features per example. Default: 784 (28×28 pixels).
+    #[serde(default = "default_input_size")]
+    pub input_size: u32,
+    /// Hidden dense layers, from input to output. Default: none (softmax regression).
+    #[serde(default)]
+    pub hidden: Vec<DenseLayer>,
+    /// The output layer. Its units are the number of classes.
+    pub output: OutputLayer,
+}
+
+/// A fully connected layer with its activation.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DenseLayer {
+    /// Number of units. Required, at least 1.
+    pub units: u32,
+    /// Activation applied to the layer's output. Default: relu.
+    #[serde(default)]
+    pub activation: Activation,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Activation {
+    #[default]
+    Relu,
+    Tanh,
+    Sigmoid,
+    Linear,
+}
+
+/// The output layer: dense units whose logits go through the loss.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OutputLayer {
+    /// Number of classes. Required, at least 2.
+    pub units: u32,
+    /// Loss on the logits. Default: softmaxCrossEntropy (the only one so far).
+    #[serde(default)]
+    pub loss: Loss,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Loss {
+    #[default]
+    SoftmaxCrossEntropy,
+}
+
+/// Training and test examples. Labels are class indices in [0, output.units).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSpec {
+    /// File format: `idx` (the MNIST format, plain or `.gz`) or `csv`. Default: idx.
+    #[serde(default)]
+    pub format: DataFormat,
+    /// idx training images. Default: Fashion-MNIST's, from Debian's dataset-fashion-mnist.
+    #[serde(default = "default_train_images")]
+    pub train_images: String,
+    /// idx training labels. Default: Fashion-MNIST's.
+    #[serde(default = "default_train_labels")]
+    pub train_labels: String,
+    /// idx test images. Default: Fashion-MNIST's.
+    #[serde(default = "default_test_images")]
+    pub test_images: String,
+    /// idx test labels. Default: Fashion-MNIST's.
+    #[serde(default = "default_test_labels")]
+    pub test_labels: String,
+    /// CSV training file, one example per row: label, then the features. A
+    /// first row that does not parse as numbers is taken as a header. Required when format is csv.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_csv: Option<String>,
+    /// CSV test file, same layout as trainCsv. Required when format is csv.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_csv: Option<String>,
+    /// Multiplies every feature as it is read. Default: 1/255, which maps pixels to [0, 1].
+    #[serde(default = "default_input_scale")]
+    pub input_scale: f32,
+    /// Use only the first N training examples. Default: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_limit: Option<u32>,
+    /// Use only the first N test examples. Default: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_limit: Option<u32>,
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        DataSpec {
+            format: DataFormat::Idx,
+            train_images: default_train_images(),
+            train_labels: default_train_labels(),
+            test_images: default_test_images(),
+            test_labels: default_test_labels(),
+            train_csv: None,
+            test_csv: None,
+            input_scale: default_input_scale(),
+            train_limit: None,
+            test_limit: None,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DataFormat {
+    #[default]
+    Idx,
+    Csv,
+}
+
+/// The training algorithm. Exactly one must be set.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AlgorithmSpec {
+    /// Asynchronous Downpour SGD: replicas fetch parameters and push gradients
+    /// on their own schedule. Required (the only algorithm so far).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downpour: Option<DownpourSpec>,
+}
+
+/// Downpour SGD hyper-parameters.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DownpourSpec {
+    /// Step size the shards apply. Default: 0.01.
+    #[serde(default = "default_learning_rate")]
+    pub learning_rate: f32,
+    /// Per-parameter Adagrad on the shards. Default: enabled, initialAccumulator 0.1, epsilon 1e-8.
+    #[serde(default)]
+    pub adagrad: AdagradSpec,
+    /// Fetch fresh parameters every nFetch steps. Default: 1.
+    #[serde(default = "one")]
+    pub n_fetch: u32,
+    /// Push the accumulated gradient every nPush steps. Default: 1.
+    #[serde(default = "one")]
+    pub n_push: u32,
+    /// Examples per mini-batch. Default: 128.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    /// Steps replica 0 trains alone before the others join. Default: 0.
+    #[serde(default)]
+    pub warm_start_steps: u32,
+    /// Seed for parameter initialisation and data shuffling. Default: 1.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+/// Adagrad settings. The accumulators live on the shards.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdagradSpec {
+    /// Use Adagrad; when false the shards apply plain SGD. Default: true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Starting value of every squared-gradient accumulator. Default: 0.1.
+    #[serde(default = "default_initial_accumulator")]
+    pub initial_accumulator: f32,
+    /// Added to the accumulator's square root before dividing. Default: 1e-8.
+    #[serde(default = "default_epsilon")]
+    pub epsilon: f32,
+}
+
+impl Default for AdagradSpec {
+    fn default() -> Self {
+        AdagradSpec {
+            enabled: true,
+            initial_accumulator: default_initial_accumulator(),
+            epsilon: default_epsilon(),
+        }
+    }
+}
+
+/// Parameter-server shards.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ParameterServerSpec {
+    /// Number of shards; the parameter vector is split into this many
+    /// contiguous ranges of near-equal size. Default: 1.
+    #[serde(default = "one")]
+    pub shards: u32,
+    /// Times a failed shard is restarted (from its checkpoint) before the job fails. Default: 3.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+}
+
+impl Default for ParameterServerSpec {
+    fn default() -> Self {
+        ParameterServerSpec {
+            shards: 1,
+            max_restarts: default_max_restarts(),
+        }
+    }
+}
+
+/// Model replicas.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSpec {
+    /// Number of replicas; each trains on its own disjoint part of the training data. Default: 1.
+    #[serde(default = "one")]
+    pub count: u32,
+    /// Replica restarts allowed over the whole job before it fails. Default: 3.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+}
+
+impl Default for ReplicaSpec {
+    fn default() -> Self {
+        ReplicaSpec {
+            count: 1,
+            max_restarts: default_max_restarts(),
+        }
+    }
+}
+
+/// The stopping rule: the job is done as soon as any limit is met.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StopSpec {
+    /// Stop once test accuracy reaches this value, in (0, 1]. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_test_accuracy: Option<f64>,
+    /// Stop after this many passes over the training data, counted over all replicas. Default: 10.
+    #[serde(default = "default_max_epochs")]
+    pub max_epochs: f64,
+    /// Stop after this many seconds of training. Default: 3600.
+    #[serde(default = "default_max_seconds")]
+    pub max_seconds: u64,
+    /// Seconds between evaluations on the test set. Default: 2.
+    #[serde(default = "default_eval_interval")]
+    pub eval_interval_seconds: f64,
+}
+
+impl Default for StopSpec {
+    fn default() -> Self {
+        StopSpec {
+            target_test_accuracy: None,
+            max_epochs: default_max_epochs(),
+            max_seconds: default_max_seconds(),
+            eval_interval_seconds: default_eval_interval(),
+        }
+    }
+}
+
+/// Parameter-server checkpoints: parameters, Adagrad accumulators and version.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSpec {
+    /// Directory for shard checkpoints. Default: `checkpoints/` in the local
+    /// runtime's run directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    /// Seconds between checkpoints. Default: 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_seconds: Option<u64>,
+}
+
+impl CheckpointSpec {
+    pub fn interval_seconds(&self) -> u64 {
+        self.interval_seconds.unwrap_or(30)
+    }
+}
+
+/// Observed state of a job, written by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DistBeliefJobStatus {
+    /// Pending, Running, Succeeded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Latest test accuracy reported by the coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f64>,
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+fn default_input_size() -> u32 {
+    784
+}
+fn default_input_scale() -> f32 {
+    1.0 / 255.0
+}
+fn data_path(file: &str) -> String {
+    format!("{FASHION_MNIST_DIR}/{file}")
+}
+fn default_train_images() -> String {
+    data_path("train-images-idx3-ubyte.gz")
+}
+fn default_train_labels() -> String {
+    data_path("train-labels-idx1-ubyte.gz")
+}
+fn default_test_images() -> String {
+    data_path("t10k-images-idx3-ubyte.gz")
+}
+fn default_test_labels() -> String {
+    data_path("t10k-labels-idx1-ubyte.gz")
+}
+fn default_learning_rate() -> f32 {
+    0.01
+}
+fn default_initial_accumulator() -> f32 {
+    0.1
+}
+fn default_epsilon() -> f32 {
+    1e-8
+}
+fn default_batch_size() -> u32 {
+    128
+}
+fn default_seed() -> u64 {
+    1
+}
+fn default_max_restarts() -> u32 {
+    3
+}
+fn default_max_epochs() -> f64 {
+    10.0
+}
+fn default_max_seconds() -> u64 {
+    3600
+}
+fn default_eval_interval() -> f64 {
+    2.0
+}
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}

@@ -1,0 +1,242 @@
+//! Validate, then use: the raw resource becomes a [`Job`] once, with every
+//! rule checked and one message per broken rule.
+
+use crate::error::{ApiError, ValidationError};
+use crate::layout::Layout;
+use crate::spec::{DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec};
+
+/// A validated job. Only [`validate`] builds one.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub name: String,
+    pub spec: DistBeliefJobSpec,
+    pub downpour: DownpourSpec,
+    pub layout: Layout,
+}
+
+impl Job {
+    pub fn shards(&self) -> usize {
+        self.spec.parameter_servers.shards as usize
+    }
+
+    pub fn replicas(&self) -> usize {
+        self.spec.replicas.count as usize
+    }
+}
+
+const MAX_BATCH: u32 = 65_536;
+const MAX_PARAMETERS: usize = 1 << 31;
+
+/// Checks every rule and returns all broken ones together.
+pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
+    let mut errors = Vec::new();
+    let mut fail = |field: &str, message: String| {
+        errors.push(ValidationError {
+            field: field.to_string(),
+            message,
+        })
+    };
+    let name = job.metadata.name.clone().unwrap_or_default();
+    if !is_dns_label(&name) {
+        fail(
+            "metadata.name",
+            format!(
+                "{name:?} must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+            ),
+        );
+    }
+    let s = &job.spec;
+
+    if s.model.input_size == 0 {
+        fail("spec.model.inputSize", "must be at least 1".into());
+    }
+    for (i, l) in s.model.hidden.iter().enumerate() {
+        if l.units == 0 {
+            fail(
+                &format!("spec.model.hidden[{i}].units"),
+                "must be at least 1".into(),
+            );
+        }
+    }
+    if s.model.output.units < 2 {
+        fail(
+            "spec.model.output.units",
+            format!("must be at least 2 classes, got {}", s.model.output.units),
+        );
+    }
+
+    let d = &s.data;
+    match d.format {
+        DataFormat::Idx => {
+            for (field, v) in [
+                ("trainImages", &d.train_images),
+                ("trainLabels", &d.train_labels),
+                ("testImages", &d.test_images),
+                ("testLabels", &d.test_labels),
+            ] {
+                if v.trim().is_empty() {
+                    fail(
+                        &format!("spec.data.{field}"),
+                        "must name an idx file".into(),
+                    );
+                }
+            }
+        }
+        DataFormat::Csv => {
+            for (field, v) in [("trainCsv", &d.train_csv), ("testCsv", &d.test_csv)] {
+                if v.as_deref().is_none_or(|p| p.trim().is_empty()) {
+                    fail(
+                        &format!("spec.data.{field}"),
+                        "is required when format is csv".into(),
+                    );
+                }
+            }
+        }
+    }
+    if !(d.input_scale.is_finite() && d.input_scale > 0.0) {
+        fail(
+            "spec.data.inputScale",
+            format!("must be a positive number, got {}", d.input_scale),
+        );
+    }
+    if d.train_limit == Some(0) {
+        fail("spec.data.trainLimit", "must be at least 1 when set".into());
+    }
+    if d.test_limit == Some(0) {
+        fail("spec.data.testLimit", "must be at least 1 when set".into());
+    }
+
+    let downpour = s.algorithm.downpour.clone();
+    match &downpour {
+        None => fail(
+            "spec.algorithm",
+            "exactly one algorithm must be set; downpour is the one available".into(),
+        ),
+        Some(p) => {
+            if !(p.learning_rate.is_finite() && p.learning_rate > 0.0) {
+                fail(
+                    "spec.algorithm.downpour.learningRate",
+                    format!("must be a positive number, got {}", p.learning_rate),
+                );
+            }
+            let a = &p.adagrad;
+            if !(a.initial_accumulator.is_finite() && a.initial_accumulator >= 0.0) {
+                fail(
+                    "spec.algorithm.downpour.adagrad.initialAccumulator",
+                    format!("must be zero or positive, got {}", a.initial_accumulator),
+                );
+            }
+            if !(a.epsilon.is_finite() && a.epsilon > 0.0) {
+                fail(
+                    "spec.algorithm.downpour.adagrad.epsilon",
+                    format!("must be a positive number, got {}", a.epsilon),
+                );
+            }
+            if p.n_fetch == 0 {
+                fail(
+                    "spec.algorithm.downpour.nFetch",
+                    "must be at least 1".into(),
+                );
+            }
+            if p.n_push == 0 {
+                fail("spec.algorithm.downpour.nPush", "must be at least 1".into());
+            }
+            if p.batch_size == 0 || p.batch_size > MAX_BATCH {
+                fail(
+                    "spec.algorithm.downpour.batchSize",
+                    format!("must be between 1 and {MAX_BATCH}, got {}", p.batch_size),
+                );
+            }
+        }
+    }
+
+    let layout = Layout::from_model(&s.model);
+    if layout.len() > MAX_PARAMETERS {
+        fail(
+            "spec.model",
+            format!(
+                "has {} parameters; at most {MAX_PARAMETERS} are supported",
+                layout.len()
+            ),
+        );
+    }
+    let shards = s.parameter_servers.shards as usize;
+    if shards == 0 {
+        fail("spec.parameterServers.shards", "must be at least 1".into());
+    } else if shards > layout.len() {
+        fail(
+            "spec.parameterServers.shards",
+            format!(
+                "{shards} shards for {} parameters leaves some shard empty",
+                layout.len()
+            ),
+        );
+    }
+    if s.replicas.count == 0 {
+        fail("spec.replicas.count", "must be at least 1".into());
+    }
+
+    let st = &s.stop;
+    if let Some(t) = st.target_test_accuracy
+        && !(t > 0.0 && t <= 1.0)
+    {
+        fail(
+            "spec.stop.targetTestAccuracy",
+            format!("must be in (0, 1], got {t}"),
+        );
+    }
+    if !(st.max_epochs.is_finite() && st.max_epochs > 0.0) {
+        fail(
+            "spec.stop.maxEpochs",
+            format!("must be a positive number, got {}", st.max_epochs),
+        );
+    }
+    if st.max_seconds == 0 {
+        fail("spec.stop.maxSeconds", "must be at least 1".into());
+    }
+    if !(st.eval_interval_seconds.is_finite() && st.eval_interval_seconds > 0.0) {
+        fail(
+            "spec.stop.evalIntervalSeconds",
+            format!(
+                "must be a positive number, got {}",
+                st.eval_interval_seconds
+            ),
+        );
+    }
+    if s.checkpoint.interval_seconds == Some(0) {
+        fail(
+            "spec.checkpoint.intervalSeconds",
+            "must be at least 1".into(),
+        );
+    }
+    if s.checkpoint
+        .dir
+        .as_deref()
+        .is_some_and(|d| d.trim().is_empty())
+    {
+        fail("spec.checkpoint.dir", "must not be empty when set".into());
+    }
+
+    match downpour {
+        Some(downpour) if errors.is_empty() => Ok(Job {
+            name,
+            spec: s.clone(),
+            downpour,
+            layout,
+        }),
+        _ => Err(ApiError::Invalid { name, errors }),
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+#[cfg(test)]
+mod tests;

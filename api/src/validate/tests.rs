@@ -1,0 +1,669 @@
+use super::*;
+use crate::spec::{Activation, DenseLayer, FASHION_MNIST_DIR, Loss};
+use crate::{load_job, parse_job};
+
+/// The smallest valid job: a Fashion-MNIST MLP with one hidden layer, all
+/// other settings left to their defaults.
+const MINIMAL: &str = "\
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata:
+  name: fashion-mlp
+spec:
+  model:
+    hidden:
+      - units: 16
+    output:
+      units: 10
+  algorithm:
+    downpour: {}
+";
+
+/// Parses and validates `yaml`, panicking with the error if it is rejected.
+fn valid_job(yaml: &str) -> Job {
+    match parse_job("test.yaml", yaml) {
+        Ok(job) => job,
+        Err(e) => panic!("expected a valid job, got {e}"),
+    }
+}
+
+/// The minimal job as the raw resource, ready to be broken field by field.
+fn minimal_resource() -> DistBeliefJob {
+    let job = valid_job(MINIMAL);
+    DistBeliefJob::new(&job.name, job.spec)
+}
+
+/// The validation errors of `result`, panicking if it is anything else.
+fn invalid(result: Result<Job, ApiError>) -> (String, Vec<ValidationError>) {
+    match result {
+        Err(ApiError::Invalid { name, errors }) => (name, errors),
+        Err(e) => panic!(
+            "expected ApiError::Invalid, got {} error: {e}",
+            e.category()
+        ),
+        Ok(job) => panic!(
+            "expected ApiError::Invalid, but job {:?} validated",
+            job.name
+        ),
+    }
+}
+
+fn downpour(job: &mut DistBeliefJob) -> &mut DownpourSpec {
+    job.spec
+        .algorithm
+        .downpour
+        .as_mut()
+        .expect("the minimal job sets downpour")
+}
+
+#[test]
+fn minimal_job_validates_with_documented_defaults() {
+    let job = valid_job(MINIMAL);
+    assert_eq!(job.name, "fashion-mlp");
+
+    let m = &job.spec.model;
+    assert_eq!(m.input_size, 784);
+    assert_eq!(
+        m.hidden,
+        [DenseLayer {
+            units: 16,
+            activation: Activation::Relu
+        }]
+    );
+    assert_eq!(m.output.units, 10);
+    assert_eq!(m.output.loss, Loss::SoftmaxCrossEntropy);
+
+    let d = &job.spec.data;
+    assert_eq!(d.format, DataFormat::Idx);
+    for (field, path, file) in [
+        ("trainImages", &d.train_images, "train-images-idx3-ubyte.gz"),
+        ("trainLabels", &d.train_labels, "train-labels-idx1-ubyte.gz"),
+        ("testImages", &d.test_images, "t10k-images-idx3-ubyte.gz"),
+        ("testLabels", &d.test_labels, "t10k-labels-idx1-ubyte.gz"),
+    ] {
+        assert_eq!(*path, format!("{FASHION_MNIST_DIR}/{file}"), "{field}");
+        assert!(
+            path.starts_with("/usr/share/datasets/fashion-mnist/"),
+            "{field}: {path}"
+        );
+    }
+    assert_eq!(
+        (d.train_csv.as_deref(), d.test_csv.as_deref()),
+        (None, None)
+    );
+    assert_eq!(d.input_scale, 1.0 / 255.0);
+    assert_eq!((d.train_limit, d.test_limit), (None, None));
+
+    // The validated job carries the algorithm with its defaults filled in.
+    assert_eq!(job.spec.algorithm.downpour.as_ref(), Some(&job.downpour));
+    let p = &job.downpour;
+    assert_eq!(p.learning_rate, 0.01);
+    assert!(p.adagrad.enabled);
+    assert_eq!(p.adagrad.initial_accumulator, 0.1);
+    assert_eq!(p.adagrad.epsilon, 1e-8);
+    assert_eq!((p.n_fetch, p.n_push), (1, 1));
+    assert_eq!(p.batch_size, 128);
+    assert_eq!(p.warm_start_steps, 0);
+    assert_eq!(p.seed, 1);
+
+    assert_eq!(job.spec.parameter_servers.shards, 1);
+    assert_eq!(job.spec.parameter_servers.max_restarts, 3);
+    assert_eq!(job.spec.replicas.count, 1);
+    assert_eq!(job.spec.replicas.max_restarts, 3);
+    assert_eq!((job.shards(), job.replicas()), (1, 1));
+
+    let st = &job.spec.stop;
+    assert_eq!(st.target_test_accuracy, None);
+    assert_eq!(st.max_epochs, 10.0);
+    assert_eq!(st.max_seconds, 3600);
+    assert_eq!(st.eval_interval_seconds, 2.0);
+
+    assert_eq!(job.spec.checkpoint.dir, None);
+    assert_eq!(job.spec.checkpoint.interval_seconds(), 30);
+
+    assert_eq!(job.layout.len(), 784 * 16 + 16 + 16 * 10 + 10);
+    assert_eq!((job.layout.inputs(), job.layout.classes()), (784, 10));
+}
+
+#[test]
+fn validate_accepts_the_minimal_resource_unchanged() {
+    let raw = minimal_resource();
+    let job = validate(&raw).expect("the minimal resource is valid");
+    assert_eq!(job.spec, raw.spec);
+}
+
+/// One row per rule in `validate`: its name, a change that breaks only that
+/// rule, the field the error must name and a word its message must contain.
+type Rule = (
+    &'static str,
+    fn(&mut DistBeliefJob),
+    &'static str,
+    &'static str,
+);
+
+const RULES: &[Rule] = &[
+    (
+        "name is a DNS label",
+        |j| j.metadata.name = Some("Fashion_MLP".into()),
+        "metadata.name",
+        "Fashion_MLP",
+    ),
+    (
+        "inputSize at least 1",
+        |j| j.spec.model.input_size = 0,
+        "spec.model.inputSize",
+        "at least 1",
+    ),
+    (
+        "hidden units at least 1",
+        |j| {
+            j.spec.model.hidden.push(DenseLayer {
+                units: 0,
+                activation: Activation::Tanh,
+            })
+        },
+        "spec.model.hidden[1].units",
+        "at least 1",
+    ),
+    (
+        "output units at least 2",
+        |j| j.spec.model.output.units = 1,
+        "spec.model.output.units",
+        "got 1",
+    ),
+    (
+        "idx trainImages set",
+        |j| j.spec.data.train_images = String::new(),
+        "spec.data.trainImages",
+        "idx",
+    ),
+    (
+        "idx trainLabels set",
+        |j| j.spec.data.train_labels = "  ".into(),
+        "spec.data.trainLabels",
+        "idx",
+    ),
+    (
+        "idx testImages set",
+        |j| j.spec.data.test_images = String::new(),
+        "spec.data.testImages",
+        "idx",
+    ),
+    (
+        "idx testLabels set",
+        |j| j.spec.data.test_labels = "\t".into(),
+        "spec.data.testLabels",
+        "idx",
+    ),
+    (
+        "csv trainCsv required",
+        |j| {
+            j.spec.data.format = DataFormat::Csv;
+            j.spec.data.test_csv = Some("test.csv".into());
+        },
+        "spec.data.trainCsv",
+        "csv",
+    ),
+    (
+        "csv testCsv required",
+        |j| {
+            j.spec.data.format = DataFormat::Csv;
+            j.spec.data.train_csv = Some("train.csv".into());
+            j.spec.data.test_csv = Some(" ".into());
+        },
+        "spec.data.testCsv",
+        "csv",
+    ),
+    (
+        "inputScale positive",
+        |j| j.spec.data.input_scale = 0.0,
+        "spec.data.inputScale",
+        "got 0",
+    ),
+    (
+        "inputScale finite",
+        |j| j.spec.data.input_scale = f32::NAN,
+        "spec.data.inputScale",
+        "NaN",
+    ),
+    (
+        "trainLimit at least 1",
+        |j| j.spec.data.train_limit = Some(0),
+        "spec.data.trainLimit",
+        "at least 1",
+    ),
+    (
+        "testLimit at least 1",
+        |j| j.spec.data.test_limit = Some(0),
+        "spec.data.testLimit",
+        "at least 1",
+    ),
+    (
+        "an algorithm is set",
+        |j| j.spec.algorithm.downpour = None,
+        "spec.algorithm",
+        "downpour",
+    ),
+    (
+        "learningRate positive",
+        |j| downpour(j).learning_rate = -0.5,
+        "spec.algorithm.downpour.learningRate",
+        "got -0.5",
+    ),
+    (
+        "initialAccumulator non-negative",
+        |j| downpour(j).adagrad.initial_accumulator = -1.0,
+        "spec.algorithm.downpour.adagrad.initialAccumulator",
+        "got -1",
+    ),
+    (
+        "epsilon positive",
+        |j| downpour(j).adagrad.epsilon = 0.0,
+        "spec.algorithm.downpour.adagrad.epsilon",
+        "got 0",
+    ),
+    (
+        "nFetch at least 1",
+        |j| downpour(j).n_fetch = 0,
+        "spec.algorithm.downpour.nFetch",
+        "at least 1",
+    ),
+    (
+        "nPush at least 1",
+        |j| downpour(j).n_push = 0,
+        "spec.algorithm.downpour.nPush",
+        "at least 1",
+    ),
+    (
+        "batchSize at least 1",
+        |j| downpour(j).batch_size = 0,
+        "spec.algorithm.downpour.batchSize",
+        "got 0",
+    ),
+    (
+        "batchSize at most 65536",
+        |j| downpour(j).batch_size = 65_537,
+        "spec.algorithm.downpour.batchSize",
+        "65536",
+    ),
+    (
+        "at most 2^31 parameters",
+        |j| j.spec.model.hidden[0].units = 1 << 22,
+        "spec.model",
+        "parameters",
+    ),
+    (
+        "at most 2^31 parameters, even past u64",
+        |j| {
+            // 2^31·(2^32−1) + (2^32−1) + (2^32−1)·2^31 + 2^31 = 2^64 + 2^31 − 1:
+            // a 64-bit count wraps to 2^31 − 1 and would pass.
+            j.spec.model.input_size = 1 << 31;
+            j.spec.model.hidden[0].units = u32::MAX;
+            j.spec.model.output.units = 1 << 31;
+        },
+        "spec.model",
+        "parameters",
+    ),
+    (
+        "shards at least 1",
+        |j| j.spec.parameter_servers.shards = 0,
+        "spec.parameterServers.shards",
+        "at least 1",
+    ),
+    (
+        "no empty shard",
+        |j| j.spec.parameter_servers.shards = 784 * 16 + 16 + 16 * 10 + 10 + 1,
+        "spec.parameterServers.shards",
+        "empty",
+    ),
+    (
+        "replicas at least 1",
+        |j| j.spec.replicas.count = 0,
+        "spec.replicas.count",
+        "at least 1",
+    ),
+    (
+        "targetTestAccuracy in (0, 1]",
+        |j| j.spec.stop.target_test_accuracy = Some(1.5),
+        "spec.stop.targetTestAccuracy",
+        "got 1.5",
+    ),
+    (
+        "targetTestAccuracy above 0",
+        |j| j.spec.stop.target_test_accuracy = Some(0.0),
+        "spec.stop.targetTestAccuracy",
+        "(0, 1]",
+    ),
+    (
+        "maxEpochs positive",
+        |j| j.spec.stop.max_epochs = 0.0,
+        "spec.stop.maxEpochs",
+        "got 0",
+    ),
+    (
+        "maxEpochs finite",
+        |j| j.spec.stop.max_epochs = f64::INFINITY,
+        "spec.stop.maxEpochs",
+        "inf",
+    ),
+    (
+        "maxSeconds at least 1",
+        |j| j.spec.stop.max_seconds = 0,
+        "spec.stop.maxSeconds",
+        "at least 1",
+    ),
+    (
+        "evalIntervalSeconds positive",
+        |j| j.spec.stop.eval_interval_seconds = -2.0,
+        "spec.stop.evalIntervalSeconds",
+        "got -2",
+    ),
+    (
+        "checkpoint intervalSeconds at least 1",
+        |j| j.spec.checkpoint.interval_seconds = Some(0),
+        "spec.checkpoint.intervalSeconds",
+        "at least 1",
+    ),
+    (
+        "checkpoint dir not empty",
+        |j| j.spec.checkpoint.dir = Some(" ".into()),
+        "spec.checkpoint.dir",
+        "empty",
+    ),
+];
+
+#[test]
+fn each_rule_reports_exactly_its_own_field() {
+    for &(rule, breaks, field, hint) in RULES {
+        let mut raw = minimal_resource();
+        breaks(&mut raw);
+        let (name, errors) = match validate(&raw) {
+            Err(ApiError::Invalid { name, errors }) => (name, errors),
+            Err(e) => panic!("rule {rule:?}: expected ApiError::Invalid, got {e}"),
+            Ok(_) => panic!("rule {rule:?}: the broken job validated"),
+        };
+        assert_eq!(
+            name,
+            raw.metadata.name.clone().unwrap_or_default(),
+            "rule {rule:?}"
+        );
+        assert_eq!(errors.len(), 1, "rule {rule:?}: {errors:#?}");
+        let e = &errors[0];
+        assert_eq!(e.field, field, "rule {rule:?}: {e}");
+        assert!(
+            e.message.trim().len() >= 10,
+            "rule {rule:?}: message too short: {e}"
+        );
+        assert!(
+            e.message.contains(hint),
+            "rule {rule:?}: message {:?} does not mention {hint:?}",
+            e.message
+        );
+        assert_eq!(e.to_string(), format!("{field}: {}", e.message));
+    }
+}
+
+#[test]
+fn rule_table_covers_every_field_validate_checks() {
+    let fields: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.2).collect();
+    let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
+    assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
+    // One per `fail(...)` site, the idx and csv loops counted per field.
+    assert_eq!(fields.len(), 29, "{fields:#?}");
+}
+
+#[test]
+fn missing_name_is_rejected() {
+    let mut raw = minimal_resource();
+    raw.metadata.name = None;
+    let (name, errors) = invalid(validate(&raw));
+    assert_eq!(name, "");
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].field, "metadata.name");
+}
+
+#[test]
+fn dns_label_rule_edges() {
+    let long_ok = "a".repeat(63);
+    for ok in ["a", "0", "a-b", "job-1", long_ok.as_str()] {
+        let mut raw = minimal_resource();
+        raw.metadata.name = Some(ok.into());
+        assert!(validate(&raw).is_ok(), "{ok:?} should be a valid name");
+    }
+    let long_bad = "a".repeat(64);
+    for bad in ["", "-a", "a-", "A", "a.b", "a_b", "é", long_bad.as_str()] {
+        let mut raw = minimal_resource();
+        raw.metadata.name = Some(bad.into());
+        let (_, errors) = invalid(validate(&raw));
+        assert_eq!(errors.len(), 1, "{bad:?}: {errors:#?}");
+        assert_eq!(errors[0].field, "metadata.name", "{bad:?}");
+    }
+}
+
+#[test]
+fn boundary_values_are_accepted() {
+    let len = 784 * 16 + 16 + 16 * 10 + 10;
+    let cases: &[(&str, fn(&mut DistBeliefJob))] = &[
+        ("batchSize 65536", |j| downpour(j).batch_size = 65_536),
+        ("batchSize 1", |j| downpour(j).batch_size = 1),
+        ("output units 2", |j| j.spec.model.output.units = 2),
+        ("initialAccumulator 0", |j| {
+            downpour(j).adagrad.initial_accumulator = 0.0
+        }),
+        ("targetTestAccuracy 1", |j| {
+            j.spec.stop.target_test_accuracy = Some(1.0)
+        }),
+        ("shards equal to parameters", |j| {
+            j.spec.parameter_servers.shards = 784 * 16 + 16 + 16 * 10 + 10
+        }),
+        ("no hidden layers", |j| j.spec.model.hidden.clear()),
+        ("fractional maxEpochs", |j| j.spec.stop.max_epochs = 0.25),
+        ("csv with both files", |j| {
+            j.spec.data.format = DataFormat::Csv;
+            j.spec.data.train_csv = Some("train.csv".into());
+            j.spec.data.test_csv = Some("test.csv".into());
+            // idx paths are not used by csv jobs.
+            j.spec.data.train_images = String::new();
+        }),
+        ("adagrad disabled", |j| downpour(j).adagrad.enabled = false),
+    ];
+    for (case, change) in cases {
+        let mut raw = minimal_resource();
+        change(&mut raw);
+        if let Err(e) = validate(&raw) {
+            panic!("{case}: expected valid, got {e}");
+        }
+    }
+    let mut raw = minimal_resource();
+    raw.spec.parameter_servers.shards = len as u32;
+    assert_eq!(validate(&raw).unwrap().shards(), len);
+}
+
+#[test]
+fn every_broken_rule_is_reported_together() {
+    let yaml = "\
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata:
+  name: Bad_Name
+spec:
+  model:
+    inputSize: 0
+    hidden:
+      - units: 16
+      - units: 0
+    output:
+      units: 1
+  data:
+    inputScale: -1
+    trainLimit: 0
+  algorithm:
+    downpour:
+      batchSize: 0
+      nPush: 0
+  parameterServers:
+    shards: 0
+  replicas:
+    count: 0
+  stop:
+    targetTestAccuracy: 2
+    maxSeconds: 0
+  checkpoint:
+    intervalSeconds: 0
+";
+    let err = parse_job("test.yaml", yaml).unwrap_err();
+    assert_eq!(err.category(), "invalid");
+    let text = err.to_string();
+    let (name, errors) = invalid(Err(err));
+    assert_eq!(name, "Bad_Name");
+    let fields: Vec<_> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "metadata.name",
+            "spec.model.inputSize",
+            "spec.model.hidden[1].units",
+            "spec.model.output.units",
+            "spec.data.inputScale",
+            "spec.data.trainLimit",
+            "spec.algorithm.downpour.nPush",
+            "spec.algorithm.downpour.batchSize",
+            "spec.parameterServers.shards",
+            "spec.replicas.count",
+            "spec.stop.targetTestAccuracy",
+            "spec.stop.maxSeconds",
+            "spec.checkpoint.intervalSeconds",
+        ]
+    );
+    assert_eq!(errors.len(), 13);
+    // The Display text lists every error, one per line, under the job's name.
+    assert!(text.starts_with("job Bad_Name is invalid:\n"), "{text}");
+    assert_eq!(text.lines().count(), 1 + errors.len(), "{text}");
+    for e in &errors {
+        assert!(text.contains(&format!("  - {e}")), "{text} lacks {e}");
+    }
+}
+
+#[test]
+fn missing_algorithm_in_yaml_is_invalid_not_a_parse_error() {
+    let yaml = MINIMAL.replace("  algorithm:\n    downpour: {}\n", "  algorithm: {}\n");
+    assert_ne!(yaml, MINIMAL);
+    let (_, errors) = invalid(parse_job("test.yaml", &yaml));
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert_eq!(errors[0].field, "spec.algorithm");
+}
+
+#[test]
+fn invalid_yaml_reports_its_line() {
+    let yaml = "\
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata:
+  name: [unclosed
+spec: {}
+";
+    let err = parse_job("broken.yaml", yaml).unwrap_err();
+    assert!(matches!(err, ApiError::Parse { .. }), "{err:?}");
+    assert_eq!(err.category(), "parse");
+    let text = err.to_string();
+    assert!(text.contains("broken.yaml"), "{text}");
+    assert!(text.contains("line "), "{text}");
+    let ApiError::Parse { source, .. } = &err else {
+        unreachable!()
+    };
+    let line = source.location().expect("a location").line();
+    assert!((4..=6).contains(&line), "line {line}: {text}");
+    assert!(text.contains(&format!("line {line}")), "{text}");
+}
+
+#[test]
+fn unknown_enum_value_is_a_parse_error_with_its_line() {
+    let yaml = MINIMAL.replace(
+        "      - units: 16\n",
+        "      - units: 16\n        activation: swish\n",
+    );
+    let err = parse_job("test.yaml", &yaml).unwrap_err();
+    assert!(matches!(err, ApiError::Parse { .. }), "{err:?}");
+    assert_eq!(err.category(), "parse");
+    let text = err.to_string();
+    assert!(text.contains("swish"), "{text}");
+    assert!(text.contains("test.yaml"), "{text}");
+    // Line 9 is `activation: swish`.
+    assert!(text.contains("line 9"), "{text}");
+}
+
+#[test]
+fn missing_required_field_is_a_parse_error() {
+    let yaml = MINIMAL.replace("    output:\n      units: 10\n", "");
+    let err = parse_job("test.yaml", &yaml).unwrap_err();
+    assert!(matches!(err, ApiError::Parse { .. }), "{err:?}");
+    assert!(err.to_string().contains("output"), "{err}");
+}
+
+#[test]
+fn wrong_kind_or_api_version_is_a_resource_error() {
+    let cases = [
+        (
+            MINIMAL.replace("kind: DistBeliefJob", "kind: Job"),
+            "\"Job\"",
+        ),
+        (
+            MINIMAL.replace("distbelief.dev/v1alpha1", "distbelief.dev/v1"),
+            "\"distbelief.dev/v1\"",
+        ),
+        (MINIMAL.replace("kind: DistBeliefJob\n", ""), "kind \"\""),
+        ("- just\n- a list\n".to_string(), "apiVersion \"\""),
+    ];
+    for (yaml, found) in &cases {
+        let err = parse_job("other.yaml", yaml).unwrap_err();
+        let ApiError::Resource { path, message } = &err else {
+            panic!("expected ApiError::Resource for {found}, got {err:?}");
+        };
+        assert_eq!(path, "other.yaml");
+        assert!(message.contains(found), "{message}");
+        assert!(message.contains("DistBeliefJob"), "{message}");
+        assert!(message.contains("distbelief.dev/v1alpha1"), "{message}");
+        assert_eq!(err.category(), "resource");
+        assert!(err.to_string().contains("other.yaml"), "{err}");
+    }
+}
+
+#[test]
+fn json_text_is_accepted() {
+    let json = r#"{"apiVersion": "distbelief.dev/v1alpha1", "kind": "DistBeliefJob",
+        "metadata": {"name": "json-job"},
+        "spec": {"model": {"hidden": [{"units": 16}], "output": {"units": 10}},
+                 "algorithm": {"downpour": {}}}}"#;
+    let job = valid_job(json);
+    assert_eq!(job.name, "json-job");
+    assert_eq!(job.spec, valid_job(MINIMAL).spec);
+}
+
+#[test]
+fn missing_file_is_a_read_error_naming_the_path() {
+    let path = "/nonexistent/distbelief/job.yaml";
+    let err = load_job(path).unwrap_err();
+    let ApiError::Read {
+        path: reported,
+        source,
+    } = &err
+    else {
+        panic!("expected ApiError::Read, got {err:?}");
+    };
+    assert_eq!(reported, path);
+    assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+    assert_eq!(err.category(), "read");
+    assert!(err.to_string().contains(path), "{err}");
+}
+
+#[test]
+fn load_job_reads_and_validates_a_file() {
+    let path =
+        std::env::temp_dir().join(format!("distbelief-api-test-{}.yaml", std::process::id()));
+    std::fs::write(&path, MINIMAL).unwrap();
+    let result = load_job(path.to_str().unwrap());
+    std::fs::remove_file(&path).unwrap();
+    let job = result.expect("the minimal job file is valid");
+    assert_eq!(job.name, "fashion-mlp");
+    assert_eq!(job.layout.len(), valid_job(MINIMAL).layout.len());
+}

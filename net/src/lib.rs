@@ -1,0 +1,130 @@
+//! Network edges shared by every role: how gRPC servers and clients are set
+//! up, how calls are retried, and the Prometheus `/metrics` endpoint.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use distbelief_proto::codec::MAX_MESSAGE_BYTES;
+use tonic::transport::{Channel, Endpoint, Server};
+
+/// HTTP/2 flow-control windows. Large windows let a multi-MiB chunk cross
+/// loopback without waiting on window updates.
+const STREAM_WINDOW: u32 = 16 << 20;
+const CONNECTION_WINDOW: u32 = 64 << 20;
+
+/// Largest gRPC message a role accepts or sends.
+pub const MAX_MESSAGE: usize = MAX_MESSAGE_BYTES;
+
+/// Default deadline of one RPC.
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A gRPC server builder with the project's transport settings.
+pub fn server() -> Server {
+    Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+}
+
+/// A lazily connected channel to `addr` (`host:port`). Every call on it has
+/// `timeout` as its deadline; a broken connection is re-established on the
+/// next call.
+pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Ok(Endpoint::from_shared(uri)?
+        .connect_timeout(Duration::from_secs(3))
+        .timeout(timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+        .connect_lazy())
+}
+
+/// Exponential backoff between retries: 50 ms doubling to at most 2 s.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: Duration::from_millis(50),
+        }
+    }
+}
+
+impl Backoff {
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(2));
+        d
+    }
+
+    pub fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+}
+
+/// Serves `registry` as Prometheus text on `http://addr/metrics` until the
+/// process ends. Returns the bound address (useful when `addr` has port 0).
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    registry: prometheus::Registry,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut buf = String::new();
+                let encoder = prometheus::TextEncoder::new();
+                match encoder.encode_utf8(&registry.gather(), &mut buf) {
+                    Ok(()) => (axum::http::StatusCode::OK, buf),
+                    Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                }
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// Logs to stderr; `RUST_LOG` overrides the default level (info).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let mut b = Backoff::default();
+        let d: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(d, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 50);
+    }
+}

@@ -1,0 +1,76 @@
+/// Everything a shard can refuse or fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    #[error("push for shard {got} reached shard {expected}")]
+    WrongShard { expected: u32, got: u32 },
+    #[error("gradient chunk at offset {offset} with {len} values falls outside shard range [{start}, {end})")]
+    OutOfRange {
+        offset: u64,
+        len: usize,
+        start: usize,
+        end: usize,
+    },
+    #[error("gradient chunk at offset {got} does not follow the previous one, which ended at {expected}")]
+    OutOfOrder { expected: u64, got: u64 },
+    #[error("gradient has {got} values; shard range [{start}, {end}) needs {}", end - start)]
+    WrongLength { got: usize, start: usize, end: usize },
+    #[error("gradient chunk payload is {0} bytes, not a whole number of f32 values")]
+    Malformed(usize),
+    #[error("gradient chunks disagree on {0}")]
+    InconsistentHeader(&'static str),
+    #[error("push carried no chunks")]
+    EmptyPush,
+    #[error("gradient value {value} at index {index} is not finite")]
+    NotFinite { index: usize, value: f32 },
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint { path: String, message: String },
+    #[error("checkpoint {path}: {source}")]
+    CheckpointIo {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl PsError {
+    /// Bounded label for metrics and logs.
+    pub fn category(&self) -> &'static str {
+        match self {
+            PsError::WrongShard { .. } => "wrong_shard",
+            PsError::OutOfRange { .. } => "out_of_range",
+            PsError::OutOfOrder { .. } => "out_of_order",
+            PsError::WrongLength { .. } => "wrong_length",
+            PsError::Malformed(_) => "malformed",
+            PsError::InconsistentHeader(_) => "inconsistent_header",
+            PsError::EmptyPush => "empty_push",
+            PsError::NotFinite { .. } => "not_finite",
+            PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => "checkpoint",
+        }
+    }
+}
+
+/// The one place a shard error becomes a gRPC status.
+impl From<PsError> for tonic::Status {
+    fn from(e: PsError) -> Self {
+        let msg = e.to_string();
+        match e {
+            PsError::WrongShard { .. } | PsError::OutOfRange { .. } => {
+                tonic::Status::out_of_range(msg)
+            }
+            PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => {
+                tonic::Status::internal(msg)
+            }
+            _ => tonic::Status::invalid_argument(msg),
+        }
+    }
+}
+
+/// Why a shard process could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Shard(#[from] PsError),
+    #[error("shard {index} does not exist: the job has {shards} shards")]
+    NoSuchShard { index: u32, shards: usize },
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}

@@ -1,0 +1,57 @@
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// A shard's Prometheus metrics. Names carry the registry's `distbelief_`
+/// prefix and its `role` and `shard` labels.
+#[derive(Clone)]
+pub struct PsMetrics {
+    pub updates_applied: IntCounter,
+    pub pushes_refused: IntCounterVec,
+    pub duplicate_pushes: IntCounter,
+    pub fetches: IntCounter,
+    pub staleness: Histogram,
+    pub version: IntGauge,
+    pub apply_seconds: Histogram,
+    pub checkpoint_seconds: Histogram,
+}
+
+impl PsMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let m = PsMetrics {
+            updates_applied: IntCounter::new("ps_updates_applied_total", "Gradient pushes applied")?,
+            pushes_refused: IntCounterVec::new(
+                Opts::new("ps_pushes_refused_total", "Pushes refused, by reason"),
+                &["reason"],
+            )?,
+            duplicate_pushes: IntCounter::new(
+                "ps_duplicate_pushes_total",
+                "Retried pushes acknowledged without being applied again",
+            )?,
+            fetches: IntCounter::new("ps_fetches_total", "Parameter fetches served")?,
+            staleness: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ps_staleness",
+                    "Shard versions between a gradient's fetch and its application",
+                )
+                .buckets(vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0]),
+            )?,
+            version: IntGauge::new("ps_version", "Shard version: updates since initialisation")?,
+            apply_seconds: Histogram::with_opts(
+                HistogramOpts::new("ps_apply_seconds", "Time to apply one push to the shard")
+                    .buckets(prometheus::exponential_buckets(1e-5, 2.0, 16)?),
+            )?,
+            checkpoint_seconds: Histogram::with_opts(
+                HistogramOpts::new("ps_checkpoint_seconds", "Time to write one checkpoint")
+                    .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
+            )?,
+        };
+        registry.register(Box::new(m.updates_applied.clone()))?;
+        registry.register(Box::new(m.pushes_refused.clone()))?;
+        registry.register(Box::new(m.duplicate_pushes.clone()))?;
+        registry.register(Box::new(m.fetches.clone()))?;
+        registry.register(Box::new(m.staleness.clone()))?;
+        registry.register(Box::new(m.version.clone()))?;
+        registry.register(Box::new(m.apply_seconds.clone()))?;
+        registry.register(Box::new(m.checkpoint_seconds.clone()))?;
+        Ok(m)
+    }
+}

@@ -1,0 +1,219 @@
+//! The gRPC adapter around a [`Shard`]: it assembles pushes, streams
+//! fetches, and writes checkpoints. The rules live in `shard.rs`.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use distbelief_proto::codec::{chunk_ranges, encode_f32};
+use distbelief_proto::v1::parameter_server_server::ParameterServer;
+use distbelief_proto::v1::{
+    FetchRequest, GradientChunk, InfoRequest, ParameterChunk, PushReply, ShardInfo,
+};
+use futures::Stream;
+use tokio::sync::Semaphore;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::PsError;
+use crate::metrics::PsMetrics;
+use crate::shard::{PushAssembly, PushHeader, PushOutcome, Shard};
+
+type FetchStream = Pin<Box<dyn Stream<Item = Result<ParameterChunk, Status>> + Send>>;
+
+pub struct ShardService {
+    state: Arc<RwLock<Shard>>,
+    metrics: PsMetrics,
+    /// Reused push buffers, so that a steady stream of pushes allocates nothing.
+    staging: Arc<Mutex<Vec<Vec<f32>>>>,
+    /// Pushes being assembled at once; bounds staging memory to this many shard-sized buffers.
+    assembling: Arc<Semaphore>,
+}
+
+const CONCURRENT_ASSEMBLIES: usize = 1;
+
+impl ShardService {
+    pub fn new(state: Arc<RwLock<Shard>>, metrics: PsMetrics) -> Self {
+        ShardService {
+            state,
+            metrics,
+            staging: Arc::new(Mutex::new(Vec::new())),
+            assembling: Arc::new(Semaphore::new(CONCURRENT_ASSEMBLIES)),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Shard> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn refuse(&self, e: PsError) -> Status {
+        self.metrics
+            .pushes_refused
+            .with_label_values(&[e.category()])
+            .inc();
+        tracing::warn!(reason = e.category(), "push refused: {e}");
+        Status::from(e)
+    }
+}
+
+fn header(c: &GradientChunk) -> PushHeader {
+    PushHeader {
+        shard: c.shard,
+        replica: c.replica,
+        incarnation: c.incarnation,
+        sequence: c.sequence,
+        base_version: c.base_version,
+    }
+}
+
+#[tonic::async_trait]
+impl ParameterServer for ShardService {
+    type FetchStream = FetchStream;
+
+    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
+        let (index, range, version) = {
+            let s = self.read();
+            (s.index, s.range.clone(), s.version)
+        };
+        let asked = req.into_inner().shard;
+        if asked != index {
+            return Err(PsError::WrongShard {
+                expected: index,
+                got: asked,
+            }
+            .into());
+        }
+        self.metrics.fetches.inc();
+        let state = self.state.clone();
+        // Each chunk is copied under the read lock only when the client is
+        // ready for it, so a fetch never holds more than one chunk in memory.
+        // Chunks may straddle a push: shards are Hogwild-consistent, not atomic.
+        let stream = futures::stream::iter(chunk_ranges(range.len())).map(move |r| {
+            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            Ok(ParameterChunk {
+                version,
+                offset: (range.start + r.start) as u64,
+                values: encode_f32(&s.params[r]),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn push(&self, req: Request<Streaming<GradientChunk>>) -> Result<Response<PushReply>, Status> {
+        let mut stream = req.into_inner();
+        let _permit = self
+            .assembling
+            .acquire()
+            .await
+            .map_err(|_| Status::unavailable("shard is shutting down"))?;
+        let range = self.read().range.clone();
+        let buffer = self
+            .staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let mut assembly = PushAssembly::new(range, buffer);
+        while let Some(chunk) = stream.message().await? {
+            if let Err(e) = assembly.add(header(&chunk), chunk.offset, &chunk.values) {
+                self.state.write().unwrap_or_else(|p| p.into_inner()).pushes_refused += 1;
+                return Err(self.refuse(e));
+            }
+        }
+        let h = assembly.finish().map_err(|e| self.refuse(e))?;
+        let started = Instant::now();
+        let outcome = {
+            let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
+            s.apply_push(h, &assembly.values)
+        };
+        self.staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(std::mem::take(&mut assembly.values));
+        match outcome.map_err(|e| self.refuse(e))? {
+            PushOutcome::Applied { version, staleness } => {
+                self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+                self.metrics.updates_applied.inc();
+                self.metrics.staleness.observe(staleness as f64);
+                self.metrics.version.set(version as i64);
+                Ok(Response::new(PushReply {
+                    version,
+                    applied: true,
+                    staleness,
+                }))
+            }
+            PushOutcome::Duplicate { version } => {
+                self.metrics.duplicate_pushes.inc();
+                Ok(Response::new(PushReply {
+                    version,
+                    applied: false,
+                    staleness: 0,
+                }))
+            }
+        }
+    }
+
+    async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {
+        let s = self.read();
+        Ok(Response::new(ShardInfo {
+            shard: s.index,
+            start: s.range.start as u64,
+            end: s.range.end as u64,
+            version: s.version,
+            updates_applied: s.updates_applied,
+            pushes_refused: s.pushes_refused,
+            staleness_counts: s.staleness.counts().to_vec(),
+            staleness_max: s.staleness.max(),
+            restored_version: s.restored_version,
+        }))
+    }
+}
+
+use futures::StreamExt;
+
+/// Writes a checkpoint whenever the shard has changed since the last one.
+pub async fn checkpoint_loop(
+    state: Arc<RwLock<Shard>>,
+    dir: PathBuf,
+    every: Duration,
+    metrics: PsMetrics,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    let mut saved_version = state.read().unwrap_or_else(|p| p.into_inner()).version;
+    loop {
+        tick.tick().await;
+        let version = state.read().unwrap_or_else(|p| p.into_inner()).version;
+        if version != saved_version && checkpoint_now(&state, &dir, &metrics).await {
+            saved_version = version;
+        }
+    }
+}
+
+/// Writes one checkpoint under the read lock: fetches go on, pushes wait,
+/// and no second copy of the shard is made.
+pub async fn checkpoint_now(state: &Arc<RwLock<Shard>>, dir: &std::path::Path, metrics: &PsMetrics) -> bool {
+    let (state, dir, metrics) = (state.clone(), dir.to_path_buf(), metrics.clone());
+    let result = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let s = state.read().unwrap_or_else(|p| p.into_inner());
+        let r = crate::checkpoint::save(&dir, &s).map(|p| (p, s.version));
+        metrics.checkpoint_seconds.observe(started.elapsed().as_secs_f64());
+        r
+    })
+    .await;
+    match result {
+        Ok(Ok((path, version))) => {
+            tracing::debug!(path = %path.display(), version, "checkpoint written");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!("checkpoint failed: {e}");
+            false
+        }
+        Err(e) => {
+            tracing::error!("checkpoint task failed: {e}");
+            false
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! A shard's state and the rules for changing it. No IO here: the gRPC
+//! service assembles a push, then hands it over whole.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use crate::error::PsError;
+use crate::optimizer::Optimizer;
+use crate::staleness::StalenessHistogram;
+
+/// Who sent a push, and from which parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushHeader {
+    pub shard: u32,
+    pub replica: u32,
+    pub incarnation: u64,
+    pub sequence: u64,
+    pub base_version: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushOutcome {
+    Applied { version: u64, staleness: u64 },
+    /// A retry of a push already applied: acknowledged, not applied again.
+    Duplicate { version: u64 },
+}
+
+#[derive(Debug)]
+pub struct Shard {
+    pub index: u32,
+    pub range: Range<usize>,
+    pub optimizer: Optimizer,
+    pub params: Vec<f32>,
+    pub accum: Vec<f32>,
+    pub version: u64,
+    pub updates_applied: u64,
+    pub pushes_refused: u64,
+    pub staleness: StalenessHistogram,
+    /// Version restored from a checkpoint when the shard started, if any.
+    pub restored_version: Option<u64>,
+    last_push: HashMap<u32, (u64, u64)>,
+}
+
+impl Shard {
+    pub fn new(index: u32, range: Range<usize>, optimizer: Optimizer, params: Vec<f32>) -> Self {
+        assert_eq!(params.len(), range.len());
+        let accum = optimizer.new_accumulators(range.len());
+        Shard {
+            index,
+            range,
+            optimizer,
+            params,
+            accum,
+            version: 0,
+            updates_applied: 0,
+            pushes_refused: 0,
+            staleness: StalenessHistogram::default(),
+            restored_version: None,
+            last_push: HashMap::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+
+    /// Checks a whole gradient and applies it, or refuses it and changes nothing
+    /// but the refusal counter.
+    pub fn apply_push(&mut self, h: PushHeader, grad: &[f32]) -> Result<PushOutcome, PsError> {
+        let checked = self.check(h, grad);
+        if checked.is_err() {
+            self.pushes_refused += 1;
+        }
+        checked?;
+        if let Some(&(inc, seq)) = self.last_push.get(&h.replica)
+            && inc == h.incarnation
+            && seq >= h.sequence
+        {
+            return Ok(PushOutcome::Duplicate {
+                version: self.version,
+            });
+        }
+        self.optimizer.apply(&mut self.params, &mut self.accum, grad);
+        // A shard restored from an older checkpoint can be behind the version a
+        // replica fetched before the restart; that counts as fresh, not negative.
+        let staleness = self.version.saturating_sub(h.base_version);
+        self.version += 1;
+        self.updates_applied += 1;
+        self.staleness.record(staleness);
+        self.last_push
+            .insert(h.replica, (h.incarnation, h.sequence));
+        Ok(PushOutcome::Applied {
+            version: self.version,
+            staleness,
+        })
+    }
+
+    fn check(&self, h: PushHeader, grad: &[f32]) -> Result<(), PsError> {
+        if h.shard != self.index {
+            return Err(PsError::WrongShard {
+                expected: self.index,
+                got: h.shard,
+            });
+        }
+        if grad.len() != self.len() {
+            return Err(PsError::WrongLength {
+                got: grad.len(),
+                start: self.range.start,
+                end: self.range.end,
+            });
+        }
+        if let Some((index, &value)) = grad.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(PsError::NotFinite {
+                index: self.range.start + index,
+                value,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Collects the chunks of one push into a staging buffer, checking each as it
+/// arrives, so that the shard itself is only touched once the push is whole.
+#[derive(Debug)]
+pub struct PushAssembly {
+    range: Range<usize>,
+    header: Option<PushHeader>,
+    next_offset: u64,
+    pub values: Vec<f32>,
+}
+
+impl PushAssembly {
+    pub fn new(range: Range<usize>, mut buffer: Vec<f32>) -> Self {
+        buffer.clear();
+        PushAssembly {
+            next_offset: range.start as u64,
+            range,
+            header: None,
+            values: buffer,
+        }
+    }
+
+    pub fn add(&mut self, h: PushHeader, offset: u64, bytes: &[u8]) -> Result<(), PsError> {
+        match self.header {
+            None => self.header = Some(h),
+            Some(first) => {
+                if first.shard != h.shard {
+                    return Err(PsError::InconsistentHeader("shard"));
+                }
+                if first.replica != h.replica || first.incarnation != h.incarnation {
+                    return Err(PsError::InconsistentHeader("replica"));
+                }
+                if first.sequence != h.sequence {
+                    return Err(PsError::InconsistentHeader("sequence"));
+                }
+                if first.base_version != h.base_version {
+                    return Err(PsError::InconsistentHeader("base_version"));
+                }
+            }
+        }
+        if bytes.len() % 4 != 0 {
+            return Err(PsError::Malformed(bytes.len()));
+        }
+        let n = bytes.len() / 4;
+        let end = offset.saturating_add(n as u64);
+        if offset < self.range.start as u64 || end > self.range.end as u64 {
+            return Err(PsError::OutOfRange {
+                offset,
+                len: n,
+                start: self.range.start,
+                end: self.range.end,
+            });
+        }
+        if offset != self.next_offset {
+            return Err(PsError::OutOfOrder {
+                expected: self.next_offset,
+                got: offset,
+            });
+        }
+        let at = self.values.len();
+        self.values.resize(at + n, 0.0);
+        distbelief_proto::codec::decode_f32_into(bytes, &mut self.values[at..])
+            .ok_or(PsError::Malformed(bytes.len()))?;
+        self.next_offset = end;
+        Ok(())
+    }
+
+    /// The header of a complete push; the length is checked by the shard.
+    pub fn finish(&self) -> Result<PushHeader, PsError> {
+        self.header.ok_or(PsError::EmptyPush)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distbelief_proto::codec::encode_f32;
+
+    fn shard() -> Shard {
+        let opt = Optimizer::Adagrad {
+            learning_rate: 0.1,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        };
+        Shard::new(1, 10..14, opt, vec![1.0, 2.0, 3.0, 4.0])
+    }
+
+    fn header(seq: u64) -> PushHeader {
+        PushHeader {
+            shard: 1,
+            replica: 0,
+            incarnation: 7,
+            sequence: seq,
+            base_version: 0,
+        }
+    }
+
+    fn snapshot(s: &Shard) -> (Vec<f32>, Vec<f32>, u64, u64) {
+        (s.params.clone(), s.accum.clone(), s.version, s.updates_applied)
+    }
+
+    #[test]
+    fn applies_and_records_staleness() {
+        let mut s = shard();
+        let out = s.apply_push(header(1), &[1.0; 4]).unwrap();
+        assert_eq!(out, PushOutcome::Applied { version: 1, staleness: 0 });
+        let out = s
+            .apply_push(PushHeader { sequence: 2, base_version: 0, ..header(2) }, &[1.0; 4])
+            .unwrap();
+        assert_eq!(out, PushOutcome::Applied { version: 2, staleness: 1 });
+        assert!(s.params[0] < 1.0);
+        assert_eq!(s.staleness.total(), 2);
+    }
+
+    #[test]
+    fn retried_push_is_applied_once() {
+        let mut s = shard();
+        s.apply_push(header(1), &[1.0; 4]).unwrap();
+        let before = snapshot(&s);
+        assert_eq!(
+            s.apply_push(header(1), &[1.0; 4]).unwrap(),
+            PushOutcome::Duplicate { version: 1 }
+        );
+        assert_eq!(snapshot(&s), before);
+        // A restarted replica (new incarnation) starts its sequence again.
+        let h = PushHeader { incarnation: 8, ..header(1) };
+        assert!(matches!(s.apply_push(h, &[1.0; 4]).unwrap(), PushOutcome::Applied { .. }));
+    }
+
+    #[test]
+    fn bad_pushes_change_nothing() {
+        let mut s = shard();
+        s.apply_push(header(1), &[0.5; 4]).unwrap();
+        let before = snapshot(&s);
+        let wrong_shard = PushHeader { shard: 0, ..header(2) };
+        assert!(matches!(s.apply_push(wrong_shard, &[1.0; 4]), Err(PsError::WrongShard { .. })));
+        assert!(matches!(s.apply_push(header(3), &[1.0; 3]), Err(PsError::WrongLength { .. })));
+        assert!(matches!(s.apply_push(header(4), &[1.0; 5]), Err(PsError::WrongLength { .. })));
+        assert!(matches!(
+            s.apply_push(header(5), &[1.0, f32::NAN, 1.0, 1.0]),
+            Err(PsError::NotFinite { index: 11, .. })
+        ));
+        assert_eq!(snapshot(&s), before);
+        assert_eq!(s.pushes_refused, 4);
+        assert_eq!(s.staleness.total(), 1);
+    }
+
+    #[test]
+    fn assembly_checks_each_chunk() {
+        let h = header(1);
+        let mut a = PushAssembly::new(10..14, Vec::new());
+        assert!(matches!(a.finish(), Err(PsError::EmptyPush)));
+        a.add(h, 10, &encode_f32(&[1.0, 2.0])).unwrap();
+        assert!(matches!(a.add(h, 13, &encode_f32(&[3.0])), Err(PsError::OutOfOrder { .. })));
+        assert!(matches!(a.add(h, 12, &encode_f32(&[3.0; 3])), Err(PsError::OutOfRange { .. })));
+        assert!(matches!(a.add(h, 12, &[0u8; 5]), Err(PsError::Malformed(5))));
+        let other = PushHeader { sequence: 9, ..h };
+        assert!(matches!(a.add(other, 12, &encode_f32(&[3.0])), Err(PsError::InconsistentHeader(_))));
+        a.add(h, 12, &encode_f32(&[3.0, 4.0])).unwrap();
+        assert_eq!(a.finish().unwrap(), h);
+        assert_eq!(a.values, vec![1.0, 2.0, 3.0, 4.0]);
+        let mut low = PushAssembly::new(10..14, Vec::new());
+        assert!(matches!(low.add(h, 2, &encode_f32(&[1.0])), Err(PsError::OutOfRange { .. })));
+    }
+}
