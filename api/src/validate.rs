@@ -3,7 +3,7 @@
 
 use crate::error::{ApiError, ValidationError};
 use crate::layout::Layout;
-use crate::spec::{DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec};
+use crate::spec::{DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec};
 
 /// A validated job. Only [`validate`] builds one.
 #[derive(Debug, Clone)]
@@ -150,26 +150,24 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         }
     }
 
-    let layout = Layout::from_model(&s.model);
-    if layout.len() > MAX_PARAMETERS {
+    // Counted in u128 first: a usize count can wrap around and look small.
+    let parameters = parameter_count(&s.model);
+    let layout = if parameters > MAX_PARAMETERS as u128 {
         fail(
             "spec.model",
-            format!(
-                "has {} parameters; at most {MAX_PARAMETERS} are supported",
-                layout.len()
-            ),
+            format!("has {parameters} parameters; at most {MAX_PARAMETERS} are supported"),
         );
-    }
-    let shards = s.parameter_servers.shards as usize;
+        None
+    } else {
+        Some(Layout::from_model(&s.model))
+    };
+    let shards = s.parameter_servers.shards;
     if shards == 0 {
         fail("spec.parameterServers.shards", "must be at least 1".into());
-    } else if shards > layout.len() {
+    } else if u128::from(shards) > parameters {
         fail(
             "spec.parameterServers.shards",
-            format!(
-                "{shards} shards for {} parameters leaves some shard empty",
-                layout.len()
-            ),
+            format!("{shards} shards for {parameters} parameters leaves some shard empty"),
         );
     }
     if s.replicas.count == 0 {
@@ -217,8 +215,8 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         fail("spec.checkpoint.dir", "must not be empty when set".into());
     }
 
-    match downpour {
-        Some(downpour) if errors.is_empty() => Ok(Job {
+    match (downpour, layout) {
+        (Some(downpour), Some(layout)) if errors.is_empty() => Ok(Job {
             name,
             spec: s.clone(),
             downpour,
@@ -226,6 +224,23 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         }),
         _ => Err(ApiError::Invalid { name, errors }),
     }
+}
+
+/// Number of parameters of `model`, computed without overflow.
+fn parameter_count(model: &ModelSpec) -> u128 {
+    let mut inputs = u128::from(model.input_size);
+    let mut count = 0;
+    for units in model
+        .hidden
+        .iter()
+        .map(|l| l.units)
+        .chain([model.output.units])
+    {
+        let units = u128::from(units);
+        count += inputs * units + units;
+        inputs = units;
+    }
+    count
 }
 
 fn is_dns_label(s: &str) -> bool {

@@ -132,14 +132,12 @@ fn validate_accepts_the_minimal_resource_unchanged() {
     assert_eq!(job.spec, raw.spec);
 }
 
+/// A change to the raw resource.
+type Change = fn(&mut DistBeliefJob);
+
 /// One row per rule in `validate`: its name, a change that breaks only that
 /// rule, the field the error must name and a word its message must contain.
-type Rule = (
-    &'static str,
-    fn(&mut DistBeliefJob),
-    &'static str,
-    &'static str,
-);
+type Rule = (&'static str, Change, &'static str, &'static str);
 
 const RULES: &[Rule] = &[
     (
@@ -443,7 +441,7 @@ fn dns_label_rule_edges() {
 #[test]
 fn boundary_values_are_accepted() {
     let len = 784 * 16 + 16 + 16 * 10 + 10;
-    let cases: &[(&str, fn(&mut DistBeliefJob))] = &[
+    let cases: &[(&str, Change)] = &[
         ("batchSize 65536", |j| downpour(j).batch_size = 65_536),
         ("batchSize 1", |j| downpour(j).batch_size = 1),
         ("output units 2", |j| j.spec.model.output.units = 2),
@@ -666,4 +664,20 @@ fn load_job_reads_and_validates_a_file() {
     let job = result.expect("the minimal job file is valid");
     assert_eq!(job.name, "fashion-mlp");
     assert_eq!(job.layout.len(), valid_job(MINIMAL).layout.len());
+}
+
+#[test]
+fn parameter_count_matches_the_layout() {
+    let mut model = minimal_resource().spec.model;
+    for hidden in [vec![], vec![16], vec![512, 256, 3], vec![1]] {
+        model.hidden = hidden
+            .into_iter()
+            .map(|units| DenseLayer {
+                units,
+                activation: Activation::Sigmoid,
+            })
+            .collect();
+        let layout = Layout::from_model(&model);
+        assert_eq!(parameter_count(&model), layout.len() as u128, "{model:?}");
+    }
 }

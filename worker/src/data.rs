@@ -1,0 +1,322 @@
+//! Data readers: idx (the MNIST format, plain or gzip) and CSV, into one
+//! in-memory [`Dataset`] of f32 features and class labels.
+
+use std::io::Read;
+use std::path::Path;
+
+use distbelief_api::{DataFormat, DataSpec};
+
+/// Examples as a row-major `n × features` matrix and one label per row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    pub features: Vec<f32>,
+    pub labels: Vec<u32>,
+    pub dim: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Format { path: String, message: String },
+    #[error("{images} has {n_images} images but {labels} has {n_labels} labels")]
+    CountMismatch {
+        images: String,
+        labels: String,
+        n_images: usize,
+        n_labels: usize,
+    },
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.features[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Keeps the first `n` examples.
+    pub fn truncate(&mut self, n: usize) {
+        if n < self.len() {
+            self.labels.truncate(n);
+            self.features.truncate(n * self.dim);
+        }
+    }
+
+    /// Checks that the data fits a model with `inputs` features and `classes` classes.
+    pub fn check_fits(&self, what: &str, inputs: usize, classes: usize) -> Result<(), DataError> {
+        if self.dim != inputs {
+            return Err(DataError::Format {
+                path: what.to_string(),
+                message: format!(
+                    "examples have {} features but spec.model.inputSize is {inputs}",
+                    self.dim
+                ),
+            });
+        }
+        if let Some(bad) = self.labels.iter().find(|&&l| l as usize >= classes) {
+            return Err(DataError::Format {
+                path: what.to_string(),
+                message: format!(
+                    "label {bad} is out of range for {classes} classes (spec.model.output.units)"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Which examples belong to a replica: every `replicas`-th, starting at
+/// `replica`, so replicas never share an example.
+pub fn replica_indices(n: usize, replica: usize, replicas: usize) -> Vec<usize> {
+    (replica..n).step_by(replicas.max(1)).collect()
+}
+
+/// The order of an epoch: a shuffle that depends only on (seed, replica, epoch).
+pub fn epoch_order(indices: &[usize], seed: u64, replica: u32, epoch: u64) -> Vec<usize> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let mut order = indices.to_vec();
+    let mix = seed ^ (u64::from(replica) << 40) ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(mix));
+    order
+}
+
+/// Reads the training set, or the test set, as the spec describes.
+pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
+    let mut d = match spec.format {
+        DataFormat::Idx => {
+            let (images, labels) = if train {
+                (&spec.train_images, &spec.train_labels)
+            } else {
+                (&spec.test_images, &spec.test_labels)
+            };
+            read_idx_pair(images, labels, spec.input_scale)?
+        }
+        DataFormat::Csv => {
+            let path = if train { &spec.train_csv } else { &spec.test_csv };
+            read_csv(path.as_deref().unwrap_or_default(), spec.input_scale)?
+        }
+    };
+    let limit = if train { spec.train_limit } else { spec.test_limit };
+    if let Some(n) = limit {
+        d.truncate(n as usize);
+    }
+    Ok(d)
+}
+
+fn read_file(path: &str) -> Result<Vec<u8>, DataError> {
+    let io = |source| DataError::Io {
+        path: path.to_string(),
+        source,
+    };
+    let raw = std::fs::read(Path::new(path)).map_err(io)?;
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&raw[..])
+            .read_to_end(&mut out)
+            .map_err(io)?;
+        Ok(out)
+    } else {
+        Ok(raw)
+    }
+}
+
+/// Parses an idx file of unsigned bytes: its dimensions and its payload.
+pub fn parse_idx(path: &str, bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), DataError> {
+    let bad = |message: String| DataError::Format {
+        path: path.to_string(),
+        message,
+    };
+    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 {
+        return Err(bad("not an idx file (bad magic number)".into()));
+    }
+    if bytes[2] != 0x08 {
+        return Err(bad(format!(
+            "idx element type 0x{:02x} is not supported; only unsigned bytes (0x08)",
+            bytes[2]
+        )));
+    }
+    let ndim = bytes[3] as usize;
+    let header = 4 + 4 * ndim;
+    if ndim == 0 || bytes.len() < header {
+        return Err(bad("truncated idx header".into()));
+    }
+    let dims: Vec<usize> = (0..ndim)
+        .map(|i| {
+            let at = 4 + 4 * i;
+            u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize
+        })
+        .collect();
+    let expected: usize = dims.iter().product();
+    let payload = &bytes[header..];
+    if payload.len() != expected {
+        return Err(bad(format!(
+            "dimensions {dims:?} need {expected} bytes but the file holds {}",
+            payload.len()
+        )));
+    }
+    Ok((dims, payload.to_vec()))
+}
+
+fn read_idx_pair(images: &str, labels: &str, scale: f32) -> Result<Dataset, DataError> {
+    let (idims, ibytes) = parse_idx(images, &read_file(images)?)?;
+    let (ldims, lbytes) = parse_idx(labels, &read_file(labels)?)?;
+    if ldims.len() != 1 {
+        return Err(DataError::Format {
+            path: labels.to_string(),
+            message: format!("labels must be one-dimensional, found dimensions {ldims:?}"),
+        });
+    }
+    if idims[0] != ldims[0] {
+        return Err(DataError::CountMismatch {
+            images: images.to_string(),
+            labels: labels.to_string(),
+            n_images: idims[0],
+            n_labels: ldims[0],
+        });
+    }
+    let dim = idims[1..].iter().product::<usize>().max(1);
+    Ok(Dataset {
+        features: ibytes.iter().map(|&b| f32::from(b) * scale).collect(),
+        labels: lbytes.iter().map(|&b| u32::from(b)).collect(),
+        dim,
+    })
+}
+
+/// CSV: label first, then the features. A first line that does not parse is a header.
+fn read_csv(path: &str, scale: f32) -> Result<Dataset, DataError> {
+    let bytes = read_file(path)?;
+    let text = String::from_utf8(bytes).map_err(|_| DataError::Format {
+        path: path.to_string(),
+        message: "not UTF-8 text".into(),
+    })?;
+    let mut d = Dataset {
+        features: Vec::new(),
+        labels: Vec::new(),
+        dim: 0,
+    };
+    for (lineno, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |message: String| DataError::Format {
+            path: format!("{path}:{}", lineno + 1),
+            message,
+        };
+        let mut fields = line.split(',').map(str::trim);
+        let label = fields.next().unwrap_or_default();
+        let label: u32 = match label.parse() {
+            Ok(l) => l,
+            Err(_) if lineno == 0 => continue,
+            Err(_) => return Err(bad(format!("label {label:?} is not a class index"))),
+        };
+        let start = d.features.len();
+        for f in fields {
+            let v: f32 = f
+                .parse()
+                .map_err(|_| bad(format!("feature {f:?} is not a number")))?;
+            d.features.push(v * scale);
+        }
+        let dim = d.features.len() - start;
+        if d.labels.is_empty() {
+            d.dim = dim;
+        } else if dim != d.dim {
+            return Err(bad(format!("row has {dim} features, earlier rows {}", d.dim)));
+        }
+        d.labels.push(label);
+    }
+    if d.labels.is_empty() {
+        return Err(DataError::Format {
+            path: path.to_string(),
+            message: "no examples".into(),
+        });
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(dims: &[u32], payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0, 0, 8, dims.len() as u8];
+        for d in dims {
+            b.extend_from_slice(&d.to_be_bytes());
+        }
+        b.extend_from_slice(payload);
+        b
+    }
+
+    #[test]
+    fn idx_pair_plain_and_gzip() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join("img.idx");
+        let labels = dir.path().join("lab.idx.gz");
+        std::fs::write(&images, idx(&[3, 2, 2], &[0, 255, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &idx(&[3], &[9, 0, 4])).unwrap();
+        std::fs::write(&labels, gz.finish().unwrap()).unwrap();
+        let d = read_idx_pair(images.to_str().unwrap(), labels.to_str().unwrap(), 1.0 / 255.0).unwrap();
+        assert_eq!((d.len(), d.dim), (3, 4));
+        assert_eq!(d.labels, vec![9, 0, 4]);
+        assert_eq!(d.row(0)[1], 1.0);
+        assert!(d.check_fits("x", 4, 10).is_ok());
+        assert!(d.check_fits("x", 4, 5).unwrap_err().to_string().contains("label 9"));
+        assert!(d.check_fits("x", 784, 10).is_err());
+    }
+
+    #[test]
+    fn idx_errors_are_clear() {
+        assert!(parse_idx("a", &[1, 2, 3]).unwrap_err().to_string().contains("magic"));
+        let e = parse_idx("a", &idx(&[2, 2], &[1, 2, 3])).unwrap_err();
+        assert!(e.to_string().contains("need 4 bytes"), "{e}");
+        let mut float = idx(&[1], &[0, 0, 0, 0]);
+        float[2] = 0x0d;
+        assert!(parse_idx("a", &float).unwrap_err().to_string().contains("0x0d"));
+        let e = read_file("/nonexistent/x.gz").unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/x.gz"));
+    }
+
+    #[test]
+    fn csv_with_header_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("d.csv");
+        std::fs::write(&p, "label,a,b\n1, 2, 4\n0,0,8\n").unwrap();
+        let d = read_csv(p.to_str().unwrap(), 0.5).unwrap();
+        assert_eq!((d.len(), d.dim), (2, 2));
+        assert_eq!(d.features, vec![1.0, 2.0, 0.0, 4.0]);
+        std::fs::write(&p, "1,2,4\n0,x,8\n").unwrap();
+        let e = read_csv(p.to_str().unwrap(), 1.0).unwrap_err().to_string();
+        assert!(e.contains("d.csv:2") && e.contains("\"x\""), "{e}");
+        std::fs::write(&p, "1,2,4\n0,8\n").unwrap();
+        assert!(read_csv(p.to_str().unwrap(), 1.0).is_err());
+    }
+
+    #[test]
+    fn replicas_split_disjointly_and_shuffle_per_epoch() {
+        let a = replica_indices(10, 0, 3);
+        let b = replica_indices(10, 1, 3);
+        let c = replica_indices(10, 2, 3);
+        assert_eq!(a.len() + b.len() + c.len(), 10);
+        assert!(a.iter().all(|i| !b.contains(i) && !c.contains(i)));
+        let e0 = epoch_order(&a, 1, 0, 0);
+        let e1 = epoch_order(&a, 1, 0, 1);
+        assert_ne!(e0, e1);
+        assert_eq!(e0, epoch_order(&a, 1, 0, 0));
+        let mut sorted = e1.clone();
+        sorted.sort();
+        assert_eq!(sorted, a);
+    }
+}

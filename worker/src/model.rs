@@ -1,0 +1,284 @@
+//! The MLP over a flat parameter vector: forward, softmax cross-entropy and
+//! backward, with the batch split across the rayon pool. Pure math: no IO.
+
+use distbelief_api::Activation;
+use distbelief_api::layout::{DenseShape, Layout};
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, s};
+use rayon::prelude::*;
+
+use crate::data::Dataset;
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    layers: Vec<DenseShape>,
+    len: usize,
+}
+
+/// Per-thread activations and deltas for up to `rows` examples.
+#[derive(Debug)]
+pub struct Scratch {
+    rows: usize,
+    acts: Vec<Array2<f32>>,
+    deltas: Vec<Array2<f32>>,
+}
+
+/// Scratch plus a private gradient, one per thread of a batch.
+#[derive(Debug)]
+pub struct Workspace {
+    scratch: Scratch,
+    grad: Vec<f32>,
+}
+
+impl Mlp {
+    pub fn new(layout: &Layout) -> Self {
+        Mlp {
+            layers: layout.layers.clone(),
+            len: layout.len(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn classes(&self) -> usize {
+        self.layers.last().map_or(0, |l| l.units)
+    }
+
+    pub fn inputs(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.inputs)
+    }
+
+    pub fn scratch(&self, rows: usize) -> Scratch {
+        let acts: Vec<_> = self
+            .layers
+            .iter()
+            .map(|l| Array2::zeros((rows, l.units)))
+            .collect();
+        Scratch {
+            rows,
+            deltas: acts.clone(),
+            acts,
+        }
+    }
+
+    /// One workspace per thread for batches of `batch` examples.
+    pub fn workspaces(&self, batch: usize, threads: usize) -> Vec<Workspace> {
+        let parts = threads.clamp(1, batch.max(1));
+        let rows = batch.div_ceil(parts);
+        (0..parts)
+            .map(|_| Workspace {
+                scratch: self.scratch(rows),
+                grad: vec![0.0; self.len],
+            })
+            .collect()
+    }
+
+    fn weight<'a>(&self, params: &'a [f32], l: usize) -> ArrayView2<'a, f32> {
+        let layer = &self.layers[l];
+        ArrayView2::from_shape((layer.inputs, layer.units), &params[layer.weight.clone()])
+            .expect("layout ranges match layer shapes")
+    }
+
+    /// Fills `scratch.acts` for the rows of `x`; the last holds the logits.
+    fn forward(&self, params: &[f32], x: ArrayView2<f32>, scratch: &mut Scratch) {
+        let rows = x.nrows();
+        assert!(rows <= scratch.rows, "batch larger than scratch");
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (before, rest) = scratch.acts.split_at_mut(l);
+            let input = if l == 0 {
+                x.view()
+            } else {
+                before[l - 1].slice(s![..rows, ..])
+            };
+            let mut out = rest[0].slice_mut(s![..rows, ..]);
+            let bias = ArrayView1::from(&params[layer.bias.clone()]);
+            out.assign(&bias.broadcast((rows, layer.units)).expect("bias matches units"));
+            general_mat_mul(1.0, &input, &self.weight(params, l), 1.0, &mut out);
+            activate(layer.activation, out);
+        }
+    }
+
+    /// Adds `scale ×` the gradient of the summed cross-entropy over the rows of
+    /// `x` into `grad`, and returns that summed loss.
+    fn accumulate(
+        &self,
+        params: &[f32],
+        x: ArrayView2<f32>,
+        labels: &[u32],
+        scratch: &mut Scratch,
+        grad: &mut [f32],
+        scale: f32,
+    ) -> f64 {
+        let rows = x.nrows();
+        self.forward(params, x, scratch);
+        let last = self.layers.len() - 1;
+        let mut loss = 0.0;
+        {
+            let logits = scratch.acts[last].slice(s![..rows, ..]);
+            let mut delta = scratch.deltas[last].slice_mut(s![..rows, ..]);
+            for ((z, mut d), &y) in logits.outer_iter().zip(delta.outer_iter_mut()).zip(labels) {
+                loss += softmax_into(z, d.as_slice_mut().expect("delta rows are contiguous"), y as usize);
+            }
+        }
+        for l in (0..=last).rev() {
+            let layer = &self.layers[l];
+            let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(l);
+            let dz = deltas_rest[0].slice(s![..rows, ..]);
+            let input = if l == 0 {
+                x.view()
+            } else {
+                scratch.acts[l - 1].slice(s![..rows, ..])
+            };
+            let (gw, gb) = grad.split_at_mut(layer.bias.start);
+            let mut gw = ArrayViewMut2::from_shape(
+                (layer.inputs, layer.units),
+                &mut gw[layer.weight.clone()],
+            )
+            .expect("layout ranges match layer shapes");
+            general_mat_mul(scale, &input.t(), &dz, 1.0, &mut gw);
+            for (g, s) in gb[..layer.units].iter_mut().zip(dz.sum_axis(Axis(0))) {
+                *g += scale * s;
+            }
+            if l > 0 {
+                let mut da = deltas_before[l - 1].slice_mut(s![..rows, ..]);
+                general_mat_mul(1.0, &dz, &self.weight(params, l).t(), 0.0, &mut da);
+                let prev = &self.layers[l - 1];
+                derive(prev.activation, scratch.acts[l - 1].slice(s![..rows, ..]), da);
+            }
+        }
+        loss
+    }
+
+    /// Adds the mean gradient over the batch into `grad`, splitting the batch
+    /// across `workspaces` (one per thread). Returns the mean loss.
+    pub fn batch_gradient(
+        &self,
+        params: &[f32],
+        x: ArrayView2<f32>,
+        labels: &[u32],
+        workspaces: &mut [Workspace],
+        grad: &mut [f32],
+    ) -> f64 {
+        let n = x.nrows();
+        if n == 0 {
+            return 0.0;
+        }
+        let scale = 1.0 / n as f32;
+        let chunk = workspaces[0].scratch.rows;
+        let parts = n.div_ceil(chunk).min(workspaces.len());
+        if parts == 1 {
+            let ws = &mut workspaces[0];
+            return self.accumulate(params, x, labels, &mut ws.scratch, grad, scale) / n as f64;
+        }
+        let loss: f64 = workspaces[..parts]
+            .par_iter_mut()
+            .enumerate()
+            .map(|(i, ws)| {
+                let rows = i * chunk..((i + 1) * chunk).min(n);
+                ws.grad.fill(0.0);
+                let xs = x.slice(s![rows.clone(), ..]);
+                self.accumulate(params, xs, &labels[rows], &mut ws.scratch, &mut ws.grad, scale)
+            })
+            .sum();
+        let partials: Vec<&[f32]> = workspaces[..parts].iter().map(|w| &w.grad[..]).collect();
+        grad.par_chunks_mut(1 << 14)
+            .enumerate()
+            .for_each(|(c, out)| {
+                let at = c << 14;
+                let len = out.len();
+                for p in &partials {
+                    for (o, v) in out.iter_mut().zip(&p[at..at + len]) {
+                        *o += v;
+                    }
+                }
+            });
+        loss / n as f64
+    }
+
+    /// Test accuracy and mean cross-entropy of `params` on `data`.
+    pub fn evaluate(&self, params: &[f32], data: &Dataset) -> (f64, f64) {
+        const ROWS: usize = 512;
+        let n = data.len();
+        if n == 0 {
+            return (0.0, 0.0);
+        }
+        let x = ArrayView2::from_shape((n, data.dim), &data.features[..]).expect("dataset shape");
+        let (correct, loss) = (0..n.div_ceil(ROWS))
+            .into_par_iter()
+            .map_init(
+                || (self.scratch(ROWS), vec![0.0f32; self.classes()]),
+                |(scratch, probs), c| {
+                    let rows = c * ROWS..((c + 1) * ROWS).min(n);
+                    self.forward(params, x.slice(s![rows.clone(), ..]), scratch);
+                    let logits = scratch.acts.last().expect("at least one layer");
+                    let mut correct = 0usize;
+                    let mut loss = 0.0;
+                    for (z, &y) in logits.outer_iter().zip(&data.labels[rows]) {
+                        loss += softmax_into(z, probs, y as usize);
+                        correct += usize::from(argmax(z) == y as usize);
+                    }
+                    (correct, loss)
+                },
+            )
+            .reduce(|| (0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        (correct as f64 / n as f64, loss / n as f64)
+    }
+}
+
+/// Writes softmax(z) − onehot(y) into `out` and returns −log softmax(z)[y].
+fn softmax_into(z: ArrayView1<f32>, out: &mut [f32], y: usize) -> f64 {
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for (o, &v) in out.iter_mut().zip(z.iter()) {
+        *o = (v - max).exp();
+        sum += *o;
+    }
+    for o in out.iter_mut() {
+        *o /= sum;
+    }
+    let loss = f64::from(sum.ln() - (z[y] - max));
+    out[y] -= 1.0;
+    loss
+}
+
+fn argmax(z: ArrayView1<f32>) -> usize {
+    let mut best = 0;
+    for (i, &v) in z.iter().enumerate() {
+        if v > z[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn activate(a: Activation, mut z: ArrayViewMut2<f32>) {
+    match a {
+        Activation::Relu => z.mapv_inplace(|v| v.max(0.0)),
+        Activation::Tanh => z.mapv_inplace(f32::tanh),
+        Activation::Sigmoid => z.mapv_inplace(|v| 1.0 / (1.0 + (-v).exp())),
+        Activation::Linear => {}
+    }
+}
+
+/// Multiplies `d` by the activation's derivative, written in terms of its output.
+fn derive(a: Activation, out: ArrayView2<f32>, mut d: ArrayViewMut2<f32>) {
+    match a {
+        Activation::Relu => d.zip_mut_with(&out, |d, &o| {
+            if o <= 0.0 {
+                *d = 0.0
+            }
+        }),
+        Activation::Tanh => d.zip_mut_with(&out, |d, &o| *d *= 1.0 - o * o),
+        Activation::Sigmoid => d.zip_mut_with(&out, |d, &o| *d *= o * (1.0 - o)),
+        Activation::Linear => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;
