@@ -115,6 +115,16 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
     Ok(d)
 }
 
+/// Number of training examples, without keeping the features: the
+/// coordinator needs it to count epochs.
+pub fn count_training_examples(spec: &DataSpec) -> Result<usize, DataError> {
+    let n = match spec.format {
+        DataFormat::Idx => parse_idx(&spec.train_labels, &read_file(&spec.train_labels)?)?.0[0],
+        DataFormat::Csv => load(spec, true)?.len(),
+    };
+    Ok(spec.train_limit.map_or(n, |l| n.min(l as usize)))
+}
+
 fn read_file(path: &str) -> Result<Vec<u8>, DataError> {
     let io = |source| DataError::Io {
         path: path.to_string(),

@@ -1,0 +1,217 @@
+//! The coordinator: it lets replicas in (warm start), tracks their progress,
+//! evaluates the model on the test set from a fetched parameter snapshot,
+//! and applies the stopping rule.
+
+mod metrics;
+pub mod tracker;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distbelief_api::Job;
+use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+use distbelief_proto::v1::{JobStatus, ProgressReport, ReportReply, StatusRequest};
+use distbelief_ps::StalenessHistogram;
+use distbelief_worker::data::{self, DataError, Dataset};
+use distbelief_worker::model::Mlp;
+use distbelief_worker::ps_client::{ShardClient, fetch_all, shard_clients};
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+pub use metrics::CoordinatorMetrics;
+pub use tracker::{StopReason, Tracker};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Worker(#[from] distbelief_worker::WorkerError),
+    #[error("metrics registration failed: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+impl CoordinatorError {
+    /// Bounded label for metrics and logs.
+    pub fn category(&self) -> &'static str {
+        match self {
+            CoordinatorError::Data(_) => "data",
+            CoordinatorError::Worker(e) => e.category(),
+            CoordinatorError::Metrics(_) => "metrics",
+            CoordinatorError::Transport(_) => "transport",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorOptions {
+    /// Shard addresses, `host:port`, in shard order.
+    pub shards: Vec<String>,
+    pub rpc_timeout: Duration,
+}
+
+struct Shared {
+    tracker: Mutex<Tracker>,
+    clock: Instant,
+}
+
+impl Shared {
+    fn now(&self) -> f64 {
+        self.clock.elapsed().as_secs_f64()
+    }
+    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Service {
+    shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl Coordinator for Service {
+    async fn report(&self, req: Request<ProgressReport>) -> Result<Response<ReportReply>, Status> {
+        let now = self.shared.now();
+        let action = self.shared.tracker().on_report(req.get_ref(), now);
+        Ok(Response::new(ReportReply {
+            action: action as i32,
+        }))
+    }
+
+    async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
+        let now = self.shared.now();
+        Ok(Response::new(self.shared.tracker().status(now)))
+    }
+}
+
+/// Runs the coordinator on `listener` until `shutdown` resolves.
+pub async fn serve(
+    job: &Job,
+    opts: CoordinatorOptions,
+    listener: TcpListener,
+    registry: &prometheus::Registry,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), CoordinatorError> {
+    let metrics = CoordinatorMetrics::register(registry)?;
+    let spec = job.spec.data.clone();
+    let (test, training_examples) = tokio::task::spawn_blocking(move || {
+        Ok::<_, DataError>((data::load(&spec, false)?, data::count_training_examples(&spec)?))
+    })
+    .await
+    .map_err(|e| DataError::Format {
+        path: "test data".into(),
+        message: e.to_string(),
+    })??;
+    let mlp = Mlp::new(&job.layout);
+    test.check_fits("test data", mlp.inputs(), mlp.classes())?;
+    let clients = shard_clients(job, &opts.shards, opts.rpc_timeout)?;
+    tracing::info!(
+        test_examples = test.len(),
+        training_examples,
+        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "coordinator serving"
+    );
+    let shared = Arc::new(Shared {
+        tracker: Mutex::new(Tracker::new(
+            job.spec.stop.clone(),
+            job.downpour.warm_start_steps,
+            training_examples,
+        )),
+        clock: Instant::now(),
+    });
+    let every = Duration::from_secs_f64(job.spec.stop.eval_interval_seconds);
+    let evaluator = tokio::spawn(eval_loop(
+        shared.clone(),
+        clients,
+        mlp,
+        Arc::new(test),
+        every,
+        metrics,
+    ));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let result = distbelief_net::server()
+        .add_service(CoordinatorServer::new(Service { shared }))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await;
+    evaluator.abort();
+    Ok(result?)
+}
+
+/// Evaluates every interval once training has started; stops the job when a
+/// limit or the target is reached, with one last evaluation for the record.
+async fn eval_loop(
+    shared: Arc<Shared>,
+    mut clients: Vec<ShardClient>,
+    mlp: Mlp,
+    test: Arc<Dataset>,
+    every: Duration,
+    metrics: CoordinatorMetrics,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut params = vec![0.0f32; mlp.len()];
+    let mlp = Arc::new(mlp);
+    loop {
+        tick.tick().await;
+        let (started, done, limit) = {
+            let t = shared.tracker();
+            (t.has_started(), t.is_done(), t.limit_reached(shared.now()))
+        };
+        if done {
+            return;
+        }
+        if !started {
+            continue;
+        }
+        if let Err(e) = fetch_all(&mut clients, &mut params).await {
+            tracing::warn!("evaluation skipped, parameters unavailable: {e}");
+            if let Some(reason) = limit {
+                shared.tracker().finish(reason, shared.now());
+            }
+            continue;
+        }
+        let mut staleness = StalenessHistogram::default();
+        for c in clients.iter_mut() {
+            match c.info().await {
+                Ok(info) => staleness.merge(&StalenessHistogram::from_counts(
+                    info.staleness_counts,
+                    info.staleness_max,
+                )),
+                Err(e) => tracing::debug!("shard info unavailable: {e}"),
+            }
+        }
+        let started_eval = Instant::now();
+        let snapshot = std::mem::take(&mut params);
+        let (m, t) = (mlp.clone(), test.clone());
+        let Ok((snapshot, accuracy, loss)) = tokio::task::spawn_blocking(move || {
+            let (a, l) = m.evaluate(&snapshot, &t);
+            (snapshot, a, l)
+        })
+        .await
+        else {
+            tracing::error!("evaluation task failed");
+            return;
+        };
+        params = snapshot;
+        metrics.eval_seconds.observe(started_eval.elapsed().as_secs_f64());
+        let now = shared.now();
+        let mut t = shared.tracker();
+        t.set_staleness(staleness);
+        t.on_eval(now, accuracy, loss);
+        if let Some(reason) = limit {
+            t.finish(reason, now);
+        }
+        let status = t.status(now);
+        metrics.observe(&status);
+        tracing::info!(
+            seconds = format!("{:.1}", status.train_seconds),
+            test_accuracy = format!("{accuracy:.4}"),
+            test_loss = format!("{loss:.4}"),
+            examples = status.examples,
+            done = status.done,
+            "evaluated"
+        );
+    }
+}

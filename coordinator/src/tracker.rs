@@ -1,0 +1,238 @@
+//! The coordinator's bookkeeping, with time passed in so it can be tested
+//! without a clock: warm start, per-replica progress, evaluations, and the
+//! stopping rule.
+
+use std::collections::BTreeMap;
+
+use distbelief_api::StopSpec;
+use distbelief_proto::v1::{Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, Staleness};
+use distbelief_ps::StalenessHistogram;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    TargetReached,
+    MaxEpochs,
+    MaxSeconds,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::TargetReached => "target_reached",
+            StopReason::MaxEpochs => "max_epochs",
+            StopReason::MaxSeconds => "max_seconds",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Replica {
+    incarnation: u64,
+    incarnations: u32,
+    /// Steps and examples of this replica's earlier incarnations.
+    prior_steps: u64,
+    prior_examples: u64,
+    steps: u64,
+    examples: u64,
+    examples_per_second: f64,
+    loss: f64,
+    epoch: u64,
+    last_report: f64,
+}
+
+impl Replica {
+    fn total_steps(&self) -> u64 {
+        self.prior_steps + self.steps
+    }
+    fn total_examples(&self) -> u64 {
+        self.prior_examples + self.examples
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    stop: StopSpec,
+    warm_start_steps: u64,
+    training_examples: u64,
+    /// Seconds (on the caller's clock) when the first replica began training.
+    started: Option<f64>,
+    warm_start_done: bool,
+    replicas: BTreeMap<u32, Replica>,
+    curve: Vec<CurvePoint>,
+    best: Option<f64>,
+    time_to_target: Option<f64>,
+    train_loss: f64,
+    staleness: StalenessHistogram,
+    done: Option<(StopReason, f64)>,
+}
+
+impl Tracker {
+    pub fn new(stop: StopSpec, warm_start_steps: u32, training_examples: usize) -> Self {
+        Tracker {
+            stop,
+            warm_start_steps: u64::from(warm_start_steps),
+            training_examples: training_examples as u64,
+            started: None,
+            warm_start_done: warm_start_steps == 0,
+            replicas: BTreeMap::new(),
+            curve: Vec::new(),
+            best: None,
+            time_to_target: None,
+            train_loss: f64::NAN,
+            staleness: StalenessHistogram::default(),
+            done: None,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done.is_some()
+    }
+
+    pub fn has_started(&self) -> bool {
+        self.started.is_some()
+    }
+
+    /// Seconds of training so far (frozen once done).
+    pub fn train_seconds(&self, now: f64) -> f64 {
+        match (self.started, self.done) {
+            (Some(s), Some((_, end))) => end - s,
+            (Some(s), None) => now - s,
+            _ => 0.0,
+        }
+    }
+
+    pub fn examples(&self) -> u64 {
+        self.replicas.values().map(Replica::total_examples).sum()
+    }
+
+    pub fn epochs(&self) -> f64 {
+        self.examples() as f64 / self.training_examples.max(1) as f64
+    }
+
+    /// Records a replica's report and tells it what to do next.
+    pub fn on_report(&mut self, r: &ProgressReport, now: f64) -> Action {
+        let rep = self.replicas.entry(r.replica).or_default();
+        if rep.incarnations == 0 || rep.incarnation != r.incarnation {
+            rep.prior_steps += rep.steps;
+            rep.prior_examples += rep.examples;
+            rep.steps = 0;
+            rep.examples = 0;
+            rep.incarnation = r.incarnation;
+            rep.incarnations += 1;
+        }
+        rep.steps = r.steps;
+        rep.examples = r.examples;
+        rep.examples_per_second = r.examples_per_second;
+        if r.loss.is_finite() {
+            rep.loss = r.loss;
+            self.train_loss = if self.train_loss.is_finite() {
+                0.8 * self.train_loss + 0.2 * r.loss
+            } else {
+                r.loss
+            };
+        }
+        rep.epoch = r.epoch;
+        rep.last_report = now;
+        if !self.warm_start_done {
+            let leader_steps = self.replicas.get(&0).map_or(0, Replica::total_steps);
+            if leader_steps >= self.warm_start_steps {
+                self.warm_start_done = true;
+            }
+        }
+        if self.done.is_some() {
+            return Action::Stop;
+        }
+        if r.replica == 0 || self.warm_start_done {
+            self.started.get_or_insert(now);
+            Action::Train
+        } else {
+            Action::Wait
+        }
+    }
+
+    /// Which limit, if any, the job has hit apart from the accuracy target.
+    pub fn limit_reached(&self, now: f64) -> Option<StopReason> {
+        if self.started.is_none() || self.done.is_some() {
+            return None;
+        }
+        if self.epochs() >= self.stop.max_epochs {
+            Some(StopReason::MaxEpochs)
+        } else if self.train_seconds(now) >= self.stop.max_seconds as f64 {
+            Some(StopReason::MaxSeconds)
+        } else {
+            None
+        }
+    }
+
+    /// Records an evaluation; reaching the target ends the job.
+    pub fn on_eval(&mut self, now: f64, test_accuracy: f64, test_loss: f64) {
+        let seconds = self.train_seconds(now);
+        self.curve.push(CurvePoint {
+            seconds,
+            test_accuracy,
+            test_loss,
+            train_loss: self.train_loss,
+            examples: self.examples(),
+        });
+        self.best = Some(self.best.map_or(test_accuracy, |b| b.max(test_accuracy)));
+        if let Some(target) = self.stop.target_test_accuracy
+            && test_accuracy >= target
+            && self.time_to_target.is_none()
+        {
+            self.time_to_target = Some(seconds);
+            self.finish(StopReason::TargetReached, now);
+        }
+    }
+
+    pub fn set_staleness(&mut self, h: StalenessHistogram) {
+        self.staleness = h;
+    }
+
+    pub fn finish(&mut self, reason: StopReason, now: f64) {
+        if self.done.is_none() {
+            self.done = Some((reason, now));
+        }
+    }
+
+    pub fn status(&self, now: f64) -> JobStatus {
+        let secs = self.train_seconds(now);
+        let examples = self.examples();
+        JobStatus {
+            done: self.done.is_some(),
+            stop_reason: self.done.map(|(r, _)| r.as_str().to_string()).unwrap_or_default(),
+            train_seconds: secs,
+            examples,
+            steps: self.replicas.values().map(Replica::total_steps).sum(),
+            examples_per_second: if secs > 0.0 { examples as f64 / secs } else { 0.0 },
+            train_loss: self.train_loss,
+            test_accuracy: self.curve.last().map(|c| c.test_accuracy),
+            best_test_accuracy: self.best,
+            time_to_target_seconds: self.time_to_target,
+            epochs: self.epochs(),
+            staleness: Some(Staleness {
+                p50: self.staleness.quantile(0.5),
+                p99: self.staleness.quantile(0.99),
+                max: self.staleness.max(),
+            }),
+            replicas: self
+                .replicas
+                .iter()
+                .map(|(&id, r)| ReplicaProgress {
+                    replica: id,
+                    steps: r.total_steps(),
+                    examples: r.total_examples(),
+                    examples_per_second: r.examples_per_second,
+                    loss: r.loss,
+                    epoch: r.epoch,
+                    seconds_since_report: now - r.last_report,
+                    incarnations: r.incarnations,
+                })
+                .collect(),
+            curve: self.curve.clone(),
+            warm_start_done: self.warm_start_done,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

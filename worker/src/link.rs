@@ -1,0 +1,199 @@
+//! The replica's link to one shard: a slot for the freshest fetched
+//! parameters and a slot for the gradient waiting to be pushed, each served
+//! by its own task. The compute loop only ever swaps slots, so it never waits
+//! on the network.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use crate::metrics::WorkerMetrics;
+use crate::ps_client::{PushId, ShardClient};
+
+/// Gradients merged into one pending push while the shard is slow or away.
+/// Beyond this the oldest sum is dropped rather than applied as one huge step.
+const MAX_COALESCED_PUSHES: u32 = 32;
+
+#[derive(Debug)]
+pub struct Fetched {
+    pub version: u64,
+    pub values: Vec<f32>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    grad: Vec<f32>,
+    base_version: u64,
+    pushes: u32,
+}
+
+pub struct Link {
+    pub client: ShardClient,
+    fetched: Mutex<Option<Fetched>>,
+    fetch_wanted: Notify,
+    pending: Mutex<Option<Pending>>,
+    push_wanted: Notify,
+    spare: Mutex<Vec<Vec<f32>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Link {
+    pub fn new(client: ShardClient) -> Arc<Self> {
+        Arc::new(Link {
+            client,
+            fetched: Mutex::new(None),
+            fetch_wanted: Notify::new(),
+            pending: Mutex::new(None),
+            push_wanted: Notify::new(),
+            spare: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn buffer(&self) -> Vec<f32> {
+        lock(&self.spare)
+            .pop()
+            .unwrap_or_else(|| vec![0.0; self.client.range.len()])
+    }
+
+    pub fn recycle(&self, v: Vec<f32>) {
+        let mut spare = lock(&self.spare);
+        if spare.len() < 4 {
+            spare.push(v);
+        }
+    }
+
+    /// Asks the fetch task for fresh parameters (at most one request is queued).
+    pub fn want_fetch(&self) {
+        self.fetch_wanted.notify_one();
+    }
+
+    /// The parameters fetched since the last call, if any.
+    pub fn take_fetched(&self) -> Option<Fetched> {
+        lock(&self.fetched).take()
+    }
+
+    /// Hands a gradient to the push task. If the previous one has not left
+    /// yet, the two are summed, so compute never waits. Returns false when an
+    /// old sum had to be dropped.
+    pub fn offer(&self, grad: &[f32], base_version: u64) -> bool {
+        let mut kept = true;
+        {
+            let mut pending = lock(&self.pending);
+            match pending.as_mut() {
+                Some(p) if p.pushes < MAX_COALESCED_PUSHES => {
+                    for (a, g) in p.grad.iter_mut().zip(grad) {
+                        *a += g;
+                    }
+                    p.base_version = p.base_version.min(base_version);
+                    p.pushes += 1;
+                }
+                _ => {
+                    let mut buf = self.buffer();
+                    buf.copy_from_slice(grad);
+                    kept = pending.is_none();
+                    if let Some(old) = pending.replace(Pending {
+                        grad: buf,
+                        base_version,
+                        pushes: 1,
+                    }) {
+                        self.recycle(old.grad);
+                    }
+                }
+            }
+        }
+        self.push_wanted.notify_one();
+        kept
+    }
+
+    /// Serves fetch requests until aborted, retrying with backoff.
+    pub async fn fetch_loop(self: Arc<Self>, metrics: WorkerMetrics) {
+        let mut client = self.client.clone();
+        let mut backoff = distbelief_net::Backoff::default();
+        let mut down = false;
+        loop {
+            self.fetch_wanted.notified().await;
+            let mut buf = self.buffer();
+            loop {
+                let started = Instant::now();
+                match client.fetch_into(&mut buf).await {
+                    Ok(version) => {
+                        metrics.fetch_seconds.observe(started.elapsed().as_secs_f64());
+                        if down {
+                            tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
+                            down = false;
+                        }
+                        backoff.reset();
+                        if let Some(old) = lock(&self.fetched).replace(Fetched { version, values: buf }) {
+                            self.recycle(old.values);
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        metrics.rpc_failures.with_label_values(&["fetch"]).inc();
+                        if !down {
+                            tracing::warn!(shard = client.index, "fetch failed, retrying with backoff: {e}");
+                            down = true;
+                        }
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Pushes pending gradients until aborted. A failed push is retried with
+    /// the same sequence number, so the shard applies it at most once.
+    pub async fn push_loop(self: Arc<Self>, replica: u32, incarnation: u64, metrics: WorkerMetrics) {
+        let mut client = self.client.clone();
+        let mut backoff = distbelief_net::Backoff::default();
+        let mut down = false;
+        let mut sequence = 0;
+        loop {
+            self.push_wanted.notified().await;
+            let Some(p) = lock(&self.pending).take() else {
+                continue;
+            };
+            sequence += 1;
+            let id = PushId {
+                replica,
+                incarnation,
+                sequence,
+                base_version: p.base_version,
+            };
+            loop {
+                let started = Instant::now();
+                match client.push(id, &p.grad).await {
+                    Ok(_) => {
+                        metrics.push_seconds.observe(started.elapsed().as_secs_f64());
+                        if down {
+                            tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
+                            down = false;
+                        }
+                        backoff.reset();
+                        break;
+                    }
+                    Err(e) if e.is_refusal() => {
+                        // Retrying a push the shard refused would only be refused again.
+                        metrics.rpc_failures.with_label_values(&["push"]).inc();
+                        metrics.dropped_gradients.inc();
+                        tracing::error!(shard = client.index, "push refused, gradient dropped: {e}");
+                        break;
+                    }
+                    Err(e) => {
+                        metrics.rpc_failures.with_label_values(&["push"]).inc();
+                        if !down {
+                            tracing::warn!(shard = client.index, "push failed, retrying with backoff: {e}");
+                            down = true;
+                        }
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+            }
+            self.recycle(p.grad);
+        }
+    }
+}

@@ -1,0 +1,54 @@
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+
+/// A replica's Prometheus metrics (names get the registry's `distbelief_` prefix).
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    pub steps: IntCounter,
+    pub examples: IntCounter,
+    pub examples_per_second: Gauge,
+    pub loss: Gauge,
+    pub fetch_seconds: Histogram,
+    pub push_seconds: Histogram,
+    pub rpc_failures: IntCounterVec,
+    pub dropped_gradients: IntCounter,
+}
+
+impl WorkerMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let latency = || prometheus::exponential_buckets(1e-4, 2.0, 18);
+        let m = WorkerMetrics {
+            steps: IntCounter::new("worker_steps_total", "Mini-batch steps computed")?,
+            examples: IntCounter::new("worker_examples_total", "Training examples processed")?,
+            examples_per_second: Gauge::new(
+                "worker_examples_per_second",
+                "Training examples per second over the last report interval",
+            )?,
+            loss: Gauge::new("worker_loss", "Mean training loss over the last report interval")?,
+            fetch_seconds: Histogram::with_opts(
+                HistogramOpts::new("worker_fetch_seconds", "Latency of fetching one shard's parameters")
+                    .buckets(latency()?),
+            )?,
+            push_seconds: Histogram::with_opts(
+                HistogramOpts::new("worker_push_seconds", "Latency of pushing one shard's gradient")
+                    .buckets(latency()?),
+            )?,
+            rpc_failures: IntCounterVec::new(
+                Opts::new("worker_rpc_failures_total", "Failed shard calls, by rpc"),
+                &["rpc"],
+            )?,
+            dropped_gradients: IntCounter::new(
+                "worker_dropped_gradients_total",
+                "Gradients dropped because a shard stayed unreachable too long",
+            )?,
+        };
+        registry.register(Box::new(m.steps.clone()))?;
+        registry.register(Box::new(m.examples.clone()))?;
+        registry.register(Box::new(m.examples_per_second.clone()))?;
+        registry.register(Box::new(m.loss.clone()))?;
+        registry.register(Box::new(m.fetch_seconds.clone()))?;
+        registry.register(Box::new(m.push_seconds.clone()))?;
+        registry.register(Box::new(m.rpc_failures.clone()))?;
+        registry.register(Box::new(m.dropped_gradients.clone()))?;
+        Ok(m)
+    }
+}

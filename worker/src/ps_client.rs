@@ -1,0 +1,161 @@
+//! Client side of the parameter-server protocol: fetch a shard's range into
+//! a slice, push a gradient slice as chunks. Every call has the channel's deadline.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32};
+use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
+use distbelief_proto::v1::{FetchRequest, GradientChunk, InfoRequest, PushReply, ShardInfo};
+use tonic::transport::Channel;
+
+use crate::error::WorkerError;
+
+/// Identity of a push: who sends it and from which parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct PushId {
+    pub replica: u32,
+    pub incarnation: u64,
+    pub sequence: u64,
+    pub base_version: u64,
+}
+
+#[derive(Clone)]
+pub struct ShardClient {
+    pub index: u32,
+    pub range: Range<usize>,
+    pub addr: String,
+    client: ParameterServerClient<Channel>,
+}
+
+impl std::fmt::Debug for ShardClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "shard {} at {}", self.index, self.addr)
+    }
+}
+
+impl ShardClient {
+    pub fn new(index: u32, range: Range<usize>, addr: &str, timeout: Duration) -> Result<Self, WorkerError> {
+        let channel = distbelief_net::channel(addr, timeout).map_err(|source| WorkerError::Address {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let client = ParameterServerClient::new(channel)
+            .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+            .max_encoding_message_size(distbelief_net::MAX_MESSAGE);
+        Ok(ShardClient {
+            index,
+            range,
+            addr: addr.to_string(),
+            client,
+        })
+    }
+
+    fn rpc(&self, status: tonic::Status) -> WorkerError {
+        WorkerError::Rpc {
+            peer: format!("shard {} at {}", self.index, self.addr),
+            status,
+        }
+    }
+
+    fn bad(&self, message: String) -> WorkerError {
+        WorkerError::BadReply {
+            shard: self.index,
+            peer: self.addr.clone(),
+            message,
+        }
+    }
+
+    /// Fetches the shard's range into `out` (which must be exactly that long)
+    /// and returns the shard version it reflects.
+    pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<u64, WorkerError> {
+        debug_assert_eq!(out.len(), self.range.len());
+        let mut stream = self
+            .client
+            .fetch(FetchRequest { shard: self.index })
+            .await
+            .map_err(|s| self.rpc(s))?
+            .into_inner();
+        let mut next = self.range.start;
+        let mut version = None;
+        while let Some(chunk) = stream.message().await.map_err(|s| self.rpc(s))? {
+            let n = chunk.values.len() / 4;
+            if chunk.offset as usize != next || next + n > self.range.end {
+                return Err(self.bad(format!(
+                    "a chunk at offset {} ({n} values) where {next} was expected",
+                    chunk.offset
+                )));
+            }
+            let at = next - self.range.start;
+            decode_f32_into(&chunk.values, &mut out[at..at + n])
+                .ok_or_else(|| self.bad("a chunk that is not whole f32 values".into()))?;
+            next += n;
+            version.get_or_insert(chunk.version);
+        }
+        if next != self.range.end {
+            return Err(self.bad(format!("parameters up to {next} of [{}, {})", self.range.start, self.range.end)));
+        }
+        Ok(version.unwrap_or(0))
+    }
+
+    /// Pushes one gradient for the whole range, in chunks.
+    pub async fn push(&mut self, id: PushId, grad: &[f32]) -> Result<PushReply, WorkerError> {
+        let chunks: Vec<GradientChunk> = chunk_ranges(grad.len())
+            .map(|r| GradientChunk {
+                shard: self.index,
+                replica: id.replica,
+                incarnation: id.incarnation,
+                sequence: id.sequence,
+                base_version: id.base_version,
+                offset: (self.range.start + r.start) as u64,
+                values: encode_f32(&grad[r]),
+            })
+            .collect();
+        self.client
+            .push(tokio_stream::iter(chunks))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| self.rpc(s))
+    }
+
+    pub async fn info(&mut self) -> Result<ShardInfo, WorkerError> {
+        self.client
+            .info(InfoRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| self.rpc(s))
+    }
+}
+
+/// One client per shard, for `job`'s layout and the given addresses.
+pub fn shard_clients(
+    job: &distbelief_api::Job,
+    addrs: &[String],
+    timeout: Duration,
+) -> Result<Vec<ShardClient>, WorkerError> {
+    let ranges = job.layout.shard_ranges(job.shards());
+    if ranges.len() != addrs.len() {
+        return Err(WorkerError::ShardCount {
+            expected: ranges.len(),
+            got: addrs.len(),
+        });
+    }
+    ranges
+        .into_iter()
+        .zip(addrs)
+        .enumerate()
+        .map(|(i, (r, a))| ShardClient::new(i as u32, r, a, timeout))
+        .collect()
+}
+
+/// Fetches every shard concurrently into `params`; returns each shard's version.
+pub async fn fetch_all(clients: &mut [ShardClient], params: &mut [f32]) -> Result<Vec<u64>, WorkerError> {
+    let mut rest = params;
+    let mut jobs = Vec::with_capacity(clients.len());
+    for c in clients.iter_mut() {
+        let (mine, tail) = rest.split_at_mut(c.range.len());
+        rest = tail;
+        jobs.push(c.fetch_into(mine));
+    }
+    futures::future::join_all(jobs).await.into_iter().collect()
+}

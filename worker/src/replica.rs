@@ -1,0 +1,356 @@
+//! One model replica running Downpour SGD: wait for the warm start, fetch the
+//! parameters, then compute gradients on its own part of the data while the
+//! shard links fetch and push in the background. Reports progress to the
+//! coordinator, which says when to stop.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use distbelief_api::Job;
+use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_proto::v1::{Action, ProgressReport};
+use ndarray::ArrayView2;
+use tonic::transport::Channel;
+
+use crate::data::{self, Dataset};
+use crate::error::WorkerError;
+use crate::link::Link;
+use crate::metrics::WorkerMetrics;
+use crate::model::Mlp;
+use crate::ps_client::{fetch_all, shard_clients};
+
+#[derive(Debug, Clone)]
+pub struct ReplicaOptions {
+    pub replica: u32,
+    /// Shard addresses, `host:port`, in shard order.
+    pub shards: Vec<String>,
+    pub coordinator: String,
+    pub rpc_timeout: Duration,
+    /// Compute threads; the batch is split across them.
+    pub threads: usize,
+    pub report_interval: Duration,
+    /// How long the coordinator may stay silent before the replica gives up.
+    pub coordinator_patience: Duration,
+}
+
+impl ReplicaOptions {
+    pub fn new(replica: u32, shards: Vec<String>, coordinator: String) -> Self {
+        ReplicaOptions {
+            replica,
+            shards,
+            coordinator,
+            rpc_timeout: distbelief_net::DEFAULT_RPC_TIMEOUT,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            report_interval: Duration::from_millis(500),
+            coordinator_patience: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the replica did, returned when the coordinator stops it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplicaSummary {
+    pub steps: u64,
+    pub examples: u64,
+}
+
+/// Counters the compute thread writes and the report loop reads.
+#[derive(Default)]
+struct Progress {
+    steps: AtomicU64,
+    examples: AtomicU64,
+    epoch: AtomicU64,
+    /// (sum of batch losses, batches) since the last report.
+    loss: Mutex<(f64, u64)>,
+}
+
+struct Coordinator {
+    client: CoordinatorClient<Channel>,
+    addr: String,
+    last_answer: Instant,
+    patience: Duration,
+    warned: bool,
+}
+
+impl Coordinator {
+    /// Sends a report; `None` when the coordinator did not answer (yet).
+    async fn report(&mut self, r: ProgressReport) -> Result<Option<Action>, WorkerError> {
+        match self.client.report(r).await {
+            Ok(reply) => {
+                self.last_answer = Instant::now();
+                if self.warned {
+                    tracing::info!(addr = %self.addr, "coordinator reachable again");
+                    self.warned = false;
+                }
+                Ok(Some(reply.into_inner().action()))
+            }
+            Err(status) => {
+                let silent = self.last_answer.elapsed();
+                if silent > self.patience {
+                    return Err(WorkerError::CoordinatorLost {
+                        peer: self.addr.clone(),
+                        seconds: silent.as_secs_f64(),
+                    });
+                }
+                if !self.warned {
+                    tracing::warn!(addr = %self.addr, "coordinator did not answer: {status}");
+                    self.warned = true;
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+fn incarnation() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Runs replica `opts.replica` of `job` until the coordinator stops it.
+pub async fn run_replica(
+    job: Job,
+    opts: ReplicaOptions,
+    registry: &prometheus::Registry,
+) -> Result<ReplicaSummary, WorkerError> {
+    let replicas = job.replicas();
+    if opts.replica as usize >= replicas {
+        return Err(WorkerError::NoSuchReplica {
+            replica: opts.replica,
+            replicas,
+        });
+    }
+    let metrics = WorkerMetrics::register(registry)
+        .map_err(|e| WorkerError::Compute(format!("metrics registration failed: {e}")))?;
+    let mut clients = shard_clients(&job, &opts.shards, opts.rpc_timeout)?;
+    let channel = distbelief_net::channel(&opts.coordinator, opts.rpc_timeout).map_err(|source| {
+        WorkerError::Address {
+            addr: opts.coordinator.clone(),
+            source,
+        }
+    })?;
+    let mut coordinator = Coordinator {
+        client: CoordinatorClient::new(channel),
+        addr: opts.coordinator.clone(),
+        last_answer: Instant::now(),
+        patience: opts.coordinator_patience,
+        warned: false,
+    };
+
+    let spec = job.spec.data.clone();
+    let train = tokio::task::spawn_blocking(move || data::load(&spec, true))
+        .await
+        .map_err(|e| WorkerError::Compute(e.to_string()))??;
+    let mlp = Mlp::new(&job.layout);
+    train.check_fits("training data", mlp.inputs(), mlp.classes())?;
+    let indices = data::replica_indices(train.len(), opts.replica as usize, replicas);
+    if indices.is_empty() {
+        return Err(WorkerError::NoData {
+            replica: opts.replica,
+            examples: train.len(),
+            replicas,
+        });
+    }
+    tracing::info!(replica = opts.replica, examples = indices.len(), "training data loaded");
+
+    let incarnation = incarnation();
+    let report = |p: &Progress, eps: f64| {
+        let mut loss = p.loss.lock().unwrap_or_else(|e| e.into_inner());
+        let (sum, n) = std::mem::take(&mut *loss);
+        ProgressReport {
+            replica: opts.replica,
+            incarnation,
+            steps: p.steps.load(Ordering::Relaxed),
+            examples: p.examples.load(Ordering::Relaxed),
+            loss: if n > 0 { sum / n as f64 } else { f64::NAN },
+            examples_per_second: eps,
+            epoch: p.epoch.load(Ordering::Relaxed),
+        }
+    };
+    let progress = Arc::new(Progress::default());
+
+    // Warm start: wait until the coordinator lets this replica train.
+    loop {
+        match coordinator.report(report(&progress, 0.0)).await? {
+            Some(Action::Train) => break,
+            Some(Action::Stop) => {
+                tracing::info!("coordinator says the job is done before this replica started");
+                return Ok(ReplicaSummary { steps: 0, examples: 0 });
+            }
+            _ => tokio::time::sleep(opts.report_interval.min(Duration::from_millis(200))).await,
+        }
+    }
+
+    let mut params = vec![0.0f32; job.layout.len()];
+    let mut backoff = distbelief_net::Backoff::default();
+    let versions = loop {
+        match fetch_all(&mut clients, &mut params).await {
+            Ok(v) => break v,
+            Err(e) => {
+                tracing::warn!("initial fetch failed, retrying: {e}");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    };
+    tracing::info!(replica = opts.replica, ?versions, "parameters fetched; training");
+
+    let links: Vec<Arc<Link>> = clients.into_iter().map(Link::new).collect();
+    let mut tasks = Vec::new();
+    for link in &links {
+        tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
+        tasks.push(tokio::spawn(link.clone().push_loop(opts.replica, incarnation, metrics.clone())));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let compute = {
+        let ctx = Compute {
+            mlp,
+            train,
+            indices,
+            links: links.clone(),
+            progress: progress.clone(),
+            stop: stop.clone(),
+            metrics: metrics.clone(),
+            replica: opts.replica,
+            seed: job.downpour.seed,
+            batch: job.downpour.batch_size as usize,
+            n_fetch: u64::from(job.downpour.n_fetch),
+            n_push: u64::from(job.downpour.n_push),
+        };
+        let threads = opts.threads.max(1);
+        std::thread::Builder::new()
+            .name(format!("replica-{}-compute", opts.replica))
+            .spawn(move || ctx.run(params, versions, threads))
+            .map_err(|e| WorkerError::Compute(e.to_string()))?
+    };
+
+    let mut tick = tokio::time::interval(opts.report_interval);
+    let mut last = (Instant::now(), 0u64);
+    let mut eps = 0.0;
+    let outcome = loop {
+        tick.tick().await;
+        if compute.is_finished() {
+            break Err(WorkerError::Compute("compute thread stopped unexpectedly".into()));
+        }
+        let examples = progress.examples.load(Ordering::Relaxed);
+        let dt = last.0.elapsed().as_secs_f64();
+        if dt > 0.0 {
+            let now = (examples - last.1) as f64 / dt;
+            eps = if eps == 0.0 { now } else { 0.5 * eps + 0.5 * now };
+        }
+        last = (Instant::now(), examples);
+        let r = report(&progress, eps);
+        metrics.examples_per_second.set(eps);
+        if r.loss.is_finite() {
+            metrics.loss.set(r.loss);
+        }
+        match coordinator.report(r).await {
+            Ok(Some(Action::Stop)) => break Ok(()),
+            Ok(_) => {}
+            Err(e) => break Err(e),
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    for t in &tasks {
+        t.abort();
+    }
+    let joined = tokio::task::spawn_blocking(move || compute.join()).await;
+    if let Ok(Err(_)) | Err(_) = joined {
+        return Err(WorkerError::Compute("compute thread panicked".into()));
+    }
+    outcome?;
+    let summary = ReplicaSummary {
+        steps: progress.steps.load(Ordering::Relaxed),
+        examples: progress.examples.load(Ordering::Relaxed),
+    };
+    tracing::info!(replica = opts.replica, steps = summary.steps, examples = summary.examples, "stopped by coordinator");
+    Ok(summary)
+}
+
+/// Everything the compute thread owns.
+struct Compute {
+    mlp: Mlp,
+    train: Dataset,
+    indices: Vec<usize>,
+    links: Vec<Arc<Link>>,
+    progress: Arc<Progress>,
+    stop: Arc<AtomicBool>,
+    metrics: WorkerMetrics,
+    replica: u32,
+    seed: u64,
+    batch: usize,
+    n_fetch: u64,
+    n_push: u64,
+}
+
+impl Compute {
+    fn run(self, params: Vec<f32>, versions: Vec<u64>, threads: usize) {
+        match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+            Ok(pool) => pool.install(|| self.train_loop(params, versions, threads)),
+            Err(e) => tracing::error!("cannot build compute pool: {e}"),
+        }
+    }
+
+    fn train_loop(self, mut params: Vec<f32>, mut versions: Vec<u64>, threads: usize) {
+        let batch = self.batch.min(self.indices.len());
+        let dim = self.train.dim;
+        let mut workspaces = self.mlp.workspaces(batch, threads);
+        let mut acc = vec![0.0f32; params.len()];
+        let mut acc_base = versions.clone();
+        let mut acc_steps = 0;
+        let mut x = vec![0.0f32; batch * dim];
+        let mut y = vec![0u32; batch];
+        let mut epoch = 0;
+        let mut order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
+        let mut pos = 0;
+        let mut step: u64 = 0;
+        while !self.stop.load(Ordering::Relaxed) {
+            if step % self.n_fetch == 0 {
+                for (i, link) in self.links.iter().enumerate() {
+                    if let Some(f) = link.take_fetched() {
+                        params[link.client.range.clone()].copy_from_slice(&f.values);
+                        versions[i] = f.version;
+                        link.recycle(f.values);
+                    }
+                    link.want_fetch();
+                }
+            }
+            if pos + batch > order.len() {
+                epoch += 1;
+                self.progress.epoch.store(epoch, Ordering::Relaxed);
+                order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
+                pos = 0;
+            }
+            for (k, &i) in order[pos..pos + batch].iter().enumerate() {
+                x[k * dim..(k + 1) * dim].copy_from_slice(self.train.row(i));
+                y[k] = self.train.labels[i];
+            }
+            pos += batch;
+            if acc_steps == 0 {
+                acc_base.copy_from_slice(&versions);
+            }
+            let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
+            let loss = self.mlp.batch_gradient(&params, xv, &y, &mut workspaces, &mut acc);
+            acc_steps += 1;
+            step += 1;
+            if acc_steps == self.n_push {
+                for (i, link) in self.links.iter().enumerate() {
+                    if !link.offer(&acc[link.client.range.clone()], acc_base[i]) {
+                        self.metrics.dropped_gradients.inc();
+                    }
+                }
+                acc.fill(0.0);
+                acc_steps = 0;
+            }
+            self.metrics.steps.inc();
+            self.metrics.examples.inc_by(batch as u64);
+            self.progress.steps.store(step, Ordering::Relaxed);
+            self.progress.examples.fetch_add(batch as u64, Ordering::Relaxed);
+            let mut l = self.progress.loss.lock().unwrap_or_else(|e| e.into_inner());
+            l.0 += loss;
+            l.1 += 1;
+        }
+    }
+}
