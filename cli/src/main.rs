@@ -1,0 +1,130 @@
+//! The one `distbelief` binary. The role is chosen by the subcommand.
+
+mod roles;
+mod train;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "distbelief", version, about = "DistBelief-style distributed training: parameter servers, Downpour SGD replicas and a coordinator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a whole job on this machine: shards, coordinator and replicas as local processes.
+    Train(TrainArgs),
+    /// Run one parameter-server shard.
+    Ps(PsArgs),
+    /// Run one model replica.
+    Worker(WorkerArgs),
+    /// Run the job's coordinator.
+    Coordinator(CoordinatorArgs),
+    /// Print the DistBeliefJob CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// The DistBeliefJob file.
+    pub job: String,
+    /// Run directory for logs, checkpoints, summary and plot. Default: runs/<job name>.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Also write the JSON summary to this file.
+    #[arg(long)]
+    pub summary_json: Option<PathBuf>,
+    /// Keep checkpoints from an earlier run in the run directory and continue from them.
+    #[arg(long)]
+    pub resume: bool,
+    /// Serve /metrics for every role on consecutive ports from this one (0: pick free ports).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_port: u16,
+    /// Compute threads per replica. Default: the machine's cores shared among the replicas.
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// Flags every role shares.
+#[derive(Args, Clone)]
+pub struct Common {
+    /// The DistBeliefJob file.
+    #[arg(long, env = "DISTBELIEF_JOB")]
+    pub job: String,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
+    #[arg(long, env = "DISTBELIEF_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Deadline of every RPC, in milliseconds.
+    #[arg(long, env = "DISTBELIEF_RPC_TIMEOUT_MS", default_value_t = 10_000)]
+    pub rpc_timeout_ms: u64,
+}
+
+#[derive(Args)]
+pub struct PsArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Which shard this is, from 0.
+    #[arg(long, env = "DISTBELIEF_SHARD")]
+    pub shard: u32,
+    /// Address to serve gRPC on.
+    #[arg(long, env = "DISTBELIEF_LISTEN", default_value = "0.0.0.0:7000")]
+    pub listen: SocketAddr,
+    /// Checkpoint directory. Default: spec.checkpoint.dir; none disables checkpoints.
+    #[arg(long, env = "DISTBELIEF_CHECKPOINT_DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Which replica this is, from 0.
+    #[arg(long, env = "DISTBELIEF_REPLICA")]
+    pub replica: u32,
+    /// Shard addresses in shard order, comma-separated host:port.
+    #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
+    pub shards: Vec<String>,
+    /// Coordinator address, host:port.
+    #[arg(long, env = "DISTBELIEF_COORDINATOR")]
+    pub coordinator: String,
+    /// Compute threads. Default: all cores.
+    #[arg(long, env = "DISTBELIEF_THREADS")]
+    pub threads: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct CoordinatorArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Address to serve gRPC on.
+    #[arg(long, env = "DISTBELIEF_LISTEN", default_value = "0.0.0.0:7100")]
+    pub listen: SocketAddr,
+    /// Shard addresses in shard order, comma-separated host:port.
+    #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
+    pub shards: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    distbelief_net::init_tracing();
+    let result = match cli.command {
+        Command::Train(a) => train::main(a),
+        Command::Ps(a) => roles::ps(a),
+        Command::Worker(a) => roles::worker(a),
+        Command::Coordinator(a) => roles::coordinator(a),
+        Command::Crd => roles::crd(),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The server roles: each loads the job, starts its metrics endpoint, and
+//! runs its library's entry point until done or signalled.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use distbelief_api::Job;
+use kube::CustomResourceExt;
+
+use crate::{Common, CoordinatorArgs, PsArgs, WorkerArgs};
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Registry whose metrics are named `distbelief_*` and labelled with the role.
+fn registry(role: &str, index: Option<u32>) -> anyhow::Result<prometheus::Registry> {
+    let mut labels = std::collections::HashMap::from([("role".to_string(), role.to_string())]);
+    if let Some(i) = index {
+        labels.insert(role_index_label(role).to_string(), i.to_string());
+    }
+    Ok(prometheus::Registry::new_custom(Some("distbelief".into()), Some(labels))?)
+}
+
+fn role_index_label(role: &str) -> &'static str {
+    if role == "ps" { "shard" } else { "replica" }
+}
+
+async fn start_metrics(c: &Common, registry: &prometheus::Registry) -> anyhow::Result<()> {
+    if let Some(addr) = c.metrics_addr {
+        let bound = distbelief_net::serve_metrics(addr, registry.clone())
+            .await
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        tracing::info!(%bound, "metrics on http://{bound}/metrics");
+    }
+    Ok(())
+}
+
+fn load(c: &Common) -> anyhow::Result<Job> {
+    Ok(distbelief_api::load_job(&c.job)?)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+    tracing::info!("signalled; shutting down");
+}
+
+async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
+    let job = load(&a.common)?;
+    let checkpoint_dir = a
+        .checkpoint_dir
+        .or_else(|| job.spec.checkpoint.dir.clone().map(Into::into));
+    let opts = distbelief_ps::ShardOptions {
+        index: a.shard,
+        checkpoint_dir,
+        checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),
+    };
+    runtime()?.block_on(async {
+        let registry = registry("ps", Some(a.shard))?;
+        start_metrics(&a.common, &registry).await?;
+        let listener = bind(a.listen).await?;
+        distbelief_ps::serve(&job, opts, listener, &registry, terminated()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let job = load(&a.common)?;
+    let mut opts =
+        distbelief_worker::ReplicaOptions::new(a.replica, a.shards.clone(), a.coordinator.clone());
+    opts.rpc_timeout = Duration::from_millis(a.common.rpc_timeout_ms);
+    if let Some(t) = a.threads {
+        opts.threads = t.max(1);
+    }
+    runtime()?.block_on(async {
+        let registry = registry("worker", Some(a.replica))?;
+        start_metrics(&a.common, &registry).await?;
+        tokio::select! {
+            r = distbelief_worker::run_replica(job, opts, &registry) => { r?; }
+            _ = terminated() => {}
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
+    let job = load(&a.common)?;
+    let opts = distbelief_coordinator::CoordinatorOptions {
+        shards: a.shards.clone(),
+        rpc_timeout: Duration::from_millis(a.common.rpc_timeout_ms),
+    };
+    runtime()?.block_on(async {
+        let registry = registry("coordinator", None)?;
+        start_metrics(&a.common, &registry).await?;
+        let listener = bind(a.listen).await?;
+        distbelief_coordinator::serve(&job, opts, listener, &registry, terminated()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn crd() -> anyhow::Result<ExitCode> {
+    let crd = distbelief_api::DistBeliefJob::crd();
+    print!("{}", serde_yaml::to_string(&crd)?);
+    Ok(ExitCode::SUCCESS)
+}

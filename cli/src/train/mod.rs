@@ -1,0 +1,353 @@
+//! The local runtime: `distbelief train JOB.yaml` runs the job's shards,
+//! coordinator and replicas as separate processes on 127.0.0.1, restarts
+//! the ones that die within the spec's budgets, shows progress, and ends
+//! with a JSON summary on the last line of stdout.
+
+mod plot;
+mod procs;
+mod progress;
+mod summary;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use distbelief_api::Job;
+use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_proto::v1::{JobStatus, StatusRequest};
+
+use crate::TrainArgs;
+use procs::{Proc, Role, free_port, wait_listening};
+use summary::{Outcome, Summary};
+
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+const STATUS_EVERY: Duration = Duration::from_millis(500);
+/// How long the coordinator may fail to answer before the run is abandoned.
+const COORDINATOR_PATIENCE: Duration = Duration::from_secs(30);
+
+pub fn main(args: TrainArgs) -> anyhow::Result<ExitCode> {
+    let job = distbelief_api::load_job(&args.job)?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&job.name));
+    let summary = Runtime::start(&job, &args, &out)?.run()?;
+    let json = serde_json::to_string(&summary)?;
+    std::fs::write(out.join("summary.json"), format!("{json}\n"))
+        .with_context(|| format!("cannot write {}", out.join("summary.json").display()))?;
+    if let Some(p) = &args.summary_json {
+        std::fs::write(p, format!("{json}\n")).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    println!("{json}");
+    Ok(match summary.outcome {
+        Outcome::Finished => ExitCode::SUCCESS,
+        Outcome::Interrupted => ExitCode::from(130),
+        Outcome::Failed => ExitCode::FAILURE,
+    })
+}
+
+struct Runtime {
+    job: Job,
+    out: PathBuf,
+    exe: PathBuf,
+    shards: Vec<Proc>,
+    coordinator: Proc,
+    replicas: Vec<Proc>,
+    coordinator_port: u16,
+    replica_restarts: u32,
+    shard_restarts: u32,
+    interrupted: Arc<AtomicBool>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Runtime {
+    fn start(job: &Job, args: &TrainArgs, out: &Path) -> anyhow::Result<Runtime> {
+        let logs = out.join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+        let checkpoints = match &job.spec.checkpoint.dir {
+            Some(d) => PathBuf::from(d),
+            None => {
+                let d = out.join("checkpoints");
+                if !args.resume && d.exists() {
+                    std::fs::remove_dir_all(&d)
+                        .with_context(|| format!("cannot clear old checkpoints in {}", d.display()))?;
+                }
+                d
+            }
+        };
+        let exe = std::env::current_exe().context("cannot find the distbelief executable")?;
+        let job_path = std::fs::canonicalize(&args.job)
+            .with_context(|| format!("cannot resolve {}", args.job))?
+            .display()
+            .to_string();
+        let mut next_metrics = args.metrics_port;
+        let mut metrics_addr = || -> anyhow::Result<String> {
+            let port = if next_metrics == 0 {
+                free_port()?
+            } else {
+                next_metrics += 1;
+                next_metrics - 1
+            };
+            Ok(format!("127.0.0.1:{port}"))
+        };
+        let common = |m: String| vec!["--job".to_string(), job_path.clone(), "--metrics-addr".into(), m];
+
+        let shard_ports = (0..job.shards()).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
+        let shard_addrs: Vec<String> = shard_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut shards = Vec::new();
+        for (i, addr) in shard_addrs.iter().enumerate() {
+            let mut a = vec!["ps".to_string()];
+            a.extend(common(metrics_addr()?));
+            a.extend([
+                "--shard".into(),
+                i.to_string(),
+                "--listen".into(),
+                addr.clone(),
+                "--checkpoint-dir".into(),
+                checkpoints.display().to_string(),
+            ]);
+            shards.push(Proc::new(Role::Shard, i as u32, a, &logs));
+        }
+        let coordinator_port = free_port()?;
+        let mut a = vec!["coordinator".to_string()];
+        a.extend(common(metrics_addr()?));
+        a.extend([
+            "--listen".into(),
+            format!("127.0.0.1:{coordinator_port}"),
+            "--shards".into(),
+            shard_addrs.join(","),
+        ]);
+        let coordinator = Proc::new(Role::Coordinator, 0, a, &logs);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = args.threads.unwrap_or((cores / job.replicas()).max(1));
+        let mut replicas = Vec::new();
+        for r in 0..job.replicas() {
+            let mut a = vec!["worker".to_string()];
+            a.extend(common(metrics_addr()?));
+            a.extend([
+                "--replica".into(),
+                r.to_string(),
+                "--shards".into(),
+                shard_addrs.join(","),
+                "--coordinator".into(),
+                format!("127.0.0.1:{coordinator_port}"),
+                "--threads".into(),
+                threads.to_string(),
+            ]);
+            replicas.push(Proc::new(Role::Replica, r as u32, a, &logs));
+        }
+        let interrupted = Arc::new(AtomicBool::new(false));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register(sig, interrupted.clone()).context("cannot install signal handler")?;
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let mut me = Runtime {
+            job: job.clone(),
+            out: out.to_path_buf(),
+            exe,
+            shards,
+            coordinator,
+            replicas,
+            coordinator_port,
+            replica_restarts: 0,
+            shard_restarts: 0,
+            interrupted,
+            rt,
+        };
+        eprintln!(
+            "distbelief: job {} — {} shard(s), {} replica(s) × {threads} thread(s), {} parameters; run directory {}",
+            job.name,
+            job.shards(),
+            job.replicas(),
+            job.layout.len(),
+            out.display()
+        );
+        if let Err(e) = me.launch(&shard_ports) {
+            me.stop_all();
+            return Err(e);
+        }
+        Ok(me)
+    }
+
+    fn launch(&mut self, shard_ports: &[u16]) -> anyhow::Result<()> {
+        for (p, &port) in self.shards.iter_mut().zip(shard_ports) {
+            p.spawn(&self.exe).with_context(|| format!("cannot start {}", p.label()))?;
+            wait_listening(p, port, START_TIMEOUT).map_err(anyhow::Error::msg)?;
+        }
+        let c = &mut self.coordinator;
+        c.spawn(&self.exe).context("cannot start the coordinator")?;
+        wait_listening(c, self.coordinator_port, START_TIMEOUT).map_err(anyhow::Error::msg)?;
+        for p in &mut self.replicas {
+            p.spawn(&self.exe).with_context(|| format!("cannot start {}", p.label()))?;
+        }
+        self.write_process_table();
+        Ok(())
+    }
+
+    /// `processes.tsv` in the run directory: role, index, pid, log — rewritten
+    /// on every (re)start so tools and tests can find a process.
+    fn write_process_table(&self) {
+        let mut s = String::from("role\tindex\tpid\tlog\n");
+        for p in self.shards.iter().chain([&self.coordinator]).chain(&self.replicas) {
+            if let Some(pid) = p.pid() {
+                s.push_str(&format!("{}\t{}\t{pid}\t{}\n", p.role.name(), p.index, p.log.display()));
+            }
+        }
+        let _ = std::fs::write(self.out.join("processes.tsv"), s);
+    }
+
+    fn status(&self) -> Option<JobStatus> {
+        let addr = format!("127.0.0.1:{}", self.coordinator_port);
+        self.rt.block_on(async {
+            let channel = distbelief_net::channel(&addr, Duration::from_secs(2)).ok()?;
+            let mut client = CoordinatorClient::new(channel);
+            client.status(StatusRequest {}).await.ok().map(tonic::Response::into_inner)
+        })
+    }
+
+    fn run(mut self) -> anyhow::Result<Summary> {
+        let started = Instant::now();
+        let mut display = progress::Display::new();
+        let mut last_status: Option<JobStatus> = None;
+        let mut last_answer = Instant::now();
+        let mut next_status = Instant::now();
+        let result: anyhow::Result<Outcome> = loop {
+            if self.interrupted.load(Ordering::Relaxed) {
+                break Ok(Outcome::Interrupted);
+            }
+            if let Err(e) = self.supervise() {
+                break Err(e);
+            }
+            if Instant::now() >= next_status {
+                next_status = Instant::now() + STATUS_EVERY;
+                match self.status() {
+                    Some(s) => {
+                        last_answer = Instant::now();
+                        display.show(&s, self.live_replicas(), self.job.replicas(), self.replica_restarts, self.shard_restarts);
+                        let done = s.done;
+                        last_status = Some(s);
+                        if done {
+                            break Ok(Outcome::Finished);
+                        }
+                    }
+                    None if last_answer.elapsed() > COORDINATOR_PATIENCE => {
+                        break Err(anyhow::anyhow!(
+                            "the coordinator has not answered for {COORDINATOR_PATIENCE:?}; see {}",
+                            self.coordinator.log.display()
+                        ));
+                    }
+                    None => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        display.finish();
+        // One last look, so the summary has the coordinator's final figures.
+        if let Some(s) = self.status() {
+            last_status = Some(s);
+        }
+        self.stop_all();
+        let (outcome, error) = match result {
+            Ok(o) => (o, None),
+            Err(e) => {
+                eprintln!("distbelief: job failed: {e:#}");
+                (Outcome::Failed, Some(format!("{e:#}")))
+            }
+        };
+        let status = last_status.unwrap_or_default();
+        let svg = self.out.join("curve.svg");
+        if let Err(e) = std::fs::write(&svg, plot::curve_svg(&self.job.name, &status.curve)) {
+            eprintln!("distbelief: cannot write {}: {e}", svg.display());
+        }
+        let summary = Summary::new(
+            &self.job,
+            &status,
+            outcome,
+            error,
+            self.replica_restarts,
+            self.shard_restarts,
+            &self.out,
+            started.elapsed().as_secs_f64(),
+        );
+        eprintln!("distbelief: {}", summary.headline());
+        Ok(summary)
+    }
+
+    fn live_replicas(&self) -> usize {
+        self.replicas.iter().filter(|p| p.child.is_some()).count()
+    }
+
+    /// Restarts dead processes within their budgets.
+    fn supervise(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.coordinator.exited() {
+            bail!(
+                "the coordinator exited ({status}); last lines of {}:\n{}",
+                self.coordinator.log.display(),
+                self.coordinator.log_tail(15)
+            );
+        }
+        let spec = &self.job.spec;
+        let mut restarted = false;
+        for p in &mut self.shards {
+            if let Some(status) = p.exited() {
+                if self.shard_restarts >= spec.parameter_servers.max_restarts {
+                    bail!(
+                        "{} exited ({status}) and the shard restart budget ({}) is used up; last lines of {}:\n{}",
+                        p.label(),
+                        spec.parameter_servers.max_restarts,
+                        p.log.display(),
+                        p.log_tail(15)
+                    );
+                }
+                self.shard_restarts += 1;
+                eprintln!("\ndistbelief: {} exited ({status}); restarting it from its checkpoint", p.label());
+                p.spawn(&self.exe).with_context(|| format!("cannot restart {}", p.label()))?;
+                restarted = true;
+            }
+        }
+        for p in &mut self.replicas {
+            if let Some(status) = p.exited() {
+                if status.success() {
+                    // Stopped by the coordinator: the job is done.
+                    continue;
+                }
+                if self.replica_restarts >= spec.replicas.max_restarts {
+                    bail!(
+                        "{} exited ({status}) and the replica restart budget ({}) is used up; last lines of {}:\n{}",
+                        p.label(),
+                        spec.replicas.max_restarts,
+                        p.log.display(),
+                        p.log_tail(15)
+                    );
+                }
+                self.replica_restarts += 1;
+                eprintln!("\ndistbelief: {} exited ({status}); restarting it", p.label());
+                p.spawn(&self.exe).with_context(|| format!("cannot restart {}", p.label()))?;
+                restarted = true;
+            }
+        }
+        if restarted {
+            self.write_process_table();
+        }
+        Ok(())
+    }
+
+    /// Replicas first, then the coordinator, then the shards (which write a
+    /// final checkpoint on SIGTERM).
+    fn stop_all(&mut self) {
+        let grace = Duration::from_secs(5);
+        for p in &mut self.replicas {
+            p.stop(grace);
+        }
+        self.coordinator.stop(grace);
+        for p in &mut self.shards {
+            p.stop(grace);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Child processes of the local runtime: how they are started, where their
+//! output goes, and how they are stopped.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Shard,
+    Coordinator,
+    Replica,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Shard => "ps",
+            Role::Coordinator => "coordinator",
+            Role::Replica => "worker",
+        }
+    }
+}
+
+/// One supervised process and how to start it again.
+pub struct Proc {
+    pub role: Role,
+    pub index: u32,
+    pub args: Vec<String>,
+    pub log: PathBuf,
+    pub child: Option<Child>,
+    pub starts: u32,
+}
+
+impl Proc {
+    pub fn new(role: Role, index: u32, args: Vec<String>, logs: &Path) -> Self {
+        let log = match role {
+            Role::Coordinator => logs.join("coordinator.log"),
+            _ => logs.join(format!("{}-{index}.log", role.name())),
+        };
+        Proc {
+            role,
+            index,
+            args,
+            log,
+            child: None,
+            starts: 0,
+        }
+    }
+
+    pub fn label(&self) -> String {
+        match self.role {
+            Role::Shard => format!("shard {}", self.index),
+            Role::Coordinator => "coordinator".into(),
+            Role::Replica => format!("replica {}", self.index),
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Starts (or restarts) the process with its output appended to its log.
+    pub fn spawn(&mut self, exe: &Path) -> std::io::Result<()> {
+        let out = OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let err = out.try_clone()?;
+        let mut cmd = Command::new(exe);
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            // Own process group: a Ctrl-C at the terminal reaches the runtime,
+            // which then stops the children in order.
+            .process_group(0);
+        die_with_parent(&mut cmd);
+        self.child = Some(cmd.spawn()?);
+        self.starts += 1;
+        Ok(())
+    }
+
+    /// The exit status if the process has ended since the last look.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(status)
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        signal(child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        self.child = None;
+    }
+
+    /// The last lines of the log, to explain a failure.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let Ok(mut f) = File::open(&self.log) else {
+            return String::new();
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(8192)));
+        let mut s = String::new();
+        let _ = f.read_to_string(&mut s);
+        let all: Vec<&str> = s.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) on a pid this process spawned and has not reaped.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Children get SIGKILL if the runtime dies, so no process outlives it.
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe and touches only the child's own state.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// A free TCP port on 127.0.0.1, found by binding port 0.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits until `port` accepts connections, or the process exits, or `timeout` passes.
+pub fn wait_listening(p: &mut Proc, port: u16, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    loop {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if let Some(status) = p.exited() {
+            return Err(format!(
+                "{} exited during start-up ({status}); last lines of {}:\n{}",
+                p.label(),
+                p.log.display(),
+                p.log_tail(15)
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} did not listen on port {port} within {timeout:?}; see {}",
+                p.label(),
+                p.log.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

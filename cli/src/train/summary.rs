@@ -1,0 +1,114 @@
+//! The run's final figures: the last line of stdout, and `summary.json`.
+
+use std::path::Path;
+
+use distbelief_api::Job;
+use distbelief_proto::v1::JobStatus;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The stopping rule ended the job.
+    Finished,
+    /// Ctrl-C or SIGTERM.
+    Interrupted,
+    /// A process failed beyond its restart budget, or the coordinator was lost.
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StalenessSummary {
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub job: String,
+    pub outcome: Outcome,
+    /// target_reached, max_epochs or max_seconds; null if the job did not finish.
+    pub stop_reason: Option<String>,
+    pub error: Option<String>,
+    pub final_test_accuracy: Option<f64>,
+    pub best_test_accuracy: Option<f64>,
+    pub target_test_accuracy: Option<f64>,
+    pub time_to_target_seconds: Option<f64>,
+    pub examples: u64,
+    pub steps: u64,
+    pub epochs: f64,
+    pub train_seconds: f64,
+    pub wall_seconds: f64,
+    pub examples_per_second: f64,
+    pub replica_restarts: u32,
+    pub shard_restarts: u32,
+    pub staleness: StalenessSummary,
+    pub shards: usize,
+    pub replicas: usize,
+    pub parameters: usize,
+    pub run_dir: String,
+    pub curve: String,
+}
+
+impl Summary {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        job: &Job,
+        s: &JobStatus,
+        outcome: Outcome,
+        error: Option<String>,
+        replica_restarts: u32,
+        shard_restarts: u32,
+        out: &Path,
+        wall_seconds: f64,
+    ) -> Summary {
+        let st = s.staleness.unwrap_or_default();
+        Summary {
+            job: job.name.clone(),
+            outcome,
+            stop_reason: (!s.stop_reason.is_empty()).then(|| s.stop_reason.clone()),
+            error,
+            final_test_accuracy: s.test_accuracy,
+            best_test_accuracy: s.best_test_accuracy,
+            target_test_accuracy: job.spec.stop.target_test_accuracy,
+            time_to_target_seconds: s.time_to_target_seconds,
+            examples: s.examples,
+            steps: s.steps,
+            epochs: s.epochs,
+            train_seconds: s.train_seconds,
+            wall_seconds,
+            examples_per_second: s.examples_per_second,
+            replica_restarts,
+            shard_restarts,
+            staleness: StalenessSummary {
+                p50: st.p50,
+                p99: st.p99,
+                max: st.max,
+            },
+            shards: job.shards(),
+            replicas: job.replicas(),
+            parameters: job.layout.len(),
+            run_dir: out.display().to_string(),
+            curve: out.join("curve.svg").display().to_string(),
+        }
+    }
+
+    /// One human line for stderr.
+    pub fn headline(&self) -> String {
+        let acc = self
+            .final_test_accuracy
+            .map_or("n/a".to_string(), |a| format!("{a:.4}"));
+        let reason = self.stop_reason.as_deref().unwrap_or("-");
+        format!(
+            "{:?} ({reason}): test accuracy {acc}, {} examples in {:.1} s ({:.0} examples/s), restarts: {} replica, {} shard; curve {}",
+            self.outcome,
+            self.examples,
+            self.train_seconds,
+            self.examples_per_second,
+            self.replica_restarts,
+            self.shard_restarts,
+            self.curve
+        )
+    }
+}
