@@ -54,6 +54,7 @@ impl Optimizer {
 }
 
 /// `p -= lr * g`
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
 pub fn sgd(params: &mut [f32], grad: &[f32], lr: f32) {
     assert_eq!(params.len(), grad.len());
     for (p, g) in params.iter_mut().zip(grad) {
@@ -62,6 +63,10 @@ pub fn sgd(params: &mut [f32], grad: &[f32], lr: f32) {
 }
 
 /// `a += g²; p -= lr * g / (√a + ε)`
+///
+/// Compiled for AVX-512 and AVX2 as well as the baseline, picked at run time:
+/// wide square roots and divisions keep this at memory speed.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
 pub fn adagrad(params: &mut [f32], accum: &mut [f32], grad: &[f32], lr: f32, eps: f32) {
     assert!(params.len() == grad.len() && accum.len() == grad.len());
     for ((p, a), g) in params.iter_mut().zip(accum.iter_mut()).zip(grad) {

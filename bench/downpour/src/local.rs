@@ -1,0 +1,77 @@
+//! Configuration (a): the same model, data and update rule in one process,
+//! with no parameter server.
+
+use std::time::Instant;
+
+use distbelief_api::Job;
+use distbelief_ps::Optimizer;
+use distbelief_worker::data::{self, Dataset};
+use distbelief_worker::model::Mlp;
+use ndarray::ArrayView2;
+
+#[derive(Debug, Clone)]
+pub struct LocalRun {
+    pub examples: u64,
+    pub train_seconds: f64,
+    pub examples_per_second: f64,
+    pub time_to_target_seconds: Option<f64>,
+    pub final_test_accuracy: f64,
+}
+
+/// Trains until the job's target accuracy or `max_seconds`, evaluating every
+/// `eval_every` seconds. Evaluation time is excluded from the training clock,
+/// as the coordinator's evaluations run beside training, not inside it.
+pub fn train(job: &Job, train: &Dataset, test: &Dataset, threads: usize, eval_every: f64, max_seconds: f64) -> LocalRun {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    pool.install(|| {
+        let mlp = Mlp::new(&job.layout);
+        let d = &job.downpour;
+        let optimizer = Optimizer::from_spec(d);
+        let mut params = job.layout.initial_values(0..job.layout.len(), d.seed);
+        let mut accum = optimizer.new_accumulators(params.len());
+        let batch = d.batch_size as usize;
+        let indices: Vec<usize> = (0..train.len()).collect();
+        let mut ws = mlp.workspaces(batch, threads);
+        let mut grad = vec![0.0f32; params.len()];
+        let (mut x, mut y) = (vec![0.0f32; batch * train.dim], vec![0u32; batch]);
+        let target = job.spec.stop.target_test_accuracy.unwrap_or(1.0);
+        let (mut examples, mut trained, mut epoch) = (0u64, 0.0f64, 0u64);
+        let mut time_to_target = None;
+        let mut accuracy = 0.0;
+        'outer: loop {
+            let order = data::epoch_order(&indices, d.seed, 0, epoch);
+            for chunk in order.chunks_exact(batch) {
+                let t0 = Instant::now();
+                for (k, &i) in chunk.iter().enumerate() {
+                    x[k * train.dim..(k + 1) * train.dim].copy_from_slice(train.row(i));
+                    y[k] = train.labels[i];
+                }
+                grad.fill(0.0);
+                let xv = ArrayView2::from_shape((batch, train.dim), &x[..]).expect("batch shape");
+                mlp.batch_gradient(&params, xv, &y, &mut ws, &mut grad);
+                optimizer.apply(&mut params, &mut accum, &grad);
+                examples += batch as u64;
+                let before = trained;
+                trained += t0.elapsed().as_secs_f64();
+                if (trained / eval_every).floor() > (before / eval_every).floor() || trained >= max_seconds {
+                    accuracy = mlp.evaluate(&params, test).0;
+                    if accuracy >= target && time_to_target.is_none() {
+                        time_to_target = Some(trained);
+                        break 'outer;
+                    }
+                    if trained >= max_seconds {
+                        break 'outer;
+                    }
+                }
+            }
+            epoch += 1;
+        }
+        LocalRun {
+            examples,
+            train_seconds: trained,
+            examples_per_second: examples as f64 / trained,
+            time_to_target_seconds: time_to_target,
+            final_test_accuracy: accuracy,
+        }
+    })
+}
