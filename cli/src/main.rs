@@ -110,7 +110,22 @@ pub struct CoordinatorArgs {
     pub shards: Vec<String>,
 }
 
+/// Tensor messages are a few MiB each. By default glibc serves such
+/// allocations with fresh mmaps and unmaps them on free, so every message
+/// pays for page faults and zeroing; keeping them on the heap lets the
+/// memory be reused instead.
+fn tune_allocator() {
+    const LARGE: libc::c_int = 16 << 20;
+    // SAFETY: mallopt only adjusts allocator thresholds; called before any threads start.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 2 * LARGE);
+    }
+}
+
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     distbelief_net::init_tracing();
     let result = match cli.command {

@@ -9,8 +9,8 @@ use tonic::transport::{Channel, Endpoint, Server};
 
 /// HTTP/2 flow-control windows. Large windows let a multi-MiB chunk cross
 /// loopback without waiting on window updates.
-const STREAM_WINDOW: u32 = 16 << 20;
-const CONNECTION_WINDOW: u32 = 64 << 20;
+const STREAM_WINDOW: u32 = 8 << 20;
+const CONNECTION_WINDOW: u32 = 32 << 20;
 /// HTTP/2 frame size: fewer, larger frames cut per-frame work on both ends.
 const FRAME_SIZE: u32 = 1 << 20;
 
@@ -115,6 +115,7 @@ pub fn init_tracing() {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -3,12 +3,15 @@
 
 use bytes::{Bytes, BytesMut};
 
-/// Largest tensor payload in one message: 4 MiB of f32 values.
-pub const MAX_CHUNK_VALUES: usize = 1 << 20;
+/// Largest tensor payload in one message: 1 MiB of f32 values. Small enough
+/// that few bytes sit in buffers along the way, large enough that per-message
+/// costs vanish.
+pub const MAX_CHUNK_VALUES: usize = 1 << 18;
 
-/// gRPC decode limit: one chunk plus headroom for the message's other fields,
-/// so that no model size ever hits tonic's 4 MiB default.
-pub const MAX_MESSAGE_BYTES: usize = MAX_CHUNK_VALUES * 4 + 64 * 1024;
+/// gRPC message limit: chunks of up to 4 MiB are accepted (ours are 1 MiB),
+/// plus headroom for the message's other fields. Models of any size travel
+/// as many chunks, so tonic's 4 MiB default is never what breaks one.
+pub const MAX_MESSAGE_BYTES: usize = (4 << 20) + 64 * 1024;
 
 /// Encodes values as little-endian f32 bytes.
 pub fn encode_f32(values: &[f32]) -> Bytes {

@@ -166,6 +166,7 @@ mod tests {
                 incarnation: 1,
                 sequence: seq,
                 base_version: 0,
+                steps: 1,
             };
             s.apply_push(h, &[0.25; 60]).unwrap();
         }

@@ -40,15 +40,28 @@ impl Optimizer {
         }
     }
 
-    /// Applies `grad` to `params` (and `accum`, for Adagrad).
+    /// Applies one gradient to `params` (and `accum`, for Adagrad).
     pub fn apply(&self, params: &mut [f32], accum: &mut [f32], grad: &[f32]) {
+        self.apply_steps(params, accum, grad, 1);
+    }
+
+    /// Applies `sum`, the sum of `steps` mini-batch gradients, as `steps`
+    /// updates with their mean. For SGD that is one update with the sum. For
+    /// Adagrad it is not: one update with a sum moves no further than one
+    /// with a single gradient, so summing k gradients would cost k-1 updates.
+    pub fn apply_steps(&self, params: &mut [f32], accum: &mut [f32], sum: &[f32], steps: u32) {
         match *self {
-            Optimizer::Sgd { learning_rate } => sgd(params, grad, learning_rate),
+            Optimizer::Sgd { learning_rate } => sgd(params, sum, learning_rate),
             Optimizer::Adagrad {
                 learning_rate,
                 epsilon,
                 ..
-            } => adagrad(params, accum, grad, learning_rate, epsilon),
+            } if steps <= 1 => adagrad(params, accum, sum, learning_rate, epsilon),
+            Optimizer::Adagrad {
+                learning_rate,
+                epsilon,
+                ..
+            } => adagrad_repeated(params, accum, sum, learning_rate, epsilon, steps),
         }
     }
 }
@@ -73,6 +86,33 @@ pub fn adagrad(params: &mut [f32], accum: &mut [f32], grad: &[f32], lr: f32, eps
         let acc = *a + g * g;
         *a = acc;
         *p -= lr * g / (acc.sqrt() + eps);
+    }
+}
+
+/// `steps` Adagrad updates with the mean `sum / steps`, in blocks that stay
+/// in cache across the repeated passes.
+#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+pub fn adagrad_repeated(params: &mut [f32], accum: &mut [f32], sum: &[f32], lr: f32, eps: f32, steps: u32) {
+    assert!(params.len() == sum.len() && accum.len() == sum.len());
+    const BLOCK: usize = 1024;
+    let inv = 1.0 / steps as f32;
+    let mut mean = [0.0f32; BLOCK];
+    for ((p, a), s) in params
+        .chunks_mut(BLOCK)
+        .zip(accum.chunks_mut(BLOCK))
+        .zip(sum.chunks(BLOCK))
+    {
+        let mean = &mut mean[..s.len()];
+        for (m, s) in mean.iter_mut().zip(s) {
+            *m = s * inv;
+        }
+        for _ in 0..steps {
+            for ((p, a), g) in p.iter_mut().zip(a.iter_mut()).zip(mean.iter()) {
+                let acc = *a + g * g;
+                *a = acc;
+                *p -= lr * g / (acc.sqrt() + eps);
+            }
+        }
     }
 }
 
@@ -116,6 +156,27 @@ mod tests {
             assert!((p[i] as f64 - rp[i]).abs() < 1e-5, "param {i}: {} vs {}", p[i], rp[i]);
             assert!((a[i] as f64 - ra[i]).abs() < 1e-4 * ra[i].max(1.0), "accum {i}");
         }
+    }
+
+    #[test]
+    fn summed_push_equals_repeated_mean_steps() {
+        let n = 3000;
+        let sum = data(n, 5);
+        let (mut p, mut a) = (data(n, 6), vec![0.1f32; n]);
+        let (mut rp, mut ra) = (p.clone(), a.clone());
+        let o = Optimizer::Adagrad { learning_rate: 0.05, initial_accumulator: 0.1, epsilon: 1e-8 };
+        o.apply_steps(&mut p, &mut a, &sum, 3);
+        let mean: Vec<f32> = sum.iter().map(|s| s / 3.0).collect();
+        for _ in 0..3 {
+            adagrad(&mut rp, &mut ra, &mean, 0.05, 1e-8);
+        }
+        for i in 0..n {
+            assert!((p[i] - rp[i]).abs() < 1e-6 && (a[i] - ra[i]).abs() < 1e-6, "index {i}");
+        }
+        let s = Optimizer::Sgd { learning_rate: 0.5 };
+        let mut q = vec![1.0f32; 2];
+        s.apply_steps(&mut q, &mut [], &[2.0, 4.0], 2);
+        assert_eq!(q, vec![0.0, -1.0], "SGD applies the sum: two steps of the mean");
     }
 
     #[test]

@@ -46,6 +46,12 @@ impl ShardService {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A push refused before it reached the shard still counts as refused there.
+    fn refuse_unassembled(&self, e: PsError) -> Status {
+        self.state.write().unwrap_or_else(|p| p.into_inner()).pushes_refused += 1;
+        self.refuse(e)
+    }
+
     fn refuse(&self, e: PsError) -> Status {
         self.metrics
             .pushes_refused
@@ -63,6 +69,7 @@ fn header(c: &GradientChunk) -> PushHeader {
         incarnation: c.incarnation,
         sequence: c.sequence,
         base_version: c.base_version,
+        steps: c.steps.max(1),
     }
 }
 
@@ -116,11 +123,10 @@ impl ParameterServer for ShardService {
         let mut assembly = PushAssembly::new(range, buffer);
         while let Some(chunk) = stream.message().await? {
             if let Err(e) = assembly.add(header(&chunk), chunk.offset, &chunk.values) {
-                self.state.write().unwrap_or_else(|p| p.into_inner()).pushes_refused += 1;
-                return Err(self.refuse(e));
+                return Err(self.refuse_unassembled(e));
             }
         }
-        let h = assembly.finish().map_err(|e| self.refuse(e))?;
+        let h = assembly.finish().map_err(|e| self.refuse_unassembled(e))?;
         let started = Instant::now();
         let outcome = {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());

@@ -16,6 +16,8 @@ pub struct PushHeader {
     pub incarnation: u64,
     pub sequence: u64,
     pub base_version: u64,
+    /// Mini-batch gradients summed into the push (at least 1).
+    pub steps: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +86,8 @@ impl Shard {
                 version: self.version,
             });
         }
-        self.optimizer.apply(&mut self.params, &mut self.accum, grad);
+        self.optimizer
+            .apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
         // A shard restored from an older checkpoint can be behind the version a
         // replica fetched before the restart; that counts as fresh, not negative.
         let staleness = self.version.saturating_sub(h.base_version);
@@ -160,6 +163,9 @@ impl PushAssembly {
                 if first.base_version != h.base_version {
                     return Err(PsError::InconsistentHeader("base_version"));
                 }
+                if first.steps != h.steps {
+                    return Err(PsError::InconsistentHeader("steps"));
+                }
             }
         }
         if bytes.len() % 4 != 0 {
@@ -216,6 +222,7 @@ mod tests {
             incarnation: 7,
             sequence: seq,
             base_version: 0,
+            steps: 1,
         }
     }
 

@@ -11,9 +11,10 @@ use tokio::sync::Notify;
 use crate::metrics::WorkerMetrics;
 use crate::ps_client::{PushId, ShardClient};
 
-/// Gradients merged into one pending push while the shard is slow or away.
-/// Beyond this the oldest sum is dropped rather than applied as one huge step.
-const MAX_COALESCED_PUSHES: u32 = 32;
+/// Mini-batch gradients merged into one pending push while the shard is slow
+/// or away. Beyond this the oldest sum is dropped: parameters that stale
+/// would do more harm than good.
+const MAX_COALESCED_STEPS: u32 = 64;
 
 #[derive(Debug)]
 pub struct Fetched {
@@ -25,7 +26,7 @@ pub struct Fetched {
 struct Pending {
     grad: Vec<f32>,
     base_version: u64,
-    pushes: u32,
+    steps: u32,
 }
 
 pub struct Link {
@@ -79,17 +80,17 @@ impl Link {
     /// Hands a gradient to the push task. If the previous one has not left
     /// yet, the two are summed, so compute never waits. Returns false when an
     /// old sum had to be dropped.
-    pub fn offer(&self, grad: &[f32], base_version: u64) -> bool {
+    pub fn offer(&self, grad: &[f32], steps: u32, base_version: u64) -> bool {
         let mut kept = true;
         {
             let mut pending = lock(&self.pending);
             match pending.as_mut() {
-                Some(p) if p.pushes < MAX_COALESCED_PUSHES => {
+                Some(p) if p.steps + steps <= MAX_COALESCED_STEPS => {
                     for (a, g) in p.grad.iter_mut().zip(grad) {
                         *a += g;
                     }
                     p.base_version = p.base_version.min(base_version);
-                    p.pushes += 1;
+                    p.steps += steps;
                 }
                 _ => {
                     let mut buf = self.buffer();
@@ -98,7 +99,7 @@ impl Link {
                     if let Some(old) = pending.replace(Pending {
                         grad: buf,
                         base_version,
-                        pushes: 1,
+                        steps,
                     }) {
                         self.recycle(old.grad);
                     }
@@ -163,6 +164,7 @@ impl Link {
                 incarnation,
                 sequence,
                 base_version: p.base_version,
+                steps: p.steps,
             };
             loop {
                 let started = Instant::now();

@@ -18,6 +18,8 @@ pub struct PushId {
     pub incarnation: u64,
     pub sequence: u64,
     pub base_version: u64,
+    /// Mini-batch gradients summed into the push.
+    pub steps: u32,
 }
 
 #[derive(Clone)]
@@ -107,6 +109,7 @@ impl ShardClient {
                 incarnation: id.incarnation,
                 sequence: id.sequence,
                 base_version: id.base_version,
+                steps: id.steps,
                 offset: (self.range.start + r.start) as u64,
                 values: encode_f32(&grad[r]),
             })

@@ -269,6 +269,20 @@ pub async fn run_replica(
     Ok(summary)
 }
 
+/// Compute threads run at a lower priority than the network threads (and the
+/// shards): when the cores are saturated a fetch or push then waits
+/// microseconds for a core instead of a scheduler slice, which keeps the
+/// parameters the replica computes on fresh.
+fn lower_priority() {
+    const COMPUTE_NICENESS: libc::c_int = 10;
+    // SAFETY: setpriority on the calling thread (who = 0) changes only its nice value.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, COMPUTE_NICENESS) };
+    if rc != 0 {
+        tracing::debug!("could not lower compute thread priority");
+    }
+}
+
 /// Everything the compute thread owns.
 struct Compute {
     mlp: Mlp,
@@ -287,7 +301,12 @@ struct Compute {
 
 impl Compute {
     fn run(self, params: Vec<f32>, versions: Vec<u64>, threads: usize) {
-        match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+        lower_priority();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .start_handler(|_| lower_priority())
+            .build();
+        match pool {
             Ok(pool) => pool.install(|| self.train_loop(params, versions, threads)),
             Err(e) => tracing::error!("cannot build compute pool: {e}"),
         }
@@ -337,7 +356,7 @@ impl Compute {
             step += 1;
             if acc_steps == self.n_push {
                 for (i, link) in self.links.iter().enumerate() {
-                    if !link.offer(&acc[link.client.range.clone()], acc_base[i]) {
+                    if !link.offer(&acc[link.client.range.clone()], acc_steps as u32, acc_base[i]) {
                         self.metrics.dropped_gradients.inc();
                     }
                 }

@@ -79,7 +79,7 @@ pub fn fetch_push(exe: &Path, job_file: &Path, job: &Job, rounds: usize) -> anyh
         }
         let mut params = vec![0.0f32; len];
         let grad = vec![1e-4f32; len];
-        let push = |sequence| PushId { replica: 0, incarnation: 1, sequence, base_version: 0 };
+        let push = |sequence| PushId { replica: 0, incarnation: 1, sequence, base_version: 0, steps: 1 };
         client.fetch_into(&mut params).await?;
         client.push(push(1), &grad).await?;
         // Fetch and push run side by side, as a replica runs them.

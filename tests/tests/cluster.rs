@@ -1,0 +1,64 @@
+//! 2 shards × 2 replicas and a coordinator over gRPC on 127.0.0.1, in one
+//! process, learning a Fashion-MNIST subset.
+
+use std::time::{Duration, Instant};
+
+use distbelief_proto::v1::StatusRequest;
+use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_tests::{require_fashion_mnist, start};
+
+const JOB: &str = "
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {name: in-process}
+spec:
+  model: {hidden: [{units: 64}], output: {units: 10}}
+  data: {trainLimit: 8000, testLimit: 2000}
+  algorithm: {downpour: {learningRate: 0.03, batchSize: 64, warmStartSteps: 20}}
+  parameterServers: {shards: 2}
+  replicas: {count: 2}
+  stop: {targetTestAccuracy: 0.75, maxEpochs: 30, maxSeconds: 90, evalIntervalSeconds: 0.5}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_shards_two_replicas_learn_a_fashion_mnist_subset() {
+    require_fashion_mnist();
+    let job = distbelief_api::parse_job("in-process", JOB).expect("valid job");
+    let cluster = start(&job, true, None).await;
+    let coordinator = cluster.coordinator.clone().expect("coordinator");
+    let mut replicas = Vec::new();
+    for r in 0..2 {
+        let mut opts = distbelief_worker::ReplicaOptions::new(r, cluster.shards.clone(), coordinator.clone());
+        opts.threads = 1;
+        opts.report_interval = Duration::from_millis(200);
+        let job = job.clone();
+        replicas.push(tokio::spawn(async move {
+            distbelief_worker::run_replica(job, opts, &prometheus::Registry::new()).await
+        }));
+    }
+    let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5)).expect("channel");
+    let mut client = CoordinatorClient::new(channel);
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let status = loop {
+        assert!(Instant::now() < deadline, "job did not finish in time");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Ok(s) = client.status(StatusRequest {}).await {
+            let s = s.into_inner();
+            if s.done {
+                break s;
+            }
+        }
+    };
+    assert_eq!(status.stop_reason, "target_reached", "{status:?}");
+    let accuracy = status.test_accuracy.expect("evaluated");
+    assert!(accuracy >= 0.75, "accuracy {accuracy} (chance is 0.10)");
+    assert!(status.warm_start_done);
+    for r in replicas {
+        let summary = r.await.expect("replica task").expect("replica stops cleanly");
+        assert!(summary.steps > 0, "every replica trained: {summary:?}");
+    }
+    let staleness = status.staleness.expect("staleness");
+    assert!(staleness.max >= staleness.p99 && staleness.p99 >= staleness.p50);
+    assert_eq!(status.replicas.len(), 2);
+    assert!(status.examples >= 2 * 64, "{}", status.examples);
+}

@@ -1,0 +1,118 @@
+//! A shard over gRPC: bad pushes are refused with a clear status and change
+//! nothing; good pushes apply once; models larger than one message travel
+//! in chunks.
+
+use std::time::Duration;
+
+use distbelief_proto::codec::encode_f32;
+use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
+use distbelief_proto::v1::{GradientChunk, InfoRequest};
+use distbelief_tests::start;
+use distbelief_worker::ps_client::{PushId, ShardClient};
+
+/// 784·700 + 700 + 700·10 + 10 = 556,510 parameters: two 1 MiB chunks per shard.
+const JOB: &str = "
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {name: grpc}
+spec:
+  model: {hidden: [{units: 700}], output: {units: 10}}
+  algorithm: {downpour: {learningRate: 0.1}}
+  parameterServers: {shards: 1}
+";
+
+fn id(sequence: u64) -> PushId {
+    PushId {
+        replica: 0,
+        incarnation: 42,
+        sequence,
+        base_version: 0,
+        steps: 1,
+    }
+}
+
+/// A whole push split the way replicas split it.
+fn chunked(values: &[f32]) -> Vec<GradientChunk> {
+    distbelief_proto::codec::chunk_ranges(values.len())
+        .map(|r| chunk(0, r.start as u64, &values[r]))
+        .collect()
+}
+
+fn chunk(shard: u32, offset: u64, values: &[f32]) -> GradientChunk {
+    GradientChunk {
+        shard,
+        replica: 0,
+        incarnation: 42,
+        sequence: 1,
+        base_version: 0,
+        offset,
+        values: encode_f32(values),
+        steps: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pushes_are_refused_and_change_nothing() {
+    let job = distbelief_api::parse_job("grpc", JOB).expect("valid job");
+    let n = job.layout.len();
+    assert!(n * 4 > 2 << 20, "the model must need several messages");
+    let cluster = start(&job, false, None).await;
+    let addr = cluster.shards[0].clone();
+    let mut shard = ShardClient::new(0, 0..n, &addr, Duration::from_secs(10)).expect("client");
+    let mut initial = vec![0.0f32; n];
+    let mut version = None;
+    for _ in 0..100 {
+        if let Ok(v) = shard.fetch_into(&mut initial).await {
+            version = Some(v);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(version, Some(0));
+    assert_eq!(initial, job.layout.initial_values(0..n, job.downpour.seed));
+
+    let channel = distbelief_net::channel(&addr, Duration::from_secs(10)).expect("channel");
+    let mut raw = ParameterServerClient::new(channel).max_encoding_message_size(64 << 20);
+    let push = |chunks: Vec<GradientChunk>| {
+        let mut raw = raw.clone();
+        async move { raw.push(tokio_stream::iter(chunks)).await }
+    };
+    let cases: Vec<(&str, Vec<GradientChunk>, tonic::Code, &str)> = vec![
+        ("too short", chunked(&vec![0.1; n - 1]), tonic::Code::InvalidArgument, "needs"),
+        ("wrong shard", vec![chunk(3, 0, &[0.1; 4])], tonic::Code::OutOfRange, "shard 3"),
+        ("past the end", vec![chunk(0, n as u64 - 2, &[0.1; 4])], tonic::Code::OutOfRange, "outside"),
+        ("gap", vec![chunk(0, 0, &[0.1; 4]), chunk(0, 8, &[0.1; 4])], tonic::Code::InvalidArgument, "does not follow"),
+        ("not whole f32s", vec![GradientChunk { values: vec![0u8; 7].into(), ..chunk(0, 0, &[]) }], tonic::Code::InvalidArgument, "7 bytes"),
+        ("no chunks", vec![], tonic::Code::InvalidArgument, "no chunks"),
+        ("not finite", chunked(&{ let mut v = vec![0.1; n]; v[n - 5] = f32::NAN; v }), tonic::Code::InvalidArgument, "not finite"),
+    ];
+    let refused = cases.len() as u64;
+    for (name, chunks, code, text) in cases {
+        let status = push(chunks).await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {status:?}");
+        assert!(status.message().contains(text), "{name}: {:?}", status.message());
+    }
+    // A message over the size limit is refused by size, not by a crash.
+    let huge = push(vec![chunk(0, 0, &vec![0.1; 5 << 18])]).await.expect_err("oversized message");
+    assert_eq!(huge.code(), tonic::Code::OutOfRange, "{huge:?}");
+
+    let mut after = vec![0.0f32; n];
+    assert_eq!(shard.fetch_into(&mut after).await.expect("fetch"), 0);
+    assert_eq!(after, initial, "a refused push changed the parameters");
+    let info = raw.info(InfoRequest {}).await.expect("info").into_inner();
+    assert_eq!((info.version, info.updates_applied), (0, 0));
+    assert_eq!(info.pushes_refused, refused);
+
+    let grad = vec![0.5f32; n];
+    let reply = shard.push(id(1), &grad).await.expect("good push");
+    assert!(reply.applied);
+    assert_eq!(reply.version, 1);
+    let retry = shard.push(id(1), &grad).await.expect("retried push");
+    assert!(!retry.applied, "a retried push is applied once");
+    assert_eq!(shard.fetch_into(&mut after).await.expect("fetch"), 1);
+    // First Adagrad step from accumulator 0.1: each weight moves by lr·g/√(0.1+g²).
+    let step = 0.1 * 0.5 / (0.1f32 + 0.25).sqrt();
+    for i in [0, n / 2, n - 1] {
+        assert!((initial[i] - after[i] - step).abs() < 1e-5, "param {i}");
+    }
+}
