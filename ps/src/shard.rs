@@ -116,7 +116,15 @@ impl Shard {
                 end: self.range.end,
             });
         }
-        if let Some((index, &value)) = grad.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        // A branch-free scan of the exponent bits vectorises; the search for
+        // the culprit runs only once something is wrong.
+        const EXPONENT: u32 = 0x7f80_0000;
+        let any_non_finite = grad
+            .iter()
+            .fold(0u32, |acc, v| acc | u32::from(v.to_bits() & EXPONENT == EXPONENT));
+        if any_non_finite != 0
+            && let Some((index, &value)) = grad.iter().enumerate().find(|(_, v)| !v.is_finite())
+        {
             return Err(PsError::NotFinite {
                 index: self.range.start + index,
                 value,

@@ -22,7 +22,10 @@ pub struct LocalRun {
 /// `eval_every` seconds. Evaluation time is excluded from the training clock,
 /// as the coordinator's evaluations run beside training, not inside it.
 pub fn train(job: &Job, train: &Dataset, test: &Dataset, threads: usize, eval_every: f64, max_seconds: f64) -> LocalRun {
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("thread pool");
     pool.install(|| {
         let mlp = Mlp::new(&job.layout);
         let d = &job.downpour;
@@ -37,8 +40,7 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, threads: usize, eval_ev
         let target = job.spec.stop.target_test_accuracy.unwrap_or(1.0);
         let (mut examples, mut trained, mut epoch) = (0u64, 0.0f64, 0u64);
         let mut time_to_target = None;
-        let mut accuracy = 0.0;
-        'outer: loop {
+        let accuracy = 'outer: loop {
             let order = data::epoch_order(&indices, d.seed, 0, epoch);
             for chunk in order.chunks_exact(batch) {
                 let t0 = Instant::now();
@@ -54,18 +56,18 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, threads: usize, eval_ev
                 let before = trained;
                 trained += t0.elapsed().as_secs_f64();
                 if (trained / eval_every).floor() > (before / eval_every).floor() || trained >= max_seconds {
-                    accuracy = mlp.evaluate(&params, test).0;
-                    if accuracy >= target && time_to_target.is_none() {
+                    let accuracy = mlp.evaluate(&params, test).0;
+                    if accuracy >= target {
                         time_to_target = Some(trained);
-                        break 'outer;
+                        break 'outer accuracy;
                     }
                     if trained >= max_seconds {
-                        break 'outer;
+                        break 'outer accuracy;
                     }
                 }
             }
             epoch += 1;
-        }
+        };
         LocalRun {
             examples,
             train_seconds: trained,

@@ -1,13 +1,170 @@
+//! `bench-downpour`: trains the same model on the same data in four
+//! configurations and prints JSON figures, each as a ratio to (a) measured
+//! in the same run, plus two shard microbenchmarks.
+//!
+//!   (a) one process, no parameter server
+//!   (b) 1 shard × 1 replica     (c) 2 shards × 2 replicas     (d) 2 shards × 4 replicas
+
 mod local;
 mod micro;
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+struct Args {
+    /// The job every configuration trains (shards and replicas are overridden).
+    #[arg(long, default_value = "examples/fashion-mnist-downpour.yaml")]
+    job: String,
+    /// The distbelief binary. Default: next to this one.
+    #[arg(long)]
+    distbelief: Option<PathBuf>,
+    /// Runs per configuration; the median is reported.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Also write the JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Skip the training configurations (microbenchmarks only).
+    #[arg(long)]
+    micro_only: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn median_opt(v: Vec<Option<f64>>) -> Option<f64> {
+    // A run that missed the target counts as slower than any that reached it.
+    let mut v: Vec<f64> = v.into_iter().map(|x| x.unwrap_or(f64::INFINITY)).collect();
+    v.sort_by(f64::total_cmp);
+    let m = v[v.len() / 2];
+    m.is_finite().then_some(m)
+}
+
+/// Runs `distbelief train` on `job` with the given layout; returns its summary.
+fn downpour(exe: &Path, job_file: &str, shards: u32, replicas: u32, dir: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(job_file).with_context(|| format!("cannot read {job_file}"))?;
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let name = format!("bench-{shards}x{replicas}");
+    doc["metadata"]["name"] = name.clone().into();
+    doc["spec"]["parameterServers"]["shards"] = shards.into();
+    doc["spec"]["replicas"]["count"] = replicas.into();
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, serde_yaml::to_string(&doc)?)?;
+    let out = Command::new(exe)
+        .arg("train")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.join(&name))
+        .output()
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(last) = stdout.lines().last() else {
+        bail!("{name}: no summary; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    };
+    Ok(serde_json::from_str(last)?)
+}
+
+fn config(examples_per_second: f64, time_to_target: Option<f64>, accuracy: f64, extra: Value) -> Value {
+    json!({
+        "examples_per_second": examples_per_second,
+        "time_to_target_seconds": time_to_target,
+        "final_test_accuracy": accuracy,
+        "detail": extra,
+    })
+}
+
 fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let exe = match &args.distbelief {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("distbelief"),
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut report = json!({ "machine": { "cores": cores }, "job": args.job, "repeat": args.repeat });
+
+    if !args.micro_only {
+        let job = distbelief_api::load_job(&args.job)?;
+        let target = job.spec.stop.target_test_accuracy;
+        eprintln!("bench: loading data for (a)");
+        let train = distbelief_worker::data::load(&job.spec.data, true)?;
+        let test = distbelief_worker::data::load(&job.spec.data, false)?;
+        let cap = job.spec.stop.max_seconds as f64;
+        let mut runs = Vec::new();
+        for i in 0..args.repeat {
+            eprintln!("bench: (a) one process, {cores} threads, run {}", i + 1);
+            runs.push(local::train(&job, &train, &test, cores, job.spec.stop.eval_interval_seconds, cap));
+        }
+        let a = config(
+            median(runs.iter().map(|r| r.examples_per_second).collect()),
+            median_opt(runs.iter().map(|r| r.time_to_target_seconds).collect()),
+            median(runs.iter().map(|r| r.final_test_accuracy).collect()),
+            json!({ "runs": runs.iter().map(|r| json!({
+                "examples": r.examples, "train_seconds": r.train_seconds,
+                "examples_per_second": r.examples_per_second,
+                "time_to_target_seconds": r.time_to_target_seconds,
+                "final_test_accuracy": r.final_test_accuracy })).collect::<Vec<_>>() }),
+        );
+        let tmp = tempfile::tempdir()?;
+        let mut configs = serde_json::Map::new();
+        let a_eps = a["examples_per_second"].as_f64().unwrap_or(0.0);
+        let a_ttt = a["time_to_target_seconds"].as_f64();
+        configs.insert("a_one_process".into(), a);
+        let mut ratios = serde_json::Map::new();
+        for (key, shards, replicas) in [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)] {
+            let mut summaries = Vec::new();
+            for i in 0..args.repeat {
+                eprintln!("bench: ({}) {shards} shard(s) × {replicas} replica(s), run {}", &key[..1], i + 1);
+                summaries.push(downpour(&exe, &args.job, shards, replicas, tmp.path())?);
+            }
+            let f = |k: &str| summaries.iter().map(|s| s[k].as_f64().unwrap_or(0.0)).collect::<Vec<_>>();
+            let eps = median(f("examples_per_second"));
+            let ttt = median_opt(summaries.iter().map(|s| s["time_to_target_seconds"].as_f64()).collect());
+            ratios.insert(
+                key.into(),
+                json!({
+                    "examples_per_second_vs_a": eps / a_eps,
+                    "time_to_target_vs_a": match (ttt, a_ttt) { (Some(t), Some(a)) => Some(t / a), _ => None },
+                }),
+            );
+            configs.insert(key.into(), config(eps, ttt, median(f("final_test_accuracy")), json!({ "runs": summaries })));
+        }
+        report["target_test_accuracy"] = json!(target);
+        report["configs"] = Value::Object(configs);
+        report["ratios"] = Value::Object(ratios);
+    }
+
+    eprintln!("bench: microbenchmarks on a 10M-parameter vector");
     let job = distbelief_api::parse_job("micro", micro::TEN_MILLION_JOB)?;
-    println!("adagrad {:.2} Gparam/s", micro::adagrad_gparams_per_second(job.layout.len(), 2.0));
-    let file = std::env::temp_dir().join("dbj-micro.yaml");
-    std::fs::write(&file, micro::TEN_MILLION_JOB)?;
-    let exe = std::env::current_exe()?.with_file_name("distbelief");
-    let t = micro::fetch_push(&exe, &file, &job, 20)?;
-    println!("fetch+push {:.2} GB/s rss {} state {}", t.gb_per_second, t.shard_peak_rss_bytes, t.shard_state_bytes);
+    let adagrad = median((0..3).map(|_| micro::adagrad_gparams_per_second(job.layout.len(), 1.0)).collect());
+    let file = tempfile::NamedTempFile::new()?;
+    std::fs::write(file.path(), micro::TEN_MILLION_JOB)?;
+    let transfers: Vec<micro::Transfer> = (0..3)
+        .map(|_| micro::fetch_push(&exe, file.path(), &job, 20))
+        .collect::<anyhow::Result<_>>()?;
+    let gbps = median(transfers.iter().map(|t| t.gb_per_second).collect());
+    let rss = transfers.iter().map(|t| t.shard_peak_rss_bytes).max().unwrap_or(0);
+    let state = transfers[0].shard_state_bytes;
+    let limit = 1.5 * state as f64 + 64.0 * 1024.0 * 1024.0;
+    report["micro"] = json!({
+        "parameters": job.layout.len(),
+        "adagrad_gparams_per_second_one_core": adagrad,
+        "fetch_push_gb_per_second": gbps,
+        "shard_peak_rss_bytes": rss,
+        "shard_state_bytes": state,
+        "shard_rss_limit_bytes": limit,
+        "shard_rss_vs_limit": rss as f64 / limit,
+    });
+    let text = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &args.out {
+        std::fs::write(p, &text)?;
+    }
+    println!("{text}");
     Ok(())
 }

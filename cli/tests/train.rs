@@ -1,0 +1,171 @@
+//! `distbelief train` as a user runs it: separate processes on 127.0.0.1,
+//! with a replica or a shard killed (SIGKILL) mid-run.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_distbelief");
+
+fn require_fashion_mnist() {
+    let p = Path::new("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+    assert!(p.exists(), "{} is missing: install Debian's dataset-fashion-mnist (scripts/setup.sh does)", p.display());
+}
+
+fn job(name: &str) -> String {
+    format!(
+        "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {{name: {name}}}
+spec:
+  model: {{hidden: [{{units: 128}}], output: {{units: 10}}}}
+  data: {{trainLimit: 20000, testLimit: 2000}}
+  algorithm: {{downpour: {{learningRate: 0.03, batchSize: 64}}}}
+  parameterServers: {{shards: 2, maxRestarts: 2}}
+  replicas: {{count: 2, maxRestarts: 2}}
+  stop: {{targetTestAccuracy: 0.8, maxEpochs: 40, maxSeconds: 120, evalIntervalSeconds: 0.5}}
+  checkpoint: {{intervalSeconds: 1}}
+"
+    )
+}
+
+struct Run {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Run {
+    fn start(name: &str) -> Run {
+        require_fashion_mnist();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("job.yaml");
+        std::fs::write(&file, job(name)).expect("write job");
+        let child = Command::new(EXE)
+            .arg("train")
+            .arg(&file)
+            .arg("--out")
+            .arg(dir.path().join("run"))
+            .arg("--summary-json")
+            .arg(dir.path().join("summary.json"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start distbelief train");
+        Run { child, dir }
+    }
+
+    fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    fn pid(&self, role: &str, index: u32) -> Option<i32> {
+        let table = std::fs::read_to_string(self.run_dir().join("processes.tsv")).ok()?;
+        table.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f.len() >= 3 && f[0] == role && f[1] == index.to_string()).then(|| f[2].parse().ok())?
+        })
+    }
+
+    /// Waits until `file` (relative to the run directory) contains `text`.
+    fn wait_for_log(&self, file: &str, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let path = self.run_dir().join(file);
+        loop {
+            if std::fs::read_to_string(&path).is_ok_and(|s| s.contains(text)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{} never said {text:?}", path.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits for the run to end and returns its last stdout line, parsed.
+    fn finish(mut self, timeout: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "distbelief train did not finish within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut out = String::new();
+        self.child.stdout.take().expect("stdout").read_to_string(&mut out).expect("read stdout");
+        assert!(status.success(), "distbelief train failed ({status}); stdout:\n{out}");
+        let last = out.lines().last().expect("a summary line");
+        let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
+        let file = std::fs::read_to_string(self.dir.path().join("summary.json")).expect("--summary-json written");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&file).expect("json"), summary);
+        assert!(self.run_dir().join("curve.svg").exists(), "curve plot written");
+        summary
+    }
+}
+
+fn kill9(pid: i32) {
+    let status = Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+    assert!(status.success());
+}
+
+fn assert_reached_target(s: &serde_json::Value) {
+    assert_eq!(s["outcome"], "finished", "{s}");
+    assert_eq!(s["stop_reason"], "target_reached", "{s}");
+    let acc = s["final_test_accuracy"].as_f64().expect("accuracy");
+    assert!(acc >= 0.8, "{s}");
+    assert!(s["time_to_target_seconds"].as_f64().is_some(), "{s}");
+    for key in ["best_test_accuracy", "examples", "train_seconds", "examples_per_second", "replica_restarts", "shard_restarts", "staleness"] {
+        assert!(!s[key].is_null(), "summary lacks {key}: {s}");
+    }
+}
+
+#[test]
+fn killed_replica_is_restarted_and_the_run_finishes() {
+    let run = Run::start("kill-replica");
+    run.wait_for_log("logs/worker-1.log", "parameters fetched; training", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = run.pid("worker", 1).expect("replica 1 in processes.tsv");
+    kill9(pid);
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    assert_eq!(s["replica_restarts"], 1, "{s}");
+    assert_eq!(s["shard_restarts"], 0, "{s}");
+}
+
+#[test]
+fn killed_shard_comes_back_from_its_checkpoint() {
+    let run = Run::start("kill-shard");
+    run.wait_for_log("logs/worker-0.log", "parameters fetched; training", Duration::from_secs(60));
+    // Wait for a checkpoint with training in it, so the restart has something to restore.
+    let ckpt = run.run_dir().join("checkpoints/shard-0.ckpt");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ckpt.exists() {
+        assert!(Instant::now() < deadline, "no checkpoint written");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = run.pid("ps", 0).expect("shard 0 in processes.tsv");
+    kill9(pid);
+    run.wait_for_log("logs/ps-0.log", "restored from checkpoint", Duration::from_secs(30));
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    assert_eq!(s["shard_restarts"], 1, "{s}");
+}
+
+#[test]
+fn bad_job_file_gets_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("bad.yaml");
+    std::fs::write(&file, job("bad").replace("count: 2", "count: 0").replace("learningRate: 0.03", "learningRate: -1")).expect("write");
+    let out = Command::new(EXE).arg("train").arg(&file).arg("--out").arg(dir.path().join("run")).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("spec.replicas.count") && err.contains("spec.algorithm.downpour.learningRate"), "{err}");
+    let missing = Command::new(EXE).args(["train", "/nonexistent/job.yaml"]).output().expect("run");
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/job.yaml"));
+}
