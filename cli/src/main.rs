@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "distbelief", version, about = "DistBelief-style distributed training: parameter servers, Downpour SGD replicas and a coordinator")]
+#[command(
+    name = "distbelief",
+    version,
+    about = "DistBelief-style distributed training: parameter servers, Downpour SGD replicas and a coordinator"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

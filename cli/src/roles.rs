@@ -23,7 +23,10 @@ fn registry(role: &str, index: Option<u32>) -> anyhow::Result<prometheus::Regist
     if let Some(i) = index {
         labels.insert(role_index_label(role).to_string(), i.to_string());
     }
-    Ok(prometheus::Registry::new_custom(Some("distbelief".into()), Some(labels))?)
+    Ok(prometheus::Registry::new_custom(
+        Some("distbelief".into()),
+        Some(labels),
+    )?)
 }
 
 fn role_index_label(role: &str) -> &'static str {
@@ -47,7 +50,10 @@ fn load(c: &Common) -> anyhow::Result<Job> {
 /// Resolves on SIGINT or SIGTERM.
 async fn terminated() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}

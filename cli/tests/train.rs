@@ -10,7 +10,11 @@ const EXE: &str = env!("CARGO_BIN_EXE_distbelief");
 
 fn require_fashion_mnist() {
     let p = Path::new("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
-    assert!(p.exists(), "{} is missing: install Debian's dataset-fashion-mnist (scripts/setup.sh does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: install Debian's dataset-fashion-mnist (scripts/setup.sh does)",
+        p.display()
+    );
 }
 
 fn job(name: &str) -> String {
@@ -70,7 +74,8 @@ impl Run {
         let table = std::fs::read_to_string(self.run_dir().join("processes.tsv")).ok()?;
         table.lines().skip(1).find_map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
-            (f.len() >= 3 && f[0] == role && f[1] == index.to_string()).then(|| f[2].parse().ok())?
+            (f.len() >= 3 && f[0] == role && f[1] == index.to_string())
+                .then(|| f[2].parse().ok())?
         })
     }
 
@@ -82,7 +87,11 @@ impl Run {
             if std::fs::read_to_string(&path).is_ok_and(|s| s.contains(text)) {
                 return;
             }
-            assert!(Instant::now() < deadline, "{} never said {text:?}", path.display());
+            assert!(
+                Instant::now() < deadline,
+                "{} never said {text:?}",
+                path.display()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -94,23 +103,44 @@ impl Run {
             if let Some(s) = self.child.try_wait().expect("wait") {
                 break s;
             }
-            assert!(Instant::now() < deadline, "distbelief train did not finish within {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "distbelief train did not finish within {timeout:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         };
         let mut out = String::new();
-        self.child.stdout.take().expect("stdout").read_to_string(&mut out).expect("read stdout");
-        assert!(status.success(), "distbelief train failed ({status}); stdout:\n{out}");
+        self.child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .expect("read stdout");
+        assert!(
+            status.success(),
+            "distbelief train failed ({status}); stdout:\n{out}"
+        );
         let last = out.lines().last().expect("a summary line");
         let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
-        let file = std::fs::read_to_string(self.dir.path().join("summary.json")).expect("--summary-json written");
-        assert_eq!(serde_json::from_str::<serde_json::Value>(&file).expect("json"), summary);
-        assert!(self.run_dir().join("curve.svg").exists(), "curve plot written");
+        let file = std::fs::read_to_string(self.dir.path().join("summary.json"))
+            .expect("--summary-json written");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&file).expect("json"),
+            summary
+        );
+        assert!(
+            self.run_dir().join("curve.svg").exists(),
+            "curve plot written"
+        );
         summary
     }
 }
 
 fn kill9(pid: i32) {
-    let status = Command::new("kill").args(["-9", &pid.to_string()]).status().expect("kill");
+    let status = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
     assert!(status.success());
 }
 
@@ -120,7 +150,15 @@ fn assert_reached_target(s: &serde_json::Value) {
     let acc = s["final_test_accuracy"].as_f64().expect("accuracy");
     assert!(acc >= 0.8, "{s}");
     assert!(s["time_to_target_seconds"].as_f64().is_some(), "{s}");
-    for key in ["best_test_accuracy", "examples", "train_seconds", "examples_per_second", "replica_restarts", "shard_restarts", "staleness"] {
+    for key in [
+        "best_test_accuracy",
+        "examples",
+        "train_seconds",
+        "examples_per_second",
+        "replica_restarts",
+        "shard_restarts",
+        "staleness",
+    ] {
         assert!(!s[key].is_null(), "summary lacks {key}: {s}");
     }
 }
@@ -128,7 +166,11 @@ fn assert_reached_target(s: &serde_json::Value) {
 #[test]
 fn killed_replica_is_restarted_and_the_run_finishes() {
     let run = Run::start("kill-replica");
-    run.wait_for_log("logs/worker-1.log", "parameters fetched; training", Duration::from_secs(60));
+    run.wait_for_log(
+        "logs/worker-1.log",
+        "parameters fetched; training",
+        Duration::from_secs(60),
+    );
     std::thread::sleep(Duration::from_millis(300));
     let pid = run.pid("worker", 1).expect("replica 1 in processes.tsv");
     kill9(pid);
@@ -141,7 +183,11 @@ fn killed_replica_is_restarted_and_the_run_finishes() {
 #[test]
 fn killed_shard_comes_back_from_its_checkpoint() {
     let run = Run::start("kill-shard");
-    run.wait_for_log("logs/worker-0.log", "parameters fetched; training", Duration::from_secs(60));
+    run.wait_for_log(
+        "logs/worker-0.log",
+        "parameters fetched; training",
+        Duration::from_secs(60),
+    );
     // Wait for a checkpoint with training in it, so the restart has something to restore.
     let ckpt = run.run_dir().join("checkpoints/shard-0.ckpt");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -151,7 +197,11 @@ fn killed_shard_comes_back_from_its_checkpoint() {
     }
     let pid = run.pid("ps", 0).expect("shard 0 in processes.tsv");
     kill9(pid);
-    run.wait_for_log("logs/ps-0.log", "restored from checkpoint", Duration::from_secs(30));
+    run.wait_for_log(
+        "logs/ps-0.log",
+        "restored from checkpoint",
+        Duration::from_secs(30),
+    );
     let s = run.finish(Duration::from_secs(240));
     assert_reached_target(&s);
     assert_eq!(s["shard_restarts"], 1, "{s}");
@@ -161,11 +211,29 @@ fn killed_shard_comes_back_from_its_checkpoint() {
 fn bad_job_file_gets_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("bad.yaml");
-    std::fs::write(&file, job("bad").replace("count: 2", "count: 0").replace("learningRate: 0.03", "learningRate: -1")).expect("write");
-    let out = Command::new(EXE).arg("train").arg(&file).arg("--out").arg(dir.path().join("run")).output().expect("run");
+    std::fs::write(
+        &file,
+        job("bad")
+            .replace("count: 2", "count: 0")
+            .replace("learningRate: 0.03", "learningRate: -1"),
+    )
+    .expect("write");
+    let out = Command::new(EXE)
+        .arg("train")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.path().join("run"))
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("spec.replicas.count") && err.contains("spec.algorithm.downpour.learningRate"), "{err}");
-    let missing = Command::new(EXE).args(["train", "/nonexistent/job.yaml"]).output().expect("run");
+    assert!(
+        err.contains("spec.replicas.count") && err.contains("spec.algorithm.downpour.learningRate"),
+        "{err}"
+    );
+    let missing = Command::new(EXE)
+        .args(["train", "/nonexistent/job.yaml"])
+        .output()
+        .expect("run");
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/job.yaml"));
 }

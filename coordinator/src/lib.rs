@@ -97,7 +97,10 @@ pub async fn serve(
     let metrics = CoordinatorMetrics::register(registry)?;
     let spec = job.spec.data.clone();
     let (test, training_examples) = tokio::task::spawn_blocking(move || {
-        Ok::<_, DataError>((data::load(&spec, false)?, data::count_training_examples(&spec)?))
+        Ok::<_, DataError>((
+            data::load(&spec, false)?,
+            data::count_training_examples(&spec)?,
+        ))
     })
     .await
     .map_err(|e| DataError::Format {
@@ -195,7 +198,9 @@ async fn eval_loop(
             return;
         };
         params = snapshot;
-        metrics.eval_seconds.observe(started_eval.elapsed().as_secs_f64());
+        metrics
+            .eval_seconds
+            .observe(started_eval.elapsed().as_secs_f64());
         let now = shared.now();
         let mut t = shared.tracker();
         t.set_staleness(staleness);

@@ -18,13 +18,22 @@ impl CoordinatorMetrics {
         let m = CoordinatorMetrics {
             test_accuracy: Gauge::new("coordinator_test_accuracy", "Latest test accuracy")?,
             test_loss: Gauge::new("coordinator_test_loss", "Latest mean test cross-entropy")?,
-            train_loss: Gauge::new("coordinator_train_loss", "Smoothed training loss reported by replicas")?,
+            train_loss: Gauge::new(
+                "coordinator_train_loss",
+                "Smoothed training loss reported by replicas",
+            )?,
             examples_per_second: Gauge::new(
                 "coordinator_examples_per_second",
                 "Training examples per second over all replicas since training started",
             )?,
-            examples: Gauge::new("coordinator_examples", "Training examples processed by all replicas")?,
-            evaluations: IntCounter::new("coordinator_evaluations_total", "Test-set evaluations run")?,
+            examples: Gauge::new(
+                "coordinator_examples",
+                "Training examples processed by all replicas",
+            )?,
+            evaluations: IntCounter::new(
+                "coordinator_evaluations_total",
+                "Test-set evaluations run",
+            )?,
             eval_seconds: Histogram::with_opts(
                 HistogramOpts::new("coordinator_eval_seconds", "Time to evaluate the test set")
                     .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),

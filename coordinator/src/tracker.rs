@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 
 use distbelief_api::StopSpec;
-use distbelief_proto::v1::{Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, Staleness};
+use distbelief_proto::v1::{
+    Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, Staleness,
+};
 use distbelief_ps::StalenessHistogram;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,11 +201,18 @@ impl Tracker {
         let examples = self.examples();
         JobStatus {
             done: self.done.is_some(),
-            stop_reason: self.done.map(|(r, _)| r.as_str().to_string()).unwrap_or_default(),
+            stop_reason: self
+                .done
+                .map(|(r, _)| r.as_str().to_string())
+                .unwrap_or_default(),
             train_seconds: secs,
             examples,
             steps: self.replicas.values().map(Replica::total_steps).sum(),
-            examples_per_second: if secs > 0.0 { examples as f64 / secs } else { 0.0 },
+            examples_per_second: if secs > 0.0 {
+                examples as f64 / secs
+            } else {
+                0.0
+            },
             train_loss: self.train_loss,
             test_accuracy: self.curve.last().map(|c| c.test_accuracy),
             best_test_accuracy: self.best,

@@ -29,7 +29,7 @@ pub fn encode_f32(values: &[f32]) -> Bytes {
 /// Decodes little-endian f32 bytes into `out`, which must be exactly
 /// `bytes.len() / 4` long. Returns `None` when the byte count does not fit.
 pub fn decode_f32_into(bytes: &[u8], out: &mut [f32]) -> Option<()> {
-    if bytes.len() % 4 != 0 || bytes.len() / 4 != out.len() {
+    if !bytes.len().is_multiple_of(4) || bytes.len() / 4 != out.len() {
         return None;
     }
     if cfg!(target_endian = "little") {

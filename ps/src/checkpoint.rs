@@ -69,7 +69,11 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
         ] {
             w.write_all(&v.to_le_bytes())?;
         }
-        for chunk in shard.params.chunks(1 << 16).chain(shard.accum.chunks(1 << 16)) {
+        for chunk in shard
+            .params
+            .chunks(1 << 16)
+            .chain(shard.accum.chunks(1 << 16))
+        {
             w.write_all(&distbelief_proto::codec::encode_f32(chunk))?;
         }
         Ok(())
@@ -78,7 +82,9 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
     let crc = w.hasher.finalize();
     let mut inner = w.inner;
     inner.write_all(&crc.to_le_bytes()).map_err(io_err(&tmp))?;
-    let file = inner.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
+    let file = inner
+        .into_inner()
+        .map_err(|e| io_err(&tmp)(e.into_error()))?;
     file.sync_all().map_err(io_err(&tmp))?;
     std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
     if let Ok(d) = File::open(dir) {
@@ -90,7 +96,11 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
 /// Reads shard `index`'s checkpoint from `dir`, if there is one. A checkpoint
 /// for another range, or one that fails its checksum, is an error rather than
 /// silently ignored: starting from scratch would throw training away.
-pub fn load(dir: &Path, index: u32, range: std::ops::Range<usize>) -> Result<Option<Saved>, PsError> {
+pub fn load(
+    dir: &Path,
+    index: u32,
+    range: std::ops::Range<usize>,
+) -> Result<Option<Saved>, PsError> {
     let path = path_for(dir, index);
     let file = match File::open(&path) {
         Ok(f) => f,
@@ -193,7 +203,11 @@ mod tests {
         assert_eq!(load(dir.path(), 2, 100..160).unwrap(), None);
         save(dir.path(), &trained_shard()).unwrap();
         let err = load(dir.path(), 2, 100..161).unwrap_err();
-        assert!(err.to_string().contains("was the model or shard count changed"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("was the model or shard count changed"),
+            "{err}"
+        );
     }
 
     #[test]

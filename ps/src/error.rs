@@ -3,17 +3,25 @@
 pub enum PsError {
     #[error("push for shard {got} reached shard {expected}")]
     WrongShard { expected: u32, got: u32 },
-    #[error("gradient chunk at offset {offset} with {len} values falls outside shard range [{start}, {end})")]
+    #[error(
+        "gradient chunk at offset {offset} with {len} values falls outside shard range [{start}, {end})"
+    )]
     OutOfRange {
         offset: u64,
         len: usize,
         start: usize,
         end: usize,
     },
-    #[error("gradient chunk at offset {got} does not follow the previous one, which ended at {expected}")]
+    #[error(
+        "gradient chunk at offset {got} does not follow the previous one, which ended at {expected}"
+    )]
     OutOfOrder { expected: u64, got: u64 },
     #[error("gradient has {got} values; shard range [{start}, {end}) needs {}", end - start)]
-    WrongLength { got: usize, start: usize, end: usize },
+    WrongLength {
+        got: usize,
+        start: usize,
+        end: usize,
+    },
     #[error("gradient chunk payload is {0} bytes, not a whole number of f32 values")]
     Malformed(usize),
     #[error("gradient chunks disagree on {0}")]

@@ -59,7 +59,11 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
             s.version = saved.version;
             s.updates_applied = saved.updates_applied;
             s.restored_version = Some(saved.version);
-            tracing::info!(shard = opts.index, version = s.version, "restored from checkpoint");
+            tracing::info!(
+                shard = opts.index,
+                version = s.version,
+                "restored from checkpoint"
+            );
             s
         }
         None => {
@@ -96,7 +100,12 @@ pub async fn serve(
     let checkpointer = opts.checkpoint_dir.clone().map(|dir| {
         let state = state.clone();
         let metrics = metrics.clone();
-        tokio::spawn(service::checkpoint_loop(state, dir, opts.checkpoint_interval, metrics))
+        tokio::spawn(service::checkpoint_loop(
+            state,
+            dir,
+            opts.checkpoint_interval,
+            metrics,
+        ))
     });
     let svc = ShardService::new(state.clone(), metrics.clone());
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

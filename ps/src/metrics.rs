@@ -17,7 +17,10 @@ pub struct PsMetrics {
 impl PsMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = PsMetrics {
-            updates_applied: IntCounter::new("ps_updates_applied_total", "Gradient pushes applied")?,
+            updates_applied: IntCounter::new(
+                "ps_updates_applied_total",
+                "Gradient pushes applied",
+            )?,
             pushes_refused: IntCounterVec::new(
                 Opts::new("ps_pushes_refused_total", "Pushes refused, by reason"),
                 &["reason"],
@@ -32,7 +35,9 @@ impl PsMetrics {
                     "ps_staleness",
                     "Shard versions between a gradient's fetch and its application",
                 )
-                .buckets(vec![0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0]),
+                .buckets(vec![
+                    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0,
+                ]),
             )?,
             version: IntGauge::new("ps_version", "Shard version: updates since initialisation")?,
             apply_seconds: Histogram::with_opts(

@@ -67,7 +67,11 @@ impl Optimizer {
 }
 
 /// `p -= lr * g`
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 pub fn sgd(params: &mut [f32], grad: &[f32], lr: f32) {
     assert_eq!(params.len(), grad.len());
     for (p, g) in params.iter_mut().zip(grad) {
@@ -79,7 +83,11 @@ pub fn sgd(params: &mut [f32], grad: &[f32], lr: f32) {
 ///
 /// Compiled for AVX-512 and AVX2 as well as the baseline, picked at run time:
 /// wide square roots and divisions keep this at memory speed.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
 pub fn adagrad(params: &mut [f32], accum: &mut [f32], grad: &[f32], lr: f32, eps: f32) {
     assert!(params.len() == grad.len() && accum.len() == grad.len());
     for ((p, a), g) in params.iter_mut().zip(accum.iter_mut()).zip(grad) {
@@ -91,8 +99,19 @@ pub fn adagrad(params: &mut [f32], accum: &mut [f32], grad: &[f32], lr: f32, eps
 
 /// `steps` Adagrad updates with the mean `sum / steps`, in blocks that stay
 /// in cache across the repeated passes.
-#[multiversion::multiversion(targets("x86_64+avx512f+avx512vl", "x86_64+avx2+fma", "aarch64+neon"))]
-pub fn adagrad_repeated(params: &mut [f32], accum: &mut [f32], sum: &[f32], lr: f32, eps: f32, steps: u32) {
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub fn adagrad_repeated(
+    params: &mut [f32],
+    accum: &mut [f32],
+    sum: &[f32],
+    lr: f32,
+    eps: f32,
+    steps: u32,
+) {
     assert!(params.len() == sum.len() && accum.len() == sum.len());
     const BLOCK: usize = 1024;
     let inv = 1.0 / steps as f32;
@@ -153,8 +172,16 @@ mod tests {
             }
         }
         for i in 0..n {
-            assert!((p[i] as f64 - rp[i]).abs() < 1e-5, "param {i}: {} vs {}", p[i], rp[i]);
-            assert!((a[i] as f64 - ra[i]).abs() < 1e-4 * ra[i].max(1.0), "accum {i}");
+            assert!(
+                (p[i] as f64 - rp[i]).abs() < 1e-5,
+                "param {i}: {} vs {}",
+                p[i],
+                rp[i]
+            );
+            assert!(
+                (a[i] as f64 - ra[i]).abs() < 1e-4 * ra[i].max(1.0),
+                "accum {i}"
+            );
         }
     }
 
@@ -164,19 +191,30 @@ mod tests {
         let sum = data(n, 5);
         let (mut p, mut a) = (data(n, 6), vec![0.1f32; n]);
         let (mut rp, mut ra) = (p.clone(), a.clone());
-        let o = Optimizer::Adagrad { learning_rate: 0.05, initial_accumulator: 0.1, epsilon: 1e-8 };
+        let o = Optimizer::Adagrad {
+            learning_rate: 0.05,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        };
         o.apply_steps(&mut p, &mut a, &sum, 3);
         let mean: Vec<f32> = sum.iter().map(|s| s / 3.0).collect();
         for _ in 0..3 {
             adagrad(&mut rp, &mut ra, &mean, 0.05, 1e-8);
         }
         for i in 0..n {
-            assert!((p[i] - rp[i]).abs() < 1e-6 && (a[i] - ra[i]).abs() < 1e-6, "index {i}");
+            assert!(
+                (p[i] - rp[i]).abs() < 1e-6 && (a[i] - ra[i]).abs() < 1e-6,
+                "index {i}"
+            );
         }
         let s = Optimizer::Sgd { learning_rate: 0.5 };
         let mut q = vec![1.0f32; 2];
         s.apply_steps(&mut q, &mut [], &[2.0, 4.0], 2);
-        assert_eq!(q, vec![0.0, -1.0], "SGD applies the sum: two steps of the mean");
+        assert_eq!(
+            q,
+            vec![0.0, -1.0],
+            "SGD applies the sum: two steps of the mean"
+        );
     }
 
     #[test]

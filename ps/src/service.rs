@@ -48,7 +48,10 @@ impl ShardService {
 
     /// A push refused before it reached the shard still counts as refused there.
     fn refuse_unassembled(&self, e: PsError) -> Status {
-        self.state.write().unwrap_or_else(|p| p.into_inner()).pushes_refused += 1;
+        self.state
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .pushes_refused += 1;
         self.refuse(e)
     }
 
@@ -106,7 +109,10 @@ impl ParameterServer for ShardService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn push(&self, req: Request<Streaming<GradientChunk>>) -> Result<Response<PushReply>, Status> {
+    async fn push(
+        &self,
+        req: Request<Streaming<GradientChunk>>,
+    ) -> Result<Response<PushReply>, Status> {
         let mut stream = req.into_inner();
         let _permit = self
             .assembling
@@ -138,7 +144,9 @@ impl ParameterServer for ShardService {
             .push(std::mem::take(&mut assembly.values));
         match outcome.map_err(|e| self.refuse(e))? {
             PushOutcome::Applied { version, staleness } => {
-                self.metrics.apply_seconds.observe(started.elapsed().as_secs_f64());
+                self.metrics
+                    .apply_seconds
+                    .observe(started.elapsed().as_secs_f64());
                 self.metrics.updates_applied.inc();
                 self.metrics.staleness.observe(staleness as f64);
                 self.metrics.version.set(version as i64);
@@ -198,13 +206,19 @@ pub async fn checkpoint_loop(
 
 /// Writes one checkpoint under the read lock: fetches go on, pushes wait,
 /// and no second copy of the shard is made.
-pub async fn checkpoint_now(state: &Arc<RwLock<Shard>>, dir: &std::path::Path, metrics: &PsMetrics) -> bool {
+pub async fn checkpoint_now(
+    state: &Arc<RwLock<Shard>>,
+    dir: &std::path::Path,
+    metrics: &PsMetrics,
+) -> bool {
     let (state, dir, metrics) = (state.clone(), dir.to_path_buf(), metrics.clone());
     let result = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
         let s = state.read().unwrap_or_else(|p| p.into_inner());
         let r = crate::checkpoint::save(&dir, &s).map(|p| (p, s.version));
-        metrics.checkpoint_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .checkpoint_seconds
+            .observe(started.elapsed().as_secs_f64());
         r
     })
     .await;

@@ -22,9 +22,14 @@ pub struct PushHeader {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushOutcome {
-    Applied { version: u64, staleness: u64 },
+    Applied {
+        version: u64,
+        staleness: u64,
+    },
     /// A retry of a push already applied: acknowledged, not applied again.
-    Duplicate { version: u64 },
+    Duplicate {
+        version: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -119,9 +124,9 @@ impl Shard {
         // A branch-free scan of the exponent bits vectorises; the search for
         // the culprit runs only once something is wrong.
         const EXPONENT: u32 = 0x7f80_0000;
-        let any_non_finite = grad
-            .iter()
-            .fold(0u32, |acc, v| acc | u32::from(v.to_bits() & EXPONENT == EXPONENT));
+        let any_non_finite = grad.iter().fold(0u32, |acc, v| {
+            acc | u32::from(v.to_bits() & EXPONENT == EXPONENT)
+        });
         if any_non_finite != 0
             && let Some((index, &value)) = grad.iter().enumerate().find(|(_, v)| !v.is_finite())
         {
@@ -176,7 +181,7 @@ impl PushAssembly {
                 }
             }
         }
-        if bytes.len() % 4 != 0 {
+        if !bytes.len().is_multiple_of(4) {
             return Err(PsError::Malformed(bytes.len()));
         }
         let n = bytes.len() / 4;
@@ -235,18 +240,42 @@ mod tests {
     }
 
     fn snapshot(s: &Shard) -> (Vec<f32>, Vec<f32>, u64, u64) {
-        (s.params.clone(), s.accum.clone(), s.version, s.updates_applied)
+        (
+            s.params.clone(),
+            s.accum.clone(),
+            s.version,
+            s.updates_applied,
+        )
     }
 
     #[test]
     fn applies_and_records_staleness() {
         let mut s = shard();
         let out = s.apply_push(header(1), &[1.0; 4]).unwrap();
-        assert_eq!(out, PushOutcome::Applied { version: 1, staleness: 0 });
+        assert_eq!(
+            out,
+            PushOutcome::Applied {
+                version: 1,
+                staleness: 0
+            }
+        );
         let out = s
-            .apply_push(PushHeader { sequence: 2, base_version: 0, ..header(2) }, &[1.0; 4])
+            .apply_push(
+                PushHeader {
+                    sequence: 2,
+                    base_version: 0,
+                    ..header(2)
+                },
+                &[1.0; 4],
+            )
             .unwrap();
-        assert_eq!(out, PushOutcome::Applied { version: 2, staleness: 1 });
+        assert_eq!(
+            out,
+            PushOutcome::Applied {
+                version: 2,
+                staleness: 1
+            }
+        );
         assert!(s.params[0] < 1.0);
         assert_eq!(s.staleness.total(), 2);
     }
@@ -262,8 +291,14 @@ mod tests {
         );
         assert_eq!(snapshot(&s), before);
         // A restarted replica (new incarnation) starts its sequence again.
-        let h = PushHeader { incarnation: 8, ..header(1) };
-        assert!(matches!(s.apply_push(h, &[1.0; 4]).unwrap(), PushOutcome::Applied { .. }));
+        let h = PushHeader {
+            incarnation: 8,
+            ..header(1)
+        };
+        assert!(matches!(
+            s.apply_push(h, &[1.0; 4]).unwrap(),
+            PushOutcome::Applied { .. }
+        ));
     }
 
     #[test]
@@ -271,10 +306,22 @@ mod tests {
         let mut s = shard();
         s.apply_push(header(1), &[0.5; 4]).unwrap();
         let before = snapshot(&s);
-        let wrong_shard = PushHeader { shard: 0, ..header(2) };
-        assert!(matches!(s.apply_push(wrong_shard, &[1.0; 4]), Err(PsError::WrongShard { .. })));
-        assert!(matches!(s.apply_push(header(3), &[1.0; 3]), Err(PsError::WrongLength { .. })));
-        assert!(matches!(s.apply_push(header(4), &[1.0; 5]), Err(PsError::WrongLength { .. })));
+        let wrong_shard = PushHeader {
+            shard: 0,
+            ..header(2)
+        };
+        assert!(matches!(
+            s.apply_push(wrong_shard, &[1.0; 4]),
+            Err(PsError::WrongShard { .. })
+        ));
+        assert!(matches!(
+            s.apply_push(header(3), &[1.0; 3]),
+            Err(PsError::WrongLength { .. })
+        ));
+        assert!(matches!(
+            s.apply_push(header(4), &[1.0; 5]),
+            Err(PsError::WrongLength { .. })
+        ));
         assert!(matches!(
             s.apply_push(header(5), &[1.0, f32::NAN, 1.0, 1.0]),
             Err(PsError::NotFinite { index: 11, .. })
@@ -290,15 +337,30 @@ mod tests {
         let mut a = PushAssembly::new(10..14, Vec::new());
         assert!(matches!(a.finish(), Err(PsError::EmptyPush)));
         a.add(h, 10, &encode_f32(&[1.0, 2.0])).unwrap();
-        assert!(matches!(a.add(h, 13, &encode_f32(&[3.0])), Err(PsError::OutOfOrder { .. })));
-        assert!(matches!(a.add(h, 12, &encode_f32(&[3.0; 3])), Err(PsError::OutOfRange { .. })));
-        assert!(matches!(a.add(h, 12, &[0u8; 5]), Err(PsError::Malformed(5))));
+        assert!(matches!(
+            a.add(h, 13, &encode_f32(&[3.0])),
+            Err(PsError::OutOfOrder { .. })
+        ));
+        assert!(matches!(
+            a.add(h, 12, &encode_f32(&[3.0; 3])),
+            Err(PsError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            a.add(h, 12, &[0u8; 5]),
+            Err(PsError::Malformed(5))
+        ));
         let other = PushHeader { sequence: 9, ..h };
-        assert!(matches!(a.add(other, 12, &encode_f32(&[3.0])), Err(PsError::InconsistentHeader(_))));
+        assert!(matches!(
+            a.add(other, 12, &encode_f32(&[3.0])),
+            Err(PsError::InconsistentHeader(_))
+        ));
         a.add(h, 12, &encode_f32(&[3.0, 4.0])).unwrap();
         assert_eq!(a.finish().unwrap(), h);
         assert_eq!(a.values, vec![1.0, 2.0, 3.0, 4.0]);
         let mut low = PushAssembly::new(10..14, Vec::new());
-        assert!(matches!(low.add(h, 2, &encode_f32(&[1.0])), Err(PsError::OutOfRange { .. })));
+        assert!(matches!(
+            low.add(h, 2, &encode_f32(&[1.0])),
+            Err(PsError::OutOfRange { .. })
+        ));
     }
 }

@@ -58,7 +58,11 @@ impl StalenessHistogram {
         for (s, c) in self.counts.iter().enumerate() {
             seen += c;
             if seen >= rank {
-                return if s >= EXACT_BUCKETS { self.max } else { s as u64 };
+                return if s >= EXACT_BUCKETS {
+                    self.max
+                } else {
+                    s as u64
+                };
             }
         }
         self.max

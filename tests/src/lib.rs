@@ -11,7 +11,8 @@ use tokio::sync::watch;
 /// Fashion-MNIST as Debian's dataset-fashion-mnist installs it. Tests that
 /// need it fail with this hint rather than pass without it.
 pub fn require_fashion_mnist() {
-    let p = std::path::Path::new(distbelief_api::FASHION_MNIST_DIR).join("train-images-idx3-ubyte.gz");
+    let p =
+        std::path::Path::new(distbelief_api::FASHION_MNIST_DIR).join("train-images-idx3-ubyte.gz");
     assert!(
         p.exists(),
         "{} is missing: install Debian's dataset-fashion-mnist (scripts/setup.sh does)",
@@ -32,14 +33,14 @@ impl Drop for Cluster {
     }
 }
 
-fn stopped(mut rx: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send {
-    async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
 }
 
 async fn listener() -> (tokio::net::TcpListener, SocketAddr) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
     let a = l.local_addr().expect("local addr");
     (l, a)
 }

@@ -28,7 +28,8 @@ async fn two_shards_two_replicas_learn_a_fashion_mnist_subset() {
     let coordinator = cluster.coordinator.clone().expect("coordinator");
     let mut replicas = Vec::new();
     for r in 0..2 {
-        let mut opts = distbelief_worker::ReplicaOptions::new(r, cluster.shards.clone(), coordinator.clone());
+        let mut opts =
+            distbelief_worker::ReplicaOptions::new(r, cluster.shards.clone(), coordinator.clone());
         opts.threads = 1;
         opts.report_interval = Duration::from_millis(200);
         let job = job.clone();
@@ -54,7 +55,10 @@ async fn two_shards_two_replicas_learn_a_fashion_mnist_subset() {
     assert!(accuracy >= 0.75, "accuracy {accuracy} (chance is 0.10)");
     assert!(status.warm_start_done);
     for r in replicas {
-        let summary = r.await.expect("replica task").expect("replica stops cleanly");
+        let summary = r
+            .await
+            .expect("replica task")
+            .expect("replica stops cleanly");
         assert!(summary.steps > 0, "every replica trained: {summary:?}");
     }
     let staleness = status.staleness.expect("staleness");

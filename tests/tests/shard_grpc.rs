@@ -78,22 +78,70 @@ async fn bad_pushes_are_refused_and_change_nothing() {
         async move { raw.push(tokio_stream::iter(chunks)).await }
     };
     let cases: Vec<(&str, Vec<GradientChunk>, tonic::Code, &str)> = vec![
-        ("too short", chunked(&vec![0.1; n - 1]), tonic::Code::InvalidArgument, "needs"),
-        ("wrong shard", vec![chunk(3, 0, &[0.1; 4])], tonic::Code::OutOfRange, "shard 3"),
-        ("past the end", vec![chunk(0, n as u64 - 2, &[0.1; 4])], tonic::Code::OutOfRange, "outside"),
-        ("gap", vec![chunk(0, 0, &[0.1; 4]), chunk(0, 8, &[0.1; 4])], tonic::Code::InvalidArgument, "does not follow"),
-        ("not whole f32s", vec![GradientChunk { values: vec![0u8; 7].into(), ..chunk(0, 0, &[]) }], tonic::Code::InvalidArgument, "7 bytes"),
-        ("no chunks", vec![], tonic::Code::InvalidArgument, "no chunks"),
-        ("not finite", chunked(&{ let mut v = vec![0.1; n]; v[n - 5] = f32::NAN; v }), tonic::Code::InvalidArgument, "not finite"),
+        (
+            "too short",
+            chunked(&vec![0.1; n - 1]),
+            tonic::Code::InvalidArgument,
+            "needs",
+        ),
+        (
+            "wrong shard",
+            vec![chunk(3, 0, &[0.1; 4])],
+            tonic::Code::OutOfRange,
+            "shard 3",
+        ),
+        (
+            "past the end",
+            vec![chunk(0, n as u64 - 2, &[0.1; 4])],
+            tonic::Code::OutOfRange,
+            "outside",
+        ),
+        (
+            "gap",
+            vec![chunk(0, 0, &[0.1; 4]), chunk(0, 8, &[0.1; 4])],
+            tonic::Code::InvalidArgument,
+            "does not follow",
+        ),
+        (
+            "not whole f32s",
+            vec![GradientChunk {
+                values: vec![0u8; 7].into(),
+                ..chunk(0, 0, &[])
+            }],
+            tonic::Code::InvalidArgument,
+            "7 bytes",
+        ),
+        (
+            "no chunks",
+            vec![],
+            tonic::Code::InvalidArgument,
+            "no chunks",
+        ),
+        (
+            "not finite",
+            chunked(&{
+                let mut v = vec![0.1; n];
+                v[n - 5] = f32::NAN;
+                v
+            }),
+            tonic::Code::InvalidArgument,
+            "not finite",
+        ),
     ];
     let refused = cases.len() as u64;
     for (name, chunks, code, text) in cases {
         let status = push(chunks).await.expect_err(name);
         assert_eq!(status.code(), code, "{name}: {status:?}");
-        assert!(status.message().contains(text), "{name}: {:?}", status.message());
+        assert!(
+            status.message().contains(text),
+            "{name}: {:?}",
+            status.message()
+        );
     }
     // A message over the size limit is refused by size, not by a crash.
-    let huge = push(vec![chunk(0, 0, &vec![0.1; 5 << 18])]).await.expect_err("oversized message");
+    let huge = push(vec![chunk(0, 0, &vec![0.1; 5 << 18])])
+        .await
+        .expect_err("oversized message");
     assert_eq!(huge.code(), tonic::Code::OutOfRange, "{huge:?}");
 
     let mut after = vec![0.0f32; n];

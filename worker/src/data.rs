@@ -104,11 +104,19 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
             read_idx_pair(images, labels, spec.input_scale)?
         }
         DataFormat::Csv => {
-            let path = if train { &spec.train_csv } else { &spec.test_csv };
+            let path = if train {
+                &spec.train_csv
+            } else {
+                &spec.test_csv
+            };
             read_csv(path.as_deref().unwrap_or_default(), spec.input_scale)?
         }
     };
-    let limit = if train { spec.train_limit } else { spec.test_limit };
+    let limit = if train {
+        spec.train_limit
+    } else {
+        spec.test_limit
+    };
     if let Some(n) = limit {
         d.truncate(n as usize);
     }
@@ -243,7 +251,10 @@ fn read_csv(path: &str, scale: f32) -> Result<Dataset, DataError> {
         if d.labels.is_empty() {
             d.dim = dim;
         } else if dim != d.dim {
-            return Err(bad(format!("row has {dim} features, earlier rows {}", d.dim)));
+            return Err(bad(format!(
+                "row has {dim} features, earlier rows {}",
+                d.dim
+            )));
         }
         d.labels.push(label);
     }
@@ -274,27 +285,51 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let images = dir.path().join("img.idx");
         let labels = dir.path().join("lab.idx.gz");
-        std::fs::write(&images, idx(&[3, 2, 2], &[0, 255, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8])).unwrap();
+        std::fs::write(
+            &images,
+            idx(&[3, 2, 2], &[0, 255, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]),
+        )
+        .unwrap();
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, &idx(&[3], &[9, 0, 4])).unwrap();
         std::fs::write(&labels, gz.finish().unwrap()).unwrap();
-        let d = read_idx_pair(images.to_str().unwrap(), labels.to_str().unwrap(), 1.0 / 255.0).unwrap();
+        let d = read_idx_pair(
+            images.to_str().unwrap(),
+            labels.to_str().unwrap(),
+            1.0 / 255.0,
+        )
+        .unwrap();
         assert_eq!((d.len(), d.dim), (3, 4));
         assert_eq!(d.labels, vec![9, 0, 4]);
         assert_eq!(d.row(0)[1], 1.0);
         assert!(d.check_fits("x", 4, 10).is_ok());
-        assert!(d.check_fits("x", 4, 5).unwrap_err().to_string().contains("label 9"));
+        assert!(
+            d.check_fits("x", 4, 5)
+                .unwrap_err()
+                .to_string()
+                .contains("label 9")
+        );
         assert!(d.check_fits("x", 784, 10).is_err());
     }
 
     #[test]
     fn idx_errors_are_clear() {
-        assert!(parse_idx("a", &[1, 2, 3]).unwrap_err().to_string().contains("magic"));
+        assert!(
+            parse_idx("a", &[1, 2, 3])
+                .unwrap_err()
+                .to_string()
+                .contains("magic")
+        );
         let e = parse_idx("a", &idx(&[2, 2], &[1, 2, 3])).unwrap_err();
         assert!(e.to_string().contains("need 4 bytes"), "{e}");
         let mut float = idx(&[1], &[0, 0, 0, 0]);
         float[2] = 0x0d;
-        assert!(parse_idx("a", &float).unwrap_err().to_string().contains("0x0d"));
+        assert!(
+            parse_idx("a", &float)
+                .unwrap_err()
+                .to_string()
+                .contains("0x0d")
+        );
         let e = read_file("/nonexistent/x.gz").unwrap_err();
         assert!(e.to_string().contains("/nonexistent/x.gz"));
     }

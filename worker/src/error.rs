@@ -23,7 +23,9 @@ pub enum WorkerError {
     ShardCount { expected: usize, got: usize },
     #[error("replica {replica} does not exist: the job has {replicas} replicas")]
     NoSuchReplica { replica: u32, replicas: usize },
-    #[error("replica {replica} has no training examples: the training set has {examples} for {replicas} replicas")]
+    #[error(
+        "replica {replica} has no training examples: the training set has {examples} for {replicas} replicas"
+    )]
     NoData {
         replica: u32,
         examples: usize,

@@ -122,13 +122,18 @@ impl Link {
                 let started = Instant::now();
                 match client.fetch_into(&mut buf).await {
                     Ok(version) => {
-                        metrics.fetch_seconds.observe(started.elapsed().as_secs_f64());
+                        metrics
+                            .fetch_seconds
+                            .observe(started.elapsed().as_secs_f64());
                         if down {
                             tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
                             down = false;
                         }
                         backoff.reset();
-                        if let Some(old) = lock(&self.fetched).replace(Fetched { version, values: buf }) {
+                        if let Some(old) = lock(&self.fetched).replace(Fetched {
+                            version,
+                            values: buf,
+                        }) {
                             self.recycle(old.values);
                         }
                         break;
@@ -136,7 +141,10 @@ impl Link {
                     Err(e) => {
                         metrics.rpc_failures.with_label_values(&["fetch"]).inc();
                         if !down {
-                            tracing::warn!(shard = client.index, "fetch failed, retrying with backoff: {e}");
+                            tracing::warn!(
+                                shard = client.index,
+                                "fetch failed, retrying with backoff: {e}"
+                            );
                             down = true;
                         }
                         tokio::time::sleep(backoff.next_delay()).await;
@@ -148,7 +156,12 @@ impl Link {
 
     /// Pushes pending gradients until aborted. A failed push is retried with
     /// the same sequence number, so the shard applies it at most once.
-    pub async fn push_loop(self: Arc<Self>, replica: u32, incarnation: u64, metrics: WorkerMetrics) {
+    pub async fn push_loop(
+        self: Arc<Self>,
+        replica: u32,
+        incarnation: u64,
+        metrics: WorkerMetrics,
+    ) {
         let mut client = self.client.clone();
         let mut backoff = distbelief_net::Backoff::default();
         let mut down = false;
@@ -170,7 +183,9 @@ impl Link {
                 let started = Instant::now();
                 match client.push(id, &p.grad).await {
                     Ok(_) => {
-                        metrics.push_seconds.observe(started.elapsed().as_secs_f64());
+                        metrics
+                            .push_seconds
+                            .observe(started.elapsed().as_secs_f64());
                         if down {
                             tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
                             down = false;
@@ -182,13 +197,19 @@ impl Link {
                         // Retrying a push the shard refused would only be refused again.
                         metrics.rpc_failures.with_label_values(&["push"]).inc();
                         metrics.dropped_gradients.inc();
-                        tracing::error!(shard = client.index, "push refused, gradient dropped: {e}");
+                        tracing::error!(
+                            shard = client.index,
+                            "push refused, gradient dropped: {e}"
+                        );
                         break;
                     }
                     Err(e) => {
                         metrics.rpc_failures.with_label_values(&["push"]).inc();
                         if !down {
-                            tracing::warn!(shard = client.index, "push failed, retrying with backoff: {e}");
+                            tracing::warn!(
+                                shard = client.index,
+                                "push failed, retrying with backoff: {e}"
+                            );
                             down = true;
                         }
                         tokio::time::sleep(backoff.next_delay()).await;

@@ -23,14 +23,23 @@ impl WorkerMetrics {
                 "worker_examples_per_second",
                 "Training examples per second over the last report interval",
             )?,
-            loss: Gauge::new("worker_loss", "Mean training loss over the last report interval")?,
+            loss: Gauge::new(
+                "worker_loss",
+                "Mean training loss over the last report interval",
+            )?,
             fetch_seconds: Histogram::with_opts(
-                HistogramOpts::new("worker_fetch_seconds", "Latency of fetching one shard's parameters")
-                    .buckets(latency()?),
+                HistogramOpts::new(
+                    "worker_fetch_seconds",
+                    "Latency of fetching one shard's parameters",
+                )
+                .buckets(latency()?),
             )?,
             push_seconds: Histogram::with_opts(
-                HistogramOpts::new("worker_push_seconds", "Latency of pushing one shard's gradient")
-                    .buckets(latency()?),
+                HistogramOpts::new(
+                    "worker_push_seconds",
+                    "Latency of pushing one shard's gradient",
+                )
+                .buckets(latency()?),
             )?,
             rpc_failures: IntCounterVec::new(
                 Opts::new("worker_rpc_failures_total", "Failed shard calls, by rpc"),

@@ -98,7 +98,11 @@ impl Mlp {
             };
             let mut out = rest[0].slice_mut(s![..rows, ..]);
             let bias = ArrayView1::from(&params[layer.bias.clone()]);
-            out.assign(&bias.broadcast((rows, layer.units)).expect("bias matches units"));
+            out.assign(
+                &bias
+                    .broadcast((rows, layer.units))
+                    .expect("bias matches units"),
+            );
             general_mat_mul(1.0, &input, &self.weight(params, l), 1.0, &mut out);
             activate(layer.activation, out);
         }
@@ -123,7 +127,11 @@ impl Mlp {
             let logits = scratch.acts[last].slice(s![..rows, ..]);
             let mut delta = scratch.deltas[last].slice_mut(s![..rows, ..]);
             for ((z, mut d), &y) in logits.outer_iter().zip(delta.outer_iter_mut()).zip(labels) {
-                loss += softmax_into(z, d.as_slice_mut().expect("delta rows are contiguous"), y as usize);
+                loss += softmax_into(
+                    z,
+                    d.as_slice_mut().expect("delta rows are contiguous"),
+                    y as usize,
+                );
             }
         }
         for l in (0..=last).rev() {
@@ -149,7 +157,11 @@ impl Mlp {
                 let mut da = deltas_before[l - 1].slice_mut(s![..rows, ..]);
                 general_mat_mul(1.0, &dz, &self.weight(params, l).t(), 0.0, &mut da);
                 let prev = &self.layers[l - 1];
-                derive(prev.activation, scratch.acts[l - 1].slice(s![..rows, ..]), da);
+                derive(
+                    prev.activation,
+                    scratch.acts[l - 1].slice(s![..rows, ..]),
+                    da,
+                );
             }
         }
         loss
@@ -183,7 +195,14 @@ impl Mlp {
                 let rows = i * chunk..((i + 1) * chunk).min(n);
                 ws.grad.fill(0.0);
                 let xs = x.slice(s![rows.clone(), ..]);
-                self.accumulate(params, xs, &labels[rows], &mut ws.scratch, &mut ws.grad, scale)
+                self.accumulate(
+                    params,
+                    xs,
+                    &labels[rows],
+                    &mut ws.scratch,
+                    &mut ws.grad,
+                    scale,
+                )
             })
             .sum();
         let partials: Vec<&[f32]> = workspaces[..parts].iter().map(|w| &w.grad[..]).collect();

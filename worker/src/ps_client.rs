@@ -37,11 +37,17 @@ impl std::fmt::Debug for ShardClient {
 }
 
 impl ShardClient {
-    pub fn new(index: u32, range: Range<usize>, addr: &str, timeout: Duration) -> Result<Self, WorkerError> {
-        let channel = distbelief_net::channel(addr, timeout).map_err(|source| WorkerError::Address {
-            addr: addr.to_string(),
-            source,
-        })?;
+    pub fn new(
+        index: u32,
+        range: Range<usize>,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<Self, WorkerError> {
+        let channel =
+            distbelief_net::channel(addr, timeout).map_err(|source| WorkerError::Address {
+                addr: addr.to_string(),
+                source,
+            })?;
         let client = ParameterServerClient::new(channel)
             .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
             .max_encoding_message_size(distbelief_net::MAX_MESSAGE);
@@ -95,7 +101,10 @@ impl ShardClient {
             version.get_or_insert(chunk.version);
         }
         if next != self.range.end {
-            return Err(self.bad(format!("parameters up to {next} of [{}, {})", self.range.start, self.range.end)));
+            return Err(self.bad(format!(
+                "parameters up to {next} of [{}, {})",
+                self.range.start, self.range.end
+            )));
         }
         Ok(version.unwrap_or(0))
     }
@@ -152,7 +161,10 @@ pub fn shard_clients(
 }
 
 /// Fetches every shard concurrently into `params`; returns each shard's version.
-pub async fn fetch_all(clients: &mut [ShardClient], params: &mut [f32]) -> Result<Vec<u64>, WorkerError> {
+pub async fn fetch_all(
+    clients: &mut [ShardClient],
+    params: &mut [f32],
+) -> Result<Vec<u64>, WorkerError> {
     let mut rest = params;
     let mut jobs = Vec::with_capacity(clients.len());
     for c in clients.iter_mut() {

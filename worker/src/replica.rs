@@ -126,12 +126,13 @@ pub async fn run_replica(
     let metrics = WorkerMetrics::register(registry)
         .map_err(|e| WorkerError::Compute(format!("metrics registration failed: {e}")))?;
     let mut clients = shard_clients(&job, &opts.shards, opts.rpc_timeout)?;
-    let channel = distbelief_net::channel(&opts.coordinator, opts.rpc_timeout).map_err(|source| {
-        WorkerError::Address {
-            addr: opts.coordinator.clone(),
-            source,
-        }
-    })?;
+    let channel =
+        distbelief_net::channel(&opts.coordinator, opts.rpc_timeout).map_err(|source| {
+            WorkerError::Address {
+                addr: opts.coordinator.clone(),
+                source,
+            }
+        })?;
     let mut coordinator = Coordinator {
         client: CoordinatorClient::new(channel),
         addr: opts.coordinator.clone(),
@@ -154,7 +155,11 @@ pub async fn run_replica(
             replicas,
         });
     }
-    tracing::info!(replica = opts.replica, examples = indices.len(), "training data loaded");
+    tracing::info!(
+        replica = opts.replica,
+        examples = indices.len(),
+        "training data loaded"
+    );
 
     let incarnation = incarnation();
     let report = |p: &Progress, eps: f64| {
@@ -178,7 +183,10 @@ pub async fn run_replica(
             Some(Action::Train) => break,
             Some(Action::Stop) => {
                 tracing::info!("coordinator says the job is done before this replica started");
-                return Ok(ReplicaSummary { steps: 0, examples: 0 });
+                return Ok(ReplicaSummary {
+                    steps: 0,
+                    examples: 0,
+                });
             }
             _ => tokio::time::sleep(opts.report_interval.min(Duration::from_millis(200))).await,
         }
@@ -195,13 +203,21 @@ pub async fn run_replica(
             }
         }
     };
-    tracing::info!(replica = opts.replica, ?versions, "parameters fetched; training");
+    tracing::info!(
+        replica = opts.replica,
+        ?versions,
+        "parameters fetched; training"
+    );
 
     let links: Vec<Arc<Link>> = clients.into_iter().map(Link::new).collect();
     let mut tasks = Vec::new();
     for link in &links {
         tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
-        tasks.push(tokio::spawn(link.clone().push_loop(opts.replica, incarnation, metrics.clone())));
+        tasks.push(tokio::spawn(link.clone().push_loop(
+            opts.replica,
+            incarnation,
+            metrics.clone(),
+        )));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let compute = {
@@ -232,13 +248,19 @@ pub async fn run_replica(
     let outcome = loop {
         tick.tick().await;
         if compute.is_finished() {
-            break Err(WorkerError::Compute("compute thread stopped unexpectedly".into()));
+            break Err(WorkerError::Compute(
+                "compute thread stopped unexpectedly".into(),
+            ));
         }
         let examples = progress.examples.load(Ordering::Relaxed);
         let dt = last.0.elapsed().as_secs_f64();
         if dt > 0.0 {
             let now = (examples - last.1) as f64 / dt;
-            eps = if eps == 0.0 { now } else { 0.5 * eps + 0.5 * now };
+            eps = if eps == 0.0 {
+                now
+            } else {
+                0.5 * eps + 0.5 * now
+            };
         }
         last = (Instant::now(), examples);
         let r = report(&progress, eps);
@@ -265,7 +287,12 @@ pub async fn run_replica(
         steps: progress.steps.load(Ordering::Relaxed),
         examples: progress.examples.load(Ordering::Relaxed),
     };
-    tracing::info!(replica = opts.replica, steps = summary.steps, examples = summary.examples, "stopped by coordinator");
+    tracing::info!(
+        replica = opts.replica,
+        steps = summary.steps,
+        examples = summary.examples,
+        "stopped by coordinator"
+    );
     Ok(summary)
 }
 
@@ -326,7 +353,7 @@ impl Compute {
         let mut pos = 0;
         let mut step: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
-            if step % self.n_fetch == 0 {
+            if step.is_multiple_of(self.n_fetch) {
                 for (i, link) in self.links.iter().enumerate() {
                     if let Some(f) = link.take_fetched() {
                         params[link.client.range.clone()].copy_from_slice(&f.values);
@@ -351,12 +378,18 @@ impl Compute {
                 acc_base.copy_from_slice(&versions);
             }
             let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
-            let loss = self.mlp.batch_gradient(&params, xv, &y, &mut workspaces, &mut acc);
+            let loss = self
+                .mlp
+                .batch_gradient(&params, xv, &y, &mut workspaces, &mut acc);
             acc_steps += 1;
             step += 1;
             if acc_steps == self.n_push {
                 for (i, link) in self.links.iter().enumerate() {
-                    if !link.offer(&acc[link.client.range.clone()], acc_steps as u32, acc_base[i]) {
+                    if !link.offer(
+                        &acc[link.client.range.clone()],
+                        acc_steps as u32,
+                        acc_base[i],
+                    ) {
                         self.metrics.dropped_gradients.inc();
                     }
                 }
@@ -366,7 +399,9 @@ impl Compute {
             self.metrics.steps.inc();
             self.metrics.examples.inc_by(batch as u64);
             self.progress.steps.store(step, Ordering::Relaxed);
-            self.progress.examples.fetch_add(batch as u64, Ordering::Relaxed);
+            self.progress
+                .examples
+                .fetch_add(batch as u64, Ordering::Relaxed);
             let mut l = self.progress.loss.lock().unwrap_or_else(|e| e.into_inner());
             l.0 += loss;
             l.1 += 1;

@@ -21,7 +21,14 @@ pub struct LocalRun {
 /// Trains until the job's target accuracy or `max_seconds`, evaluating every
 /// `eval_every` seconds. Evaluation time is excluded from the training clock,
 /// as the coordinator's evaluations run beside training, not inside it.
-pub fn train(job: &Job, train: &Dataset, test: &Dataset, threads: usize, eval_every: f64, max_seconds: f64) -> LocalRun {
+pub fn train(
+    job: &Job,
+    train: &Dataset,
+    test: &Dataset,
+    threads: usize,
+    eval_every: f64,
+    max_seconds: f64,
+) -> LocalRun {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -55,7 +62,9 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, threads: usize, eval_ev
                 examples += batch as u64;
                 let before = trained;
                 trained += t0.elapsed().as_secs_f64();
-                if (trained / eval_every).floor() > (before / eval_every).floor() || trained >= max_seconds {
+                if (trained / eval_every).floor() > (before / eval_every).floor()
+                    || trained >= max_seconds
+                {
                     let accuracy = mlp.evaluate(&params, test).0;
                     if accuracy >= target {
                         time_to_target = Some(trained);

@@ -48,8 +48,15 @@ fn median_opt(v: Vec<Option<f64>>) -> Option<f64> {
 }
 
 /// Runs `distbelief train` on `job` with the given layout; returns its summary.
-fn downpour(exe: &Path, job_file: &str, shards: u32, replicas: u32, dir: &Path) -> anyhow::Result<Value> {
-    let text = std::fs::read_to_string(job_file).with_context(|| format!("cannot read {job_file}"))?;
+fn downpour(
+    exe: &Path,
+    job_file: &str,
+    shards: u32,
+    replicas: u32,
+    dir: &Path,
+) -> anyhow::Result<Value> {
+    let text =
+        std::fs::read_to_string(job_file).with_context(|| format!("cannot read {job_file}"))?;
     let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
     let name = format!("bench-{shards}x{replicas}");
     doc["metadata"]["name"] = name.clone().into();
@@ -66,12 +73,20 @@ fn downpour(exe: &Path, job_file: &str, shards: u32, replicas: u32, dir: &Path) 
         .with_context(|| format!("cannot run {}", exe.display()))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let Some(last) = stdout.lines().last() else {
-        bail!("{name}: no summary; stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{name}: no summary; stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     Ok(serde_json::from_str(last)?)
 }
 
-fn config(examples_per_second: f64, time_to_target: Option<f64>, accuracy: f64, extra: Value) -> Value {
+fn config(
+    examples_per_second: f64,
+    time_to_target: Option<f64>,
+    accuracy: f64,
+    extra: Value,
+) -> Value {
     json!({
         "examples_per_second": examples_per_second,
         "time_to_target_seconds": time_to_target,
@@ -87,7 +102,8 @@ fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?.with_file_name("distbelief"),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut report = json!({ "machine": { "cores": cores }, "job": args.job, "repeat": args.repeat });
+    let mut report =
+        json!({ "machine": { "cores": cores }, "job": args.job, "repeat": args.repeat });
 
     if !args.micro_only {
         let job = distbelief_api::load_job(&args.job)?;
@@ -99,7 +115,14 @@ fn main() -> anyhow::Result<()> {
         let mut runs = Vec::new();
         for i in 0..args.repeat {
             eprintln!("bench: (a) one process, {cores} threads, run {}", i + 1);
-            runs.push(local::train(&job, &train, &test, cores, job.spec.stop.eval_interval_seconds, cap));
+            runs.push(local::train(
+                &job,
+                &train,
+                &test,
+                cores,
+                job.spec.stop.eval_interval_seconds,
+                cap,
+            ));
         }
         let a = config(
             median(runs.iter().map(|r| r.examples_per_second).collect()),
@@ -120,12 +143,26 @@ fn main() -> anyhow::Result<()> {
         for (key, shards, replicas) in [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)] {
             let mut summaries = Vec::new();
             for i in 0..args.repeat {
-                eprintln!("bench: ({}) {shards} shard(s) × {replicas} replica(s), run {}", &key[..1], i + 1);
+                eprintln!(
+                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), run {}",
+                    &key[..1],
+                    i + 1
+                );
                 summaries.push(downpour(&exe, &args.job, shards, replicas, tmp.path())?);
             }
-            let f = |k: &str| summaries.iter().map(|s| s[k].as_f64().unwrap_or(0.0)).collect::<Vec<_>>();
+            let f = |k: &str| {
+                summaries
+                    .iter()
+                    .map(|s| s[k].as_f64().unwrap_or(0.0))
+                    .collect::<Vec<_>>()
+            };
             let eps = median(f("examples_per_second"));
-            let ttt = median_opt(summaries.iter().map(|s| s["time_to_target_seconds"].as_f64()).collect());
+            let ttt = median_opt(
+                summaries
+                    .iter()
+                    .map(|s| s["time_to_target_seconds"].as_f64())
+                    .collect(),
+            );
             ratios.insert(
                 key.into(),
                 json!({
@@ -133,7 +170,15 @@ fn main() -> anyhow::Result<()> {
                     "time_to_target_vs_a": match (ttt, a_ttt) { (Some(t), Some(a)) => Some(t / a), _ => None },
                 }),
             );
-            configs.insert(key.into(), config(eps, ttt, median(f("final_test_accuracy")), json!({ "runs": summaries })));
+            configs.insert(
+                key.into(),
+                config(
+                    eps,
+                    ttt,
+                    median(f("final_test_accuracy")),
+                    json!({ "runs": summaries }),
+                ),
+            );
         }
         report["target_test_accuracy"] = json!(target);
         report["configs"] = Value::Object(configs);
@@ -142,14 +187,22 @@ fn main() -> anyhow::Result<()> {
 
     eprintln!("bench: microbenchmarks on a 10M-parameter vector");
     let job = distbelief_api::parse_job("micro", micro::TEN_MILLION_JOB)?;
-    let adagrad = median((0..3).map(|_| micro::adagrad_gparams_per_second(job.layout.len(), 1.0)).collect());
+    let adagrad = median(
+        (0..3)
+            .map(|_| micro::adagrad_gparams_per_second(job.layout.len(), 1.0))
+            .collect(),
+    );
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), micro::TEN_MILLION_JOB)?;
     let transfers: Vec<micro::Transfer> = (0..3)
         .map(|_| micro::fetch_push(&exe, file.path(), &job, 20))
         .collect::<anyhow::Result<_>>()?;
     let gbps = median(transfers.iter().map(|t| t.gb_per_second).collect());
-    let rss = transfers.iter().map(|t| t.shard_peak_rss_bytes).max().unwrap_or(0);
+    let rss = transfers
+        .iter()
+        .map(|t| t.shard_peak_rss_bytes)
+        .max()
+        .unwrap_or(0);
     let state = transfers[0].shard_state_bytes;
     let limit = 1.5 * state as f64 + 64.0 * 1024.0 * 1024.0;
     report["micro"] = json!({

@@ -59,16 +59,33 @@ fn peak_rss(pid: u32) -> u64 {
 
 /// Starts `distbelief ps` for the job in `job_file` (one shard) and runs
 /// fetch+push rounds against it.
-pub fn fetch_push(exe: &Path, job_file: &Path, job: &Job, rounds: usize) -> anyhow::Result<Transfer> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+pub fn fetch_push(
+    exe: &Path,
+    job_file: &Path,
+    job: &Job,
+    rounds: usize,
+) -> anyhow::Result<Transfer> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let addr = format!("127.0.0.1:{port}");
     let child = Command::new(exe)
-        .args(["ps", "--job", &job_file.display().to_string(), "--shard", "0", "--listen", &addr])
+        .args([
+            "ps",
+            "--job",
+            &job_file.display().to_string(),
+            "--shard",
+            "0",
+            "--listen",
+            &addr,
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
     let shard = Killed(child);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let len = job.layout.len();
     let gbps = rt.block_on(async {
         let mut client = ShardClient::new(0, 0..len, &addr, Duration::from_secs(30))?;
@@ -79,14 +96,23 @@ pub fn fetch_push(exe: &Path, job_file: &Path, job: &Job, rounds: usize) -> anyh
         }
         let mut params = vec![0.0f32; len];
         let grad = vec![1e-4f32; len];
-        let push = |sequence| PushId { replica: 0, incarnation: 1, sequence, base_version: 0, steps: 1 };
+        let push = |sequence| PushId {
+            replica: 0,
+            incarnation: 1,
+            sequence,
+            base_version: 0,
+            steps: 1,
+        };
         client.fetch_into(&mut params).await?;
         client.push(push(1), &grad).await?;
         // Fetch and push run side by side, as a replica runs them.
         let mut pusher = client.clone();
         let started = Instant::now();
         for i in 0..rounds {
-            let (f, p) = tokio::join!(client.fetch_into(&mut params), pusher.push(push(i as u64 + 2), &grad));
+            let (f, p) = tokio::join!(
+                client.fetch_into(&mut params),
+                pusher.push(push(i as u64 + 2), &grad)
+            );
             f?;
             p?;
         }

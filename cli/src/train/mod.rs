@@ -39,7 +39,8 @@ pub fn main(args: TrainArgs) -> anyhow::Result<ExitCode> {
     std::fs::write(out.join("summary.json"), format!("{json}\n"))
         .with_context(|| format!("cannot write {}", out.join("summary.json").display()))?;
     if let Some(p) = &args.summary_json {
-        std::fs::write(p, format!("{json}\n")).with_context(|| format!("cannot write {}", p.display()))?;
+        std::fs::write(p, format!("{json}\n"))
+            .with_context(|| format!("cannot write {}", p.display()))?;
     }
     println!("{json}");
     Ok(match summary.outcome {
@@ -66,14 +67,16 @@ struct Runtime {
 impl Runtime {
     fn start(job: &Job, args: &TrainArgs, out: &Path) -> anyhow::Result<Runtime> {
         let logs = out.join("logs");
-        std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
         let checkpoints = match &job.spec.checkpoint.dir {
             Some(d) => PathBuf::from(d),
             None => {
                 let d = out.join("checkpoints");
                 if !args.resume && d.exists() {
-                    std::fs::remove_dir_all(&d)
-                        .with_context(|| format!("cannot clear old checkpoints in {}", d.display()))?;
+                    std::fs::remove_dir_all(&d).with_context(|| {
+                        format!("cannot clear old checkpoints in {}", d.display())
+                    })?;
                 }
                 d
             }
@@ -93,10 +96,22 @@ impl Runtime {
             };
             Ok(format!("127.0.0.1:{port}"))
         };
-        let common = |m: String| vec!["--job".to_string(), job_path.clone(), "--metrics-addr".into(), m];
+        let common = |m: String| {
+            vec![
+                "--job".to_string(),
+                job_path.clone(),
+                "--metrics-addr".into(),
+                m,
+            ]
+        };
 
-        let shard_ports = (0..job.shards()).map(|_| free_port()).collect::<Result<Vec<_>, _>>()?;
-        let shard_addrs: Vec<String> = shard_ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let shard_ports = (0..job.shards())
+            .map(|_| free_port())
+            .collect::<Result<Vec<_>, _>>()?;
+        let shard_addrs: Vec<String> = shard_ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         let mut shards = Vec::new();
         for (i, addr) in shard_addrs.iter().enumerate() {
             let mut a = vec!["ps".to_string()];
@@ -141,7 +156,8 @@ impl Runtime {
         }
         let interrupted = Arc::new(AtomicBool::new(false));
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            signal_hook::flag::register(sig, interrupted.clone()).context("cannot install signal handler")?;
+            signal_hook::flag::register(sig, interrupted.clone())
+                .context("cannot install signal handler")?;
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -177,14 +193,16 @@ impl Runtime {
 
     fn launch(&mut self, shard_ports: &[u16]) -> anyhow::Result<()> {
         for (p, &port) in self.shards.iter_mut().zip(shard_ports) {
-            p.spawn(&self.exe).with_context(|| format!("cannot start {}", p.label()))?;
+            p.spawn(&self.exe)
+                .with_context(|| format!("cannot start {}", p.label()))?;
             wait_listening(p, port, START_TIMEOUT).map_err(anyhow::Error::msg)?;
         }
         let c = &mut self.coordinator;
         c.spawn(&self.exe).context("cannot start the coordinator")?;
         wait_listening(c, self.coordinator_port, START_TIMEOUT).map_err(anyhow::Error::msg)?;
         for p in &mut self.replicas {
-            p.spawn(&self.exe).with_context(|| format!("cannot start {}", p.label()))?;
+            p.spawn(&self.exe)
+                .with_context(|| format!("cannot start {}", p.label()))?;
         }
         self.write_process_table();
         Ok(())
@@ -194,9 +212,19 @@ impl Runtime {
     /// on every (re)start so tools and tests can find a process.
     fn write_process_table(&self) {
         let mut s = String::from("role\tindex\tpid\tlog\n");
-        for p in self.shards.iter().chain([&self.coordinator]).chain(&self.replicas) {
+        for p in self
+            .shards
+            .iter()
+            .chain([&self.coordinator])
+            .chain(&self.replicas)
+        {
             if let Some(pid) = p.pid() {
-                s.push_str(&format!("{}\t{}\t{pid}\t{}\n", p.role.name(), p.index, p.log.display()));
+                s.push_str(&format!(
+                    "{}\t{}\t{pid}\t{}\n",
+                    p.role.name(),
+                    p.index,
+                    p.log.display()
+                ));
             }
         }
         let _ = std::fs::write(self.out.join("processes.tsv"), s);
@@ -207,7 +235,11 @@ impl Runtime {
         self.rt.block_on(async {
             let channel = distbelief_net::channel(&addr, Duration::from_secs(2)).ok()?;
             let mut client = CoordinatorClient::new(channel);
-            client.status(StatusRequest {}).await.ok().map(tonic::Response::into_inner)
+            client
+                .status(StatusRequest {})
+                .await
+                .ok()
+                .map(tonic::Response::into_inner)
         })
     }
 
@@ -229,7 +261,13 @@ impl Runtime {
                 match self.status() {
                     Some(s) => {
                         last_answer = Instant::now();
-                        display.show(&s, self.live_replicas(), self.job.replicas(), self.replica_restarts, self.shard_restarts);
+                        display.show(
+                            &s,
+                            self.live_replicas(),
+                            self.job.replicas(),
+                            self.replica_restarts,
+                            self.shard_restarts,
+                        );
                         let done = s.done;
                         last_status = Some(s);
                         if done {
@@ -306,8 +344,12 @@ impl Runtime {
                     );
                 }
                 self.shard_restarts += 1;
-                eprintln!("\ndistbelief: {} exited ({status}); restarting it from its checkpoint", p.label());
-                p.spawn(&self.exe).with_context(|| format!("cannot restart {}", p.label()))?;
+                eprintln!(
+                    "\ndistbelief: {} exited ({status}); restarting it from its checkpoint",
+                    p.label()
+                );
+                p.spawn(&self.exe)
+                    .with_context(|| format!("cannot restart {}", p.label()))?;
                 restarted = true;
             }
         }
@@ -327,8 +369,12 @@ impl Runtime {
                     );
                 }
                 self.replica_restarts += 1;
-                eprintln!("\ndistbelief: {} exited ({status}); restarting it", p.label());
-                p.spawn(&self.exe).with_context(|| format!("cannot restart {}", p.label()))?;
+                eprintln!(
+                    "\ndistbelief: {} exited ({status}); restarting it",
+                    p.label()
+                );
+                p.spawn(&self.exe)
+                    .with_context(|| format!("cannot restart {}", p.label()))?;
                 restarted = true;
             }
         }

@@ -15,7 +15,11 @@ const BOTTOM: f64 = 50.0;
 pub fn curve_svg(title: &str, curve: &[CurvePoint]) -> String {
     let pw = W - LEFT - RIGHT;
     let ph = H - TOP - BOTTOM;
-    let t_max = curve.iter().map(|c| c.seconds).fold(0.0, f64::max).max(1e-9);
+    let t_max = curve
+        .iter()
+        .map(|c| c.seconds)
+        .fold(0.0, f64::max)
+        .max(1e-9);
     let loss_max = curve
         .iter()
         .flat_map(|c| [c.test_loss, c.train_loss])
@@ -67,10 +71,19 @@ pub fn curve_svg(title: &str, curve: &[CurvePoint]) -> String {
         W - 16.0,
         TOP + ph / 2.0
     );
-    let series: [(&str, &str, Box<dyn Fn(&CurvePoint) -> Option<f64>>); 3] = [
+    type Series<'a> = (
+        &'a str,
+        &'a str,
+        Box<dyn Fn(&CurvePoint) -> Option<f64> + 'a>,
+    );
+    let series: [Series; 3] = [
         ("#1f77b4", "", Box::new(|c| Some(y_acc(c.test_accuracy)))),
         ("#d62728", "", Box::new(|c| Some(y_loss(c.test_loss)))),
-        ("#ff9896", r#" stroke-dasharray="5,3""#, Box::new(|c| c.train_loss.is_finite().then(|| y_loss(c.train_loss)))),
+        (
+            "#ff9896",
+            r#" stroke-dasharray="5,3""#,
+            Box::new(|c| c.train_loss.is_finite().then(|| y_loss(c.train_loss))),
+        ),
     ];
     for (color, dash, f) in &series {
         let pts: Vec<String> = curve
@@ -96,7 +109,9 @@ pub fn curve_svg(title: &str, curve: &[CurvePoint]) -> String {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 #[cfg(test)]
@@ -117,8 +132,15 @@ mod tests {
         let svg = curve_svg("a<b", &curve);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("a&lt;b"));
-        assert_eq!(svg.matches("<polyline").count(), 2, "no training-loss line when it is unknown");
-        let acc_line = svg.lines().find(|l| l.contains("#1f77b4\" stroke-width=\"2\" points")).unwrap();
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            2,
+            "no training-loss line when it is unknown"
+        );
+        let acc_line = svg
+            .lines()
+            .find(|l| l.contains("#1f77b4\" stroke-width=\"2\" points"))
+            .unwrap();
         assert_eq!(acc_line.matches(',').count(), 4);
         // Accuracy 0 sits on the bottom edge, 0.6 higher up.
         assert!(acc_line.contains(&format!("{:.1},{:.1}", LEFT, H - BOTTOM)));

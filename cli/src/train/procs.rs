@@ -65,7 +65,10 @@ impl Proc {
 
     /// Starts (or restarts) the process with its output appended to its log.
     pub fn spawn(&mut self, exe: &Path) -> std::io::Result<()> {
-        let out = OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(exe);
         cmd.args(&self.args)
@@ -145,7 +148,9 @@ fn die_with_parent(cmd: &mut Command) {
 
 /// A free TCP port on 127.0.0.1, found by binding port 0.
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Waits until `port` accepts connections, or the process exits, or `timeout` passes.

@@ -23,7 +23,14 @@ impl Display {
         }
     }
 
-    pub fn show(&mut self, s: &JobStatus, live: usize, replicas: usize, replica_restarts: u32, shard_restarts: u32) {
+    pub fn show(
+        &mut self,
+        s: &JobStatus,
+        live: usize,
+        replicas: usize,
+        replica_restarts: u32,
+        shard_restarts: u32,
+    ) {
         let line = format_line(s, live, replicas, replica_restarts, shard_restarts);
         let mut err = std::io::stderr().lock();
         if self.tty {
@@ -45,7 +52,13 @@ impl Display {
 }
 
 /// `[  12.3s] epoch 1.23 | step 4200 | 31200 ex/s | loss 0.412 | test acc 0.8431 (best 0.8431) | staleness p50 1 p99 3 | replicas 2/2 | restarts 0+0`
-pub fn format_line(s: &JobStatus, live: usize, replicas: usize, replica_restarts: u32, shard_restarts: u32) -> String {
+pub fn format_line(
+    s: &JobStatus,
+    live: usize,
+    replicas: usize,
+    replica_restarts: u32,
+    shard_restarts: u32,
+) -> String {
     let rate: f64 = s
         .replicas
         .iter()
@@ -89,16 +102,38 @@ mod tests {
             train_loss: 0.41234,
             test_accuracy: Some(0.8431),
             best_test_accuracy: Some(0.85),
-            staleness: Some(Staleness { p50: 1, p99: 3, max: 9 }),
+            staleness: Some(Staleness {
+                p50: 1,
+                p99: 3,
+                max: 9,
+            }),
             warm_start_done: true,
             replicas: vec![
-                ReplicaProgress { examples_per_second: 1000.0, seconds_since_report: 0.5, ..Default::default() },
-                ReplicaProgress { examples_per_second: 500.0, seconds_since_report: 10.0, ..Default::default() },
+                ReplicaProgress {
+                    examples_per_second: 1000.0,
+                    seconds_since_report: 0.5,
+                    ..Default::default()
+                },
+                ReplicaProgress {
+                    examples_per_second: 500.0,
+                    seconds_since_report: 10.0,
+                    ..Default::default()
+                },
             ],
             ..Default::default()
         };
         let line = format_line(&s, 2, 2, 1, 0);
-        for part in ["12.3s", "epoch 1.50", "step 4200", "1000 ex/s", "loss 0.4123", "0.8431 (best 0.8500)", "p50 1 p99 3", "replicas 2/2", "restarts 1 replica, 0 shard"] {
+        for part in [
+            "12.3s",
+            "epoch 1.50",
+            "step 4200",
+            "1000 ex/s",
+            "loss 0.4123",
+            "0.8431 (best 0.8500)",
+            "p50 1 p99 3",
+            "replicas 2/2",
+            "restarts 1 replica, 0 shard",
+        ] {
             assert!(line.contains(part), "{part:?} missing from {line}");
         }
     }

@@ -72,7 +72,11 @@ fn target_reached_stops_everyone() {
 #[test]
 fn limits() {
     let mut t = Tracker::new(stop(None), 0, 1000);
-    assert_eq!(t.limit_reached(1000.0), None, "nothing before training starts");
+    assert_eq!(
+        t.limit_reached(1000.0),
+        None,
+        "nothing before training starts"
+    );
     t.on_report(&report(0, 1, 0), 0.0);
     assert_eq!(t.limit_reached(50.0), None);
     assert_eq!(t.limit_reached(100.0), Some(StopReason::MaxSeconds));

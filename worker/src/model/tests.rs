@@ -16,7 +16,9 @@ fn layout(hidden: &[(u32, Activation)], inputs: u32, classes: u32) -> Layout {
 }
 
 fn inputs(n: usize, d: usize) -> Vec<f32> {
-    (0..n * d).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect()
+    (0..n * d)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect()
 }
 
 fn mean_loss(m: &Mlp, params: &[f32], x: ArrayView2<f32>, y: &[u32]) -> f64 {
@@ -49,9 +51,14 @@ fn gradient_check(hidden: &[(u32, Activation)]) {
         let down = mean_loss(&m, &params, x, &y);
         params[i] = orig;
         let numeric = (up - down) / (2.0 * eps as f64);
-        let err = (numeric - grad[i] as f64).abs() / (numeric.abs() + grad[i].abs() as f64).max(1e-2);
+        let err =
+            (numeric - grad[i] as f64).abs() / (numeric.abs() + grad[i].abs() as f64).max(1e-2);
         worst = worst.max(err);
-        assert!(err < 2e-2, "param {i}: analytic {} vs numeric {numeric}", grad[i]);
+        assert!(
+            err < 2e-2,
+            "param {i}: analytic {} vs numeric {numeric}",
+            grad[i]
+        );
     }
     assert!(worst > 0.0);
 }
@@ -102,7 +109,11 @@ fn training_lowers_loss_and_evaluate_agrees() {
         }
         labels.push(class as u32);
     }
-    let data = Dataset { features, labels, dim: 8 };
+    let data = Dataset {
+        features,
+        labels,
+        dim: 8,
+    };
     let (acc0, loss0) = m.evaluate(&params, &data);
     let x = ArrayView2::from_shape((n, 8), &data.features[..]).unwrap();
     let mut ws = m.workspaces(n, 2);
