@@ -24,14 +24,14 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
     shortname = "dbj",
     status = "DistBeliefJobStatus"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DistBeliefJobSpec {
-    /// The network to train.
+    /// The network to train. Required.
     pub model: ModelSpec,
-    /// Training and test data.
+    /// Training and test data. Default: Fashion-MNIST's idx files from Debian's dataset-fashion-mnist.
     #[serde(default)]
     pub data: DataSpec,
-    /// The training algorithm and its hyper-parameters.
+    /// The training algorithm and its hyper-parameters. Required.
     pub algorithm: AlgorithmSpec,
     /// Parameter-server shards. Default: 1 shard, 3 restarts.
     #[serde(default)]
@@ -50,7 +50,7 @@ pub struct DistBeliefJobSpec {
 /// A multi-layer perceptron: dense hidden layers, then a dense output layer
 /// trained with softmax cross-entropy.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
     /// Number of input features per example. Default: 784 (28×28 pixels).
     #[serde(default = "default_input_size")]
@@ -58,13 +58,13 @@ pub struct ModelSpec {
     /// Hidden dense layers, from input to output. Default: none (softmax regression).
     #[serde(default)]
     pub hidden: Vec<DenseLayer>,
-    /// The output layer. Its units are the number of classes.
+    /// The output layer. Required; its units are the number of classes.
     pub output: OutputLayer,
 }
 
 /// A fully connected layer with its activation.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DenseLayer {
     /// Number of units. Required, at least 1.
     pub units: u32,
@@ -85,7 +85,7 @@ pub enum Activation {
 
 /// The output layer: dense units whose logits go through the loss.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutputLayer {
     /// Number of classes. Required, at least 2.
     pub units: u32,
@@ -103,7 +103,7 @@ pub enum Loss {
 
 /// Training and test examples. Labels are class indices in [0, output.units).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataSpec {
     /// File format: `idx` (the MNIST format, plain or `.gz`) or `csv`. Default: idx.
     #[serde(default)]
@@ -165,7 +165,7 @@ pub enum DataFormat {
 
 /// The training algorithm. Exactly one must be set.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AlgorithmSpec {
     /// Asynchronous Downpour SGD: replicas fetch parameters and push gradients
     /// on their own schedule. Required (the only algorithm so far).
@@ -175,7 +175,7 @@ pub struct AlgorithmSpec {
 
 /// Downpour SGD hyper-parameters.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DownpourSpec {
     /// Step size the shards apply. Default: 0.01.
     #[serde(default = "default_learning_rate")]
@@ -202,7 +202,7 @@ pub struct DownpourSpec {
 
 /// Adagrad settings. The accumulators live on the shards.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AdagradSpec {
     /// Use Adagrad; when false the shards apply plain SGD. Default: true.
     #[serde(default = "yes")]
@@ -227,13 +227,13 @@ impl Default for AdagradSpec {
 
 /// Parameter-server shards.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParameterServerSpec {
     /// Number of shards; the parameter vector is split into this many
     /// contiguous ranges of near-equal size. Default: 1.
     #[serde(default = "one")]
     pub shards: u32,
-    /// Times a failed shard is restarted (from its checkpoint) before the job fails. Default: 3.
+    /// Shard restarts (each from the shard's checkpoint) allowed over the whole job before it fails. Default: 3.
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
 }
@@ -249,7 +249,7 @@ impl Default for ParameterServerSpec {
 
 /// Model replicas.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReplicaSpec {
     /// Number of replicas; each trains on its own disjoint part of the training data. Default: 1.
     #[serde(default = "one")]
@@ -270,7 +270,7 @@ impl Default for ReplicaSpec {
 
 /// The stopping rule: the job is done as soon as any limit is met.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StopSpec {
     /// Stop once test accuracy reaches this value, in (0, 1]. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,10 +299,11 @@ impl Default for StopSpec {
 
 /// Parameter-server checkpoints: parameters, Adagrad accumulators and version.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CheckpointSpec {
-    /// Directory for shard checkpoints. Default: `checkpoints/` in the local
-    /// runtime's run directory.
+    /// Directory for shard checkpoints; a shard that starts finds its last
+    /// checkpoint here. Default: `checkpoints/` in the local runtime's run
+    /// directory, cleared at the start of each run unless `--resume` is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
     /// Seconds between checkpoints. Default: 30.
@@ -318,7 +319,7 @@ impl CheckpointSpec {
 
 /// Observed state of a job, written by the operator.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DistBeliefJobStatus {
     /// Pending, Running, Succeeded or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

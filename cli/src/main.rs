@@ -64,6 +64,11 @@ pub struct Common {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
     #[arg(long, env = "DISTBELIEF_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+}
+
+/// Flags of the roles that call others.
+#[derive(Args, Clone)]
+pub struct Client {
     /// Deadline of every RPC, in milliseconds.
     #[arg(long, env = "DISTBELIEF_RPC_TIMEOUT_MS", default_value_t = 10_000)]
     pub rpc_timeout_ms: u64,
@@ -88,6 +93,8 @@ pub struct PsArgs {
 pub struct WorkerArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub client: Client,
     /// Which replica this is, from 0.
     #[arg(long, env = "DISTBELIEF_REPLICA")]
     pub replica: u32,
@@ -106,6 +113,8 @@ pub struct WorkerArgs {
 pub struct CoordinatorArgs {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten)]
+    pub client: Client,
     /// Address to serve gRPC on.
     #[arg(long, env = "DISTBELIEF_LISTEN", default_value = "0.0.0.0:7100")]
     pub listen: SocketAddr,
@@ -128,6 +137,20 @@ fn tune_allocator() {
     }
 }
 
+/// The error and its causes, each cause added only if the message does not
+/// already say it (many errors quote their source).
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut s = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !s.contains(&c) {
+            s.push_str(": ");
+            s.push_str(&c);
+        }
+    }
+    s
+}
+
 fn main() -> ExitCode {
     tune_allocator();
     let cli = Cli::parse();
@@ -142,7 +165,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::FAILURE
         }
     }

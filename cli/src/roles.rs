@@ -94,7 +94,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
     let mut opts =
         distbelief_worker::ReplicaOptions::new(a.replica, a.shards.clone(), a.coordinator.clone());
-    opts.rpc_timeout = Duration::from_millis(a.common.rpc_timeout_ms);
+    opts.rpc_timeout = Duration::from_millis(a.client.rpc_timeout_ms);
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
@@ -113,7 +113,7 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
     let opts = distbelief_coordinator::CoordinatorOptions {
         shards: a.shards.clone(),
-        rpc_timeout: Duration::from_millis(a.common.rpc_timeout_ms),
+        rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
     };
     runtime()?.block_on(async {
         let registry = registry("coordinator", None)?;

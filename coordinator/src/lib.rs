@@ -92,7 +92,7 @@ pub async fn serve(
     opts: CoordinatorOptions,
     listener: TcpListener,
     registry: &prometheus::Registry,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
     let metrics = CoordinatorMetrics::register(registry)?;
     let spec = job.spec.data.clone();
@@ -134,10 +134,12 @@ pub async fn serve(
         metrics,
     ));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let result = distbelief_net::server()
-        .add_service(CoordinatorServer::new(Service { shared }))
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+    let router = distbelief_net::server().add_service(CoordinatorServer::new(Service { shared }));
+    let result = distbelief_net::serve_until(shutdown, |stop| {
+        router.serve_with_incoming_shutdown(incoming, stop)
+    })
+    .await
+    .unwrap_or(Ok(()));
     evaluator.abort();
     Ok(result?)
 }

@@ -1,6 +1,7 @@
 //! Network edges shared by every role: how gRPC servers and clients are set
 //! up, how calls are retried, and the Prometheus `/metrics` endpoint.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -51,6 +52,36 @@ pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, tonic::transpor
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true)
         .connect_lazy())
+}
+
+/// How long a server may spend closing its connections once told to stop.
+pub const DRAIN: Duration = Duration::from_secs(2);
+
+/// Runs a server until it ends. `serve` receives the signal to stop
+/// gracefully; once `shutdown` fires the server gets [`DRAIN`] to finish, then
+/// is dropped, so a peer that keeps a connection open cannot hold it up.
+/// Returns `None` when the drain was cut short.
+pub async fn serve_until<T, F>(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    serve: impl FnOnce(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>) -> F,
+) -> Option<T>
+where
+    F: Future<Output = T>,
+{
+    let fired = std::sync::Arc::new(tokio::sync::Notify::new());
+    let signal = fired.clone();
+    let server = serve(Box::pin(async move {
+        shutdown.await;
+        signal.notify_one();
+    }));
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => Some(r),
+        _ = async {
+            fired.notified().await;
+            tokio::time::sleep(DRAIN).await;
+        } => None,
+    }
 }
 
 /// Exponential backoff between retries: 50 ms doubling to at most 2 s.

@@ -81,7 +81,7 @@ pub async fn serve(
     opts: ShardOptions,
     listener: TcpListener,
     registry: &prometheus::Registry,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let shard = open_shard(job, &opts)?;
     let metrics = PsMetrics::register(registry).map_err(|e| PsError::Checkpoint {
@@ -109,14 +109,16 @@ pub async fn serve(
     });
     let svc = ShardService::new(state.clone(), metrics.clone());
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let result = distbelief_net::server()
-        .add_service(
-            ParameterServerServer::new(svc)
-                .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
-                .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await;
+    let router = distbelief_net::server().add_service(
+        ParameterServerServer::new(svc)
+            .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+            .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
+    );
+    let result = distbelief_net::serve_until(shutdown, |stop| {
+        router.serve_with_incoming_shutdown(incoming, stop)
+    })
+    .await
+    .unwrap_or(Ok(()));
     if let Some(handle) = checkpointer {
         handle.abort();
     }

@@ -47,7 +47,7 @@ impl WorkerMetrics {
             )?,
             dropped_gradients: IntCounter::new(
                 "worker_dropped_gradients_total",
-                "Gradients dropped because a shard stayed unreachable too long",
+                "Gradients dropped: refused by a shard, or past the coalescing limit while a shard was slow or away",
             )?,
         };
         registry.register(Box::new(m.steps.clone()))?;

@@ -681,3 +681,17 @@ fn parameter_count_matches_the_layout() {
         assert_eq!(parameter_count(&model), layout.len() as u128, "{model:?}");
     }
 }
+
+#[test]
+fn misspelt_field_is_a_parse_error_naming_it() {
+    let yaml = "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {name: typo}
+spec:
+  model: {output: {units: 10}}
+  algorithm: {downpour: {learningrate: 0.1}}
+";
+    let err = crate::parse_job("typo.yaml", yaml).unwrap_err();
+    assert!(matches!(err, ApiError::Parse { .. }), "{err}");
+    assert!(err.to_string().contains("learningrate"), "{err}");
+}

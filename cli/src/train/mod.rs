@@ -61,6 +61,7 @@ struct Runtime {
     replica_restarts: u32,
     shard_restarts: u32,
     interrupted: Arc<AtomicBool>,
+    status_client: CoordinatorClient<tonic::transport::Channel>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -159,10 +160,18 @@ impl Runtime {
             signal_hook::flag::register(sig, interrupted.clone())
                 .context("cannot install signal handler")?;
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // One worker thread of its own, so the status channel's connection is
+        // kept (and closed) in the background between polls.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
+        let status_client = {
+            let _guard = rt.enter();
+            let addr = format!("127.0.0.1:{coordinator_port}");
+            CoordinatorClient::new(distbelief_net::channel(&addr, Duration::from_secs(2))?)
+        };
         let mut me = Runtime {
             job: job.clone(),
             out: out.to_path_buf(),
@@ -174,6 +183,7 @@ impl Runtime {
             replica_restarts: 0,
             shard_restarts: 0,
             interrupted,
+            status_client,
             rt,
         };
         eprintln!(
@@ -231,10 +241,8 @@ impl Runtime {
     }
 
     fn status(&self) -> Option<JobStatus> {
-        let addr = format!("127.0.0.1:{}", self.coordinator_port);
-        self.rt.block_on(async {
-            let channel = distbelief_net::channel(&addr, Duration::from_secs(2)).ok()?;
-            let mut client = CoordinatorClient::new(channel);
+        let mut client = self.status_client.clone();
+        self.rt.block_on(async move {
             client
                 .status(StatusRequest {})
                 .await
@@ -294,8 +302,9 @@ impl Runtime {
         let (outcome, error) = match result {
             Ok(o) => (o, None),
             Err(e) => {
-                eprintln!("distbelief: job failed: {e:#}");
-                (Outcome::Failed, Some(format!("{e:#}")))
+                let e = crate::describe(&e);
+                eprintln!("distbelief: job failed: {e}");
+                (Outcome::Failed, Some(e))
             }
         };
         let status = last_status.unwrap_or_default();

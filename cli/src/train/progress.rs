@@ -51,7 +51,7 @@ impl Display {
     }
 }
 
-/// `[  12.3s] epoch 1.23 | step 4200 | 31200 ex/s | loss 0.412 | test acc 0.8431 (best 0.8431) | staleness p50 1 p99 3 | replicas 2/2 | restarts 0+0`
+/// `[  12.3s] epoch 1.23 | step 4200 | 31200 ex/s | loss 0.412 | test acc 0.8431 (best 0.8431) | staleness p50 1 p99 3 | replicas 2/2 | restarts 0 replica, 0 shard`
 pub fn format_line(
     s: &JobStatus,
     live: usize,
