@@ -12,4 +12,4 @@ pub use error::{ApiError, ValidationError};
 pub use layout::{Layout, Tensor};
 pub use load::{load_job, parse_job};
 pub use spec::*;
-pub use validate::{Job, validate};
+pub use validate::{Job, MAX_PUSH_STEPS, validate};

@@ -186,7 +186,7 @@ pub struct DownpourSpec {
     /// Fetch fresh parameters every nFetch steps. Default: 1.
     #[serde(default = "one")]
     pub n_fetch: u32,
-    /// Push the accumulated gradient every nPush steps. Default: 1.
+    /// Push the accumulated gradient every nPush steps, at most 64. Default: 1.
     #[serde(default = "one")]
     pub n_push: u32,
     /// Examples per mini-batch. Default: 128.
@@ -281,7 +281,7 @@ pub struct StopSpec {
     /// Stop after this many seconds of training. Default: 3600.
     #[serde(default = "default_max_seconds")]
     pub max_seconds: u64,
-    /// Seconds between evaluations on the test set. Default: 2.
+    /// Seconds between evaluations on the test set, from 0.05 to 86400. Default: 2.
     #[serde(default = "default_eval_interval")]
     pub eval_interval_seconds: f64,
 }

@@ -25,6 +25,10 @@ impl Job {
 }
 
 const MAX_BATCH: u32 = 65_536;
+/// Mini-batches one push may sum; shards refuse pushes claiming more.
+pub const MAX_PUSH_STEPS: u32 = 64;
+const MIN_EVAL_INTERVAL: f64 = 0.05;
+const MAX_EVAL_INTERVAL: f64 = 86_400.0;
 const MAX_PARAMETERS: usize = 1 << 31;
 
 /// Checks every rule and returns all broken ones together.
@@ -138,8 +142,11 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
                     "must be at least 1".into(),
                 );
             }
-            if p.n_push == 0 {
-                fail("spec.algorithm.downpour.nPush", "must be at least 1".into());
+            if p.n_push == 0 || p.n_push > MAX_PUSH_STEPS {
+                fail(
+                    "spec.algorithm.downpour.nPush",
+                    format!("must be between 1 and {MAX_PUSH_STEPS}, got {}", p.n_push),
+                );
             }
             if p.batch_size == 0 || p.batch_size > MAX_BATCH {
                 fail(
@@ -192,11 +199,13 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if st.max_seconds == 0 {
         fail("spec.stop.maxSeconds", "must be at least 1".into());
     }
-    if !(st.eval_interval_seconds.is_finite() && st.eval_interval_seconds > 0.0) {
+    if !(st.eval_interval_seconds.is_finite()
+        && (MIN_EVAL_INTERVAL..=MAX_EVAL_INTERVAL).contains(&st.eval_interval_seconds))
+    {
         fail(
             "spec.stop.evalIntervalSeconds",
             format!(
-                "must be a positive number, got {}",
+                "must be between {MIN_EVAL_INTERVAL} and {MAX_EVAL_INTERVAL} seconds, got {}",
                 st.eval_interval_seconds
             ),
         );

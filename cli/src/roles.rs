@@ -101,11 +101,12 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let registry = registry("worker", Some(a.replica))?;
         start_metrics(&a.common, &registry).await?;
+        // Exit 0 means "stopped by the coordinator": a replica stopped by a
+        // signal says so (128 + SIGTERM), so that a supervisor restarts it.
         tokio::select! {
-            r = distbelief_worker::run_replica(job, opts, &registry) => { r?; }
-            _ = terminated() => {}
+            r = distbelief_worker::run_replica(job, opts, &registry) => { r?; Ok(ExitCode::SUCCESS) }
+            _ = terminated() => Ok(ExitCode::from(143)),
         }
-        Ok(ExitCode::SUCCESS)
     })
 }
 

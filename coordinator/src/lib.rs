@@ -196,8 +196,13 @@ async fn eval_loop(
         })
         .await
         else {
-            tracing::error!("evaluation task failed");
-            return;
+            // Keep the stopping rule alive: the limits still end the job.
+            tracing::error!("evaluation task failed; skipping this evaluation");
+            params = vec![0.0f32; mlp.len()];
+            if let Some(reason) = limit {
+                shared.tracker().finish(reason, shared.now());
+            }
+            continue;
         };
         params = snapshot;
         metrics

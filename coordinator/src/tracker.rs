@@ -44,10 +44,10 @@ struct Replica {
 
 impl Replica {
     fn total_steps(&self) -> u64 {
-        self.prior_steps + self.steps
+        self.prior_steps.saturating_add(self.steps)
     }
     fn total_examples(&self) -> u64 {
-        self.prior_examples + self.examples
+        self.prior_examples.saturating_add(self.examples)
     }
 }
 
@@ -104,7 +104,9 @@ impl Tracker {
     }
 
     pub fn examples(&self) -> u64 {
-        self.replicas.values().map(Replica::total_examples).sum()
+        self.replicas
+            .values()
+            .fold(0u64, |a, r| a.saturating_add(r.total_examples()))
     }
 
     pub fn epochs(&self) -> f64 {
@@ -115,8 +117,8 @@ impl Tracker {
     pub fn on_report(&mut self, r: &ProgressReport, now: f64) -> Action {
         let rep = self.replicas.entry(r.replica).or_default();
         if rep.incarnations == 0 || rep.incarnation != r.incarnation {
-            rep.prior_steps += rep.steps;
-            rep.prior_examples += rep.examples;
+            rep.prior_steps = rep.prior_steps.saturating_add(rep.steps);
+            rep.prior_examples = rep.prior_examples.saturating_add(rep.examples);
             rep.steps = 0;
             rep.examples = 0;
             rep.incarnation = r.incarnation;

@@ -28,6 +28,8 @@ pub enum PsError {
     InconsistentHeader(&'static str),
     #[error("push carried no chunks")]
     EmptyPush,
+    #[error("push claims {0} summed mini-batches; at most {max} are allowed", max = distbelief_api::MAX_PUSH_STEPS)]
+    TooManySteps(u32),
     #[error("gradient value {value} at index {index} is not finite")]
     NotFinite { index: usize, value: f32 },
     #[error("checkpoint {path}: {message}")]
@@ -50,6 +52,7 @@ impl PsError {
             PsError::Malformed(_) => "malformed",
             PsError::InconsistentHeader(_) => "inconsistent_header",
             PsError::EmptyPush => "empty_push",
+            PsError::TooManySteps(_) => "too_many_steps",
             PsError::NotFinite { .. } => "not_finite",
             PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => "checkpoint",
         }

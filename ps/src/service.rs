@@ -31,6 +31,8 @@ pub struct ShardService {
 }
 
 const CONCURRENT_ASSEMBLIES: usize = 1;
+/// Longest a push may wait for the assembly slot, and then take to arrive.
+const ASSEMBLY_DEADLINE: Duration = Duration::from_secs(10);
 
 impl ShardService {
     pub fn new(state: Arc<RwLock<Shard>>, metrics: PsMetrics) -> Self {
@@ -114,10 +116,9 @@ impl ParameterServer for ShardService {
         req: Request<Streaming<GradientChunk>>,
     ) -> Result<Response<PushReply>, Status> {
         let mut stream = req.into_inner();
-        let _permit = self
-            .assembling
-            .acquire()
+        let _permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
             .await
+            .map_err(|_| Status::unavailable("shard busy: another push is still arriving"))?
             .map_err(|_| Status::unavailable("shard is shutting down"))?;
         let range = self.read().range.clone();
         let buffer = self
@@ -127,17 +128,26 @@ impl ParameterServer for ShardService {
             .pop()
             .unwrap_or_default();
         let mut assembly = PushAssembly::new(range, buffer);
-        while let Some(chunk) = stream.message().await? {
-            if let Err(e) = assembly.add(header(&chunk), chunk.offset, &chunk.values) {
-                return Err(self.refuse_unassembled(e));
+        // A pusher that stalls mid-stream must not hold the assembly slot forever.
+        let receive = async {
+            while let Some(chunk) = stream.message().await? {
+                if let Err(e) = assembly.add(header(&chunk), chunk.offset, &chunk.values) {
+                    return Err(self.refuse_unassembled(e));
+                }
             }
-        }
+            Ok(())
+        };
+        tokio::time::timeout(ASSEMBLY_DEADLINE, receive)
+            .await
+            .map_err(|_| Status::deadline_exceeded("push did not arrive in time"))??;
         let h = assembly.finish().map_err(|e| self.refuse_unassembled(e))?;
         let started = Instant::now();
-        let outcome = {
+        // Applying a large push is CPU work under the write lock: tell the
+        // runtime, so that other connections are served from other threads.
+        let outcome = tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
             s.apply_push(h, &assembly.values)
-        };
+        });
         self.staging
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -204,8 +214,13 @@ pub async fn checkpoint_loop(
     }
 }
 
-/// Writes one checkpoint under the read lock: fetches go on, pushes wait,
-/// and no second copy of the shard is made.
+/// Checkpoints are written one at a time, so the one on shutdown never races
+/// a periodic one still running on a blocking thread.
+static CHECKPOINT_WRITER: Mutex<()> = Mutex::new(());
+
+/// Writes one checkpoint from a snapshot: the lock is held only for the copy,
+/// never for the disk, at the price of a second copy of the shard while the
+/// file is written.
 pub async fn checkpoint_now(
     state: &Arc<RwLock<Shard>>,
     dir: &std::path::Path,
@@ -213,8 +228,9 @@ pub async fn checkpoint_now(
 ) -> bool {
     let (state, dir, metrics) = (state.clone(), dir.to_path_buf(), metrics.clone());
     let result = tokio::task::spawn_blocking(move || {
+        let _writer = CHECKPOINT_WRITER.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
-        let s = state.read().unwrap_or_else(|p| p.into_inner());
+        let s = state.read().unwrap_or_else(|p| p.into_inner()).clone();
         let r = crate::checkpoint::save(&dir, &s).map(|p| (p, s.version));
         metrics
             .checkpoint_seconds

@@ -32,7 +32,7 @@ pub enum PushOutcome {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Shard {
     pub index: u32,
     pub range: Range<usize>,
@@ -113,6 +113,9 @@ impl Shard {
                 expected: self.index,
                 got: h.shard,
             });
+        }
+        if h.steps > distbelief_api::MAX_PUSH_STEPS {
+            return Err(PsError::TooManySteps(h.steps));
         }
         if grad.len() != self.len() {
             return Err(PsError::WrongLength {
@@ -326,8 +329,16 @@ mod tests {
             s.apply_push(header(5), &[1.0, f32::NAN, 1.0, 1.0]),
             Err(PsError::NotFinite { index: 11, .. })
         ));
+        let greedy = PushHeader {
+            steps: 1 << 30,
+            ..header(6)
+        };
+        assert!(matches!(
+            s.apply_push(greedy, &[1.0; 4]),
+            Err(PsError::TooManySteps(_))
+        ));
         assert_eq!(snapshot(&s), before);
-        assert_eq!(s.pushes_refused, 4);
+        assert_eq!(s.pushes_refused, 5);
         assert_eq!(s.staleness.total(), 1);
     }
 

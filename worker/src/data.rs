@@ -176,7 +176,13 @@ pub fn parse_idx(path: &str, bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), Data
             u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize
         })
         .collect();
-    let expected: usize = dims.iter().product();
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| bad(format!("dimensions {dims:?} are too large")))?;
+    if dims.contains(&0) {
+        return Err(bad(format!("dimensions {dims:?} hold no data")));
+    }
     let payload = &bytes[header..];
     if payload.len() != expected {
         return Err(bad(format!(
@@ -204,7 +210,7 @@ fn read_idx_pair(images: &str, labels: &str, scale: f32) -> Result<Dataset, Data
             n_labels: ldims[0],
         });
     }
-    let dim = idims[1..].iter().product::<usize>().max(1);
+    let dim = idims[1..].iter().product::<usize>();
     Ok(Dataset {
         features: ibytes.iter().map(|&b| f32::from(b) * scale).collect(),
         labels: lbytes.iter().map(|&b| u32::from(b)).collect(),

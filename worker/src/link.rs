@@ -14,7 +14,7 @@ use crate::ps_client::{PushId, ShardClient};
 /// Mini-batch gradients merged into one pending push while the shard is slow
 /// or away. Beyond this the oldest sum is dropped: parameters that stale
 /// would do more harm than good.
-const MAX_COALESCED_STEPS: u32 = 64;
+const MAX_COALESCED_STEPS: u32 = distbelief_api::MAX_PUSH_STEPS;
 
 #[derive(Debug)]
 pub struct Fetched {
@@ -85,7 +85,7 @@ impl Link {
         {
             let mut pending = lock(&self.pending);
             match pending.as_mut() {
-                Some(p) if p.steps + steps <= MAX_COALESCED_STEPS => {
+                Some(p) if p.steps.saturating_add(steps) <= MAX_COALESCED_STEPS => {
                     for (a, g) in p.grad.iter_mut().zip(grad) {
                         *a += g;
                     }

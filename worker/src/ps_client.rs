@@ -1,5 +1,5 @@
 //! Client side of the parameter-server protocol: fetch a shard's range into
-//! a slice, push a gradient slice as chunks. Every call has the channel's deadline.
+//! a slice, push a gradient slice as chunks. Every call has a deadline.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -27,6 +27,7 @@ pub struct ShardClient {
     pub index: u32,
     pub range: Range<usize>,
     pub addr: String,
+    timeout: Duration,
     client: ParameterServerClient<Channel>,
 }
 
@@ -55,6 +56,7 @@ impl ShardClient {
             index,
             range,
             addr: addr.to_string(),
+            timeout,
             client,
         })
     }
@@ -77,6 +79,19 @@ impl ShardClient {
     /// Fetches the shard's range into `out` (which must be exactly that long)
     /// and returns the shard version it reflects.
     pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<u64, WorkerError> {
+        // The channel's deadline covers the response headers only; this one
+        // covers every chunk.
+        let deadline = self.timeout;
+        tokio::time::timeout(deadline, self.fetch_stream(out))
+            .await
+            .unwrap_or_else(|_| {
+                Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                    "fetch did not complete within {deadline:?}"
+                ))))
+            })
+    }
+
+    async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<u64, WorkerError> {
         debug_assert_eq!(out.len(), self.range.len());
         let mut stream = self
             .client

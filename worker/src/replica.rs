@@ -194,9 +194,11 @@ pub async fn run_replica(
 
     let mut params = vec![0.0f32; job.layout.len()];
     let mut backoff = distbelief_net::Backoff::default();
+    let give_up = Instant::now() + opts.coordinator_patience;
     let versions = loop {
         match fetch_all(&mut clients, &mut params).await {
             Ok(v) => break v,
+            Err(e) if e.is_refusal() || Instant::now() > give_up => return Err(e),
             Err(e) => {
                 tracing::warn!("initial fetch failed, retrying: {e}");
                 tokio::time::sleep(backoff.next_delay()).await;

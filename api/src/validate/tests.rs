@@ -270,7 +270,13 @@ const RULES: &[Rule] = &[
         "nPush at least 1",
         |j| downpour(j).n_push = 0,
         "spec.algorithm.downpour.nPush",
-        "at least 1",
+        "got 0",
+    ),
+    (
+        "nPush at most 64",
+        |j| downpour(j).n_push = 65,
+        "spec.algorithm.downpour.nPush",
+        "between 1 and 64",
     ),
     (
         "batchSize at least 1",
@@ -355,6 +361,18 @@ const RULES: &[Rule] = &[
         |j| j.spec.stop.eval_interval_seconds = -2.0,
         "spec.stop.evalIntervalSeconds",
         "got -2",
+    ),
+    (
+        "evalIntervalSeconds not vanishingly small",
+        |j| j.spec.stop.eval_interval_seconds = 1e-10,
+        "spec.stop.evalIntervalSeconds",
+        "between",
+    ),
+    (
+        "evalIntervalSeconds not beyond a day",
+        |j| j.spec.stop.eval_interval_seconds = 1e20,
+        "spec.stop.evalIntervalSeconds",
+        "between",
     ),
     (
         "checkpoint intervalSeconds at least 1",

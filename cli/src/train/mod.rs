@@ -210,6 +210,24 @@ impl Runtime {
         let c = &mut self.coordinator;
         c.spawn(&self.exe).context("cannot start the coordinator")?;
         wait_listening(c, self.coordinator_port, START_TIMEOUT).map_err(anyhow::Error::msg)?;
+        // Listening is not ready: the coordinator loads the test set first.
+        let deadline = Instant::now() + START_TIMEOUT;
+        while self.status().is_none() {
+            if let Some(status) = self.coordinator.exited() {
+                bail!(
+                    "the coordinator exited during start-up ({status}); last lines of {}:\n{}",
+                    self.coordinator.log.display(),
+                    self.coordinator.log_tail(15)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the coordinator did not answer within {START_TIMEOUT:?}; see {}",
+                    self.coordinator.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         for p in &mut self.replicas {
             p.spawn(&self.exe)
                 .with_context(|| format!("cannot start {}", p.label()))?;
