@@ -134,6 +134,9 @@ fn tune_allocator() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, LARGE);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 2 * LARGE);
+        // Few arenas: freed message buffers are reused across threads
+        // instead of piling up in one arena per thread.
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 
