@@ -9,4 +9,9 @@ cargo fmt --all --check
 echo "== cargo clippy" >&2
 cargo clippy --release --locked --workspace --all-targets -- -D warnings
 echo "== cargo test" >&2
-cargo test --release --locked --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+# --all-targets: unit, integration and binary tests (the crates have no doctests).
+cargo test --release --locked --workspace --all-targets 2>&1 | tee "$log"
+awk '/^test result:/ { p += $4; f += $6; s += $8 }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s; exit (f > 0) }' "$log"
