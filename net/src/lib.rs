@@ -5,6 +5,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub mod memory;
+
 use distbelief_proto::codec::MAX_MESSAGE_BYTES;
 use tonic::transport::{Channel, Endpoint, Server};
 

@@ -36,7 +36,7 @@ impl Optimizer {
             Optimizer::Adagrad {
                 initial_accumulator,
                 ..
-            } => vec![initial_accumulator; len],
+            } => distbelief_net::memory::large_buffer(len, initial_accumulator),
         }
     }
 

@@ -126,7 +126,7 @@ impl ParameterServer for ShardService {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
-            .unwrap_or_default();
+            .unwrap_or_else(|| distbelief_net::memory::with_capacity(range.len()));
         let mut assembly = PushAssembly::new(range, buffer);
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {

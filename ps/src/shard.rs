@@ -52,6 +52,11 @@ impl Shard {
     pub fn new(index: u32, range: Range<usize>, optimizer: Optimizer, params: Vec<f32>) -> Self {
         assert_eq!(params.len(), range.len());
         let accum = optimizer.new_accumulators(range.len());
+        let params = {
+            let mut p = distbelief_net::memory::with_capacity(params.len());
+            p.extend_from_slice(&params);
+            p
+        };
         Shard {
             index,
             range,

@@ -57,7 +57,7 @@ impl Link {
     fn buffer(&self) -> Vec<f32> {
         lock(&self.spare)
             .pop()
-            .unwrap_or_else(|| vec![0.0; self.client.range.len()])
+            .unwrap_or_else(|| distbelief_net::memory::large_buffer(self.client.range.len(), 0.0))
     }
 
     pub fn recycle(&self, v: Vec<f32>) {

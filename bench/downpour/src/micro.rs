@@ -19,9 +19,11 @@ spec:
 ";
 
 pub fn adagrad_gparams_per_second(len: usize, seconds: f64) -> f64 {
-    let mut params = vec![0.5f32; len];
-    let mut accum = vec![0.1f32; len];
-    let grad: Vec<f32> = (0..len).map(|i| ((i % 17) as f32 - 8.0) * 1e-3).collect();
+    // Allocated as the shard allocates its state (and its staging buffer).
+    let mut params = distbelief_net::memory::large_buffer(len, 0.5);
+    let mut accum = distbelief_net::memory::large_buffer(len, 0.1);
+    let mut grad = distbelief_net::memory::with_capacity(len);
+    grad.extend((0..len).map(|i| ((i % 17) as f32 - 8.0) * 1e-3));
     distbelief_ps::optimizer::adagrad(&mut params, &mut accum, &grad, 0.01, 1e-8);
     let started = Instant::now();
     let mut applied = 0usize;
@@ -94,8 +96,9 @@ pub fn fetch_push(
             anyhow::ensure!(Instant::now() < deadline, "shard did not start");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let mut params = vec![0.0f32; len];
-        let grad = vec![1e-4f32; len];
+        // Allocated as a replica allocates its fetch and push buffers.
+        let mut params = distbelief_net::memory::large_buffer(len, 0.0);
+        let grad = distbelief_net::memory::large_buffer(len, 1e-4);
         let push = |sequence| PushId {
             replica: 0,
             incarnation: 1,
