@@ -12,8 +12,8 @@ use tonic::transport::{Channel, Endpoint, Server};
 
 /// HTTP/2 flow-control windows. Large windows let a multi-MiB chunk cross
 /// loopback without waiting on window updates.
-const STREAM_WINDOW: u32 = 8 << 20;
-const CONNECTION_WINDOW: u32 = 32 << 20;
+const STREAM_WINDOW: u32 = 16 << 20;
+const CONNECTION_WINDOW: u32 = 64 << 20;
 /// HTTP/2 frame size: fewer, larger frames cut per-frame work on both ends.
 const FRAME_SIZE: u32 = 1 << 20;
 
