@@ -22,7 +22,13 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
     kind = "DistBeliefJob",
     namespaced,
     shortname = "dbj",
-    status = "DistBeliefJobStatus"
+    status = "DistBeliefJobStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Shards","type":"integer","jsonPath":".status.shardsReady"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicasReady"}"#,
+    printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
+    printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.testAccuracy"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DistBeliefJobSpec {
@@ -317,13 +323,23 @@ impl CheckpointSpec {
     }
 }
 
-/// Observed state of a job, written by the operator.
+/// Observed state of a job, written by the operator. Unknown fields are
+/// kept out of errors here: a newer operator may write more.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct DistBeliefJobStatus {
     /// Pending, Running, Succeeded or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Parameter-server shards whose pods are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards_ready: Option<u32>,
+    /// Replicas whose pods are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_ready: Option<u32>,
+    /// Mini-batch steps over all replicas, as the coordinator reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
     /// Latest test accuracy reported by the coordinator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_accuracy: Option<f64>,
