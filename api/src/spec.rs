@@ -135,7 +135,7 @@ pub struct DataSpec {
     pub test_csv: Option<String>,
     /// Multiplies every feature as it is read. Default: 1/255, which maps pixels to [0, 1].
     #[serde(default = "default_input_scale")]
-    pub input_scale: f32,
+    pub input_scale: f64,
     /// Use only the first N training examples. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_limit: Option<u32>,
@@ -185,7 +185,7 @@ pub struct AlgorithmSpec {
 pub struct DownpourSpec {
     /// Step size the shards apply. Default: 0.01.
     #[serde(default = "default_learning_rate")]
-    pub learning_rate: f32,
+    pub learning_rate: f64,
     /// Per-parameter Adagrad on the shards. Default: enabled, initialAccumulator 0.1, epsilon 1e-8.
     #[serde(default)]
     pub adagrad: AdagradSpec,
@@ -215,10 +215,10 @@ pub struct AdagradSpec {
     pub enabled: bool,
     /// Starting value of every squared-gradient accumulator. Default: 0.1.
     #[serde(default = "default_initial_accumulator")]
-    pub initial_accumulator: f32,
+    pub initial_accumulator: f64,
     /// Added to the accumulator's square root before dividing. Default: 1e-8.
     #[serde(default = "default_epsilon")]
-    pub epsilon: f32,
+    pub epsilon: f64,
 }
 
 impl Default for AdagradSpec {
@@ -351,7 +351,7 @@ pub struct DistBeliefJobStatus {
 fn default_input_size() -> u32 {
     784
 }
-fn default_input_scale() -> f32 {
+fn default_input_scale() -> f64 {
     1.0 / 255.0
 }
 fn data_path(file: &str) -> String {
@@ -369,13 +369,13 @@ fn default_test_images() -> String {
 fn default_test_labels() -> String {
     data_path("t10k-labels-idx1-ubyte.gz")
 }
-fn default_learning_rate() -> f32 {
+fn default_learning_rate() -> f64 {
     0.01
 }
-fn default_initial_accumulator() -> f32 {
+fn default_initial_accumulator() -> f64 {
     0.1
 }
-fn default_epsilon() -> f32 {
+fn default_epsilon() -> f64 {
     1e-8
 }
 fn default_batch_size() -> u32 {

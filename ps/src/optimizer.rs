@@ -18,13 +18,13 @@ impl Optimizer {
     pub fn from_spec(d: &distbelief_api::DownpourSpec) -> Optimizer {
         if d.adagrad.enabled {
             Optimizer::Adagrad {
-                learning_rate: d.learning_rate,
-                initial_accumulator: d.adagrad.initial_accumulator,
-                epsilon: d.adagrad.epsilon,
+                learning_rate: d.learning_rate as f32,
+                initial_accumulator: d.adagrad.initial_accumulator as f32,
+                epsilon: d.adagrad.epsilon as f32,
             }
         } else {
             Optimizer::Sgd {
-                learning_rate: d.learning_rate,
+                learning_rate: d.learning_rate as f32,
             }
         }
     }

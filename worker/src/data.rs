@@ -101,7 +101,7 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
             } else {
                 (&spec.test_images, &spec.test_labels)
             };
-            read_idx_pair(images, labels, spec.input_scale)?
+            read_idx_pair(images, labels, spec.input_scale as f32)?
         }
         DataFormat::Csv => {
             let path = if train {
@@ -109,7 +109,7 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
             } else {
                 &spec.test_csv
             };
-            read_csv(path.as_deref().unwrap_or_default(), spec.input_scale)?
+            read_csv(path.as_deref().unwrap_or_default(), spec.input_scale as f32)?
         }
     };
     let limit = if train {

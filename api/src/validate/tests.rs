@@ -220,7 +220,7 @@ const RULES: &[Rule] = &[
     ),
     (
         "inputScale finite",
-        |j| j.spec.data.input_scale = f32::NAN,
+        |j| j.spec.data.input_scale = f64::NAN,
         "spec.data.inputScale",
         "NaN",
     ),
