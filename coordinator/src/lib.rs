@@ -108,7 +108,7 @@ pub async fn serve(
         message: e.to_string(),
     })??;
     let mlp = Mlp::new(&job.layout);
-    test.check_fits("test data", mlp.inputs(), mlp.classes())?;
+    test.check_fits("test data", mlp.layout().inputs(), mlp.layout().classes())?;
     let clients = shard_clients(job, &opts.shards, opts.rpc_timeout)?;
     tracing::info!(
         test_examples = test.len(),
@@ -156,7 +156,7 @@ async fn eval_loop(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut params = vec![0.0f32; mlp.len()];
+    let mut params = vec![0.0f32; mlp.layout().len()];
     let mlp = Arc::new(mlp);
     loop {
         tick.tick().await;
@@ -198,7 +198,7 @@ async fn eval_loop(
         else {
             // Keep the stopping rule alive: the limits still end the job.
             tracing::error!("evaluation task failed; skipping this evaluation");
-            params = vec![0.0f32; mlp.len()];
+            params = vec![0.0f32; mlp.layout().len()];
             if let Some(reason) = limit {
                 shared.tracker().finish(reason, shared.now());
             }

@@ -2,7 +2,7 @@
 //! backward, with the batch split across the rayon pool. Pure math: no IO.
 
 use distbelief_api::Activation;
-use distbelief_api::layout::{DenseShape, Layout};
+use distbelief_api::layout::Layout;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
@@ -11,8 +11,7 @@ use crate::data::Dataset;
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
-    layers: Vec<DenseShape>,
-    len: usize,
+    layout: Layout,
 }
 
 /// Per-thread activations and deltas for up to `rows` examples.
@@ -33,29 +32,18 @@ pub struct Workspace {
 impl Mlp {
     pub fn new(layout: &Layout) -> Self {
         Mlp {
-            layers: layout.layers.clone(),
-            len: layout.len(),
+            layout: layout.clone(),
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn classes(&self) -> usize {
-        self.layers.last().map_or(0, |l| l.units)
-    }
-
-    pub fn inputs(&self) -> usize {
-        self.layers.first().map_or(0, |l| l.inputs)
+    /// The parameter layout the model reads its weights from.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     pub fn scratch(&self, rows: usize) -> Scratch {
         let acts: Vec<_> = self
+            .layout
             .layers
             .iter()
             .map(|l| Array2::zeros((rows, l.units)))
@@ -74,13 +62,13 @@ impl Mlp {
         (0..parts)
             .map(|_| Workspace {
                 scratch: self.scratch(rows),
-                grad: vec![0.0; self.len],
+                grad: vec![0.0; self.layout.len()],
             })
             .collect()
     }
 
     fn weight<'a>(&self, params: &'a [f32], l: usize) -> ArrayView2<'a, f32> {
-        let layer = &self.layers[l];
+        let layer = &self.layout.layers[l];
         ArrayView2::from_shape((layer.inputs, layer.units), &params[layer.weight.clone()])
             .expect("layout ranges match layer shapes")
     }
@@ -89,7 +77,7 @@ impl Mlp {
     fn forward(&self, params: &[f32], x: ArrayView2<f32>, scratch: &mut Scratch) {
         let rows = x.nrows();
         assert!(rows <= scratch.rows, "batch larger than scratch");
-        for (l, layer) in self.layers.iter().enumerate() {
+        for (l, layer) in self.layout.layers.iter().enumerate() {
             let (before, rest) = scratch.acts.split_at_mut(l);
             let input = if l == 0 {
                 x.view()
@@ -121,7 +109,7 @@ impl Mlp {
     ) -> f64 {
         let rows = x.nrows();
         self.forward(params, x, scratch);
-        let last = self.layers.len() - 1;
+        let last = self.layout.layers.len() - 1;
         let mut loss = 0.0;
         {
             let logits = scratch.acts[last].slice(s![..rows, ..]);
@@ -135,7 +123,7 @@ impl Mlp {
             }
         }
         for l in (0..=last).rev() {
-            let layer = &self.layers[l];
+            let layer = &self.layout.layers[l];
             let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(l);
             let dz = deltas_rest[0].slice(s![..rows, ..]);
             let input = if l == 0 {
@@ -156,7 +144,7 @@ impl Mlp {
             if l > 0 {
                 let mut da = deltas_before[l - 1].slice_mut(s![..rows, ..]);
                 general_mat_mul(1.0, &dz, &self.weight(params, l).t(), 0.0, &mut da);
-                let prev = &self.layers[l - 1];
+                let prev = &self.layout.layers[l - 1];
                 derive(
                     prev.activation,
                     scratch.acts[l - 1].slice(s![..rows, ..]),
@@ -231,7 +219,7 @@ impl Mlp {
         let (correct, loss) = (0..n.div_ceil(ROWS))
             .into_par_iter()
             .map_init(
-                || (self.scratch(ROWS), vec![0.0f32; self.classes()]),
+                || (self.scratch(ROWS), vec![0.0f32; self.layout.classes()]),
                 |(scratch, probs), c| {
                     let rows = c * ROWS..((c + 1) * ROWS).min(n);
                     self.forward(params, x.slice(s![rows.clone(), ..]), scratch);

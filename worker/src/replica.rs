@@ -146,7 +146,11 @@ pub async fn run_replica(
         .await
         .map_err(|e| WorkerError::Compute(e.to_string()))??;
     let mlp = Mlp::new(&job.layout);
-    train.check_fits("training data", mlp.inputs(), mlp.classes())?;
+    train.check_fits(
+        "training data",
+        mlp.layout().inputs(),
+        mlp.layout().classes(),
+    )?;
     let indices = data::replica_indices(train.len(), opts.replica as usize, replicas);
     if indices.is_empty() {
         return Err(WorkerError::NoData {

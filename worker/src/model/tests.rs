@@ -23,7 +23,7 @@ fn inputs(n: usize, d: usize) -> Vec<f32> {
 
 fn mean_loss(m: &Mlp, params: &[f32], x: ArrayView2<f32>, y: &[u32]) -> f64 {
     let mut ws = m.workspaces(x.nrows(), 1);
-    let mut g = vec![0.0; m.len()];
+    let mut g = vec![0.0; m.layout().len()];
     m.batch_gradient(params, x, y, &mut ws, &mut g)
 }
 
@@ -39,11 +39,11 @@ fn gradient_check(hidden: &[(u32, Activation)]) {
     let x = ArrayView2::from_shape((n, d), &xs[..]).unwrap();
     let y = [0, 3, 1, 2, 3];
     let mut ws = m.workspaces(n, 1);
-    let mut grad = vec![0.0; m.len()];
+    let mut grad = vec![0.0; m.layout().len()];
     m.batch_gradient(&params, x, &y, &mut ws, &mut grad);
     let eps = 1e-2f32;
     let mut worst = 0.0f64;
-    for i in 0..m.len() {
+    for i in 0..m.layout().len() {
         let orig = params[i];
         params[i] = orig + eps;
         let up = mean_loss(&m, &params, x, &y);
@@ -82,9 +82,9 @@ fn threaded_batch_equals_single_thread() {
     let xs = inputs(n, 20);
     let x = ArrayView2::from_shape((n, 20), &xs[..]).unwrap();
     let y: Vec<u32> = (0..n as u32).map(|i| i % 5).collect();
-    let mut g1 = vec![0.0; m.len()];
+    let mut g1 = vec![0.0; m.layout().len()];
     let l1 = m.batch_gradient(&params, x, &y, &mut m.workspaces(n, 1), &mut g1);
-    let mut g4 = vec![0.0; m.len()];
+    let mut g4 = vec![0.0; m.layout().len()];
     let l4 = m.batch_gradient(&params, x, &y, &mut m.workspaces(n, 4), &mut g4);
     assert!((l1 - l4).abs() < 1e-5);
     for (a, b) in g1.iter().zip(&g4) {
@@ -118,7 +118,7 @@ fn training_lowers_loss_and_evaluate_agrees() {
     let x = ArrayView2::from_shape((n, 8), &data.features[..]).unwrap();
     let mut ws = m.workspaces(n, 2);
     for _ in 0..200 {
-        let mut g = vec![0.0; m.len()];
+        let mut g = vec![0.0; m.layout().len()];
         m.batch_gradient(&params, x, &data.labels, &mut ws, &mut g);
         for (p, g) in params.iter_mut().zip(&g) {
             *p -= 0.5 * g;
