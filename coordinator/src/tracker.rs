@@ -116,6 +116,11 @@ impl Tracker {
     /// Records a replica's report and tells it what to do next.
     pub fn on_report(&mut self, r: &ProgressReport, now: f64) -> Action {
         let rep = self.replicas.entry(r.replica).or_default();
+        if rep.incarnations > 0 && r.incarnation < rep.incarnation {
+            // A replaced process still running: its replacement owns the
+            // replica's data, so this one is told to stop and not counted.
+            return Action::Stop;
+        }
         if rep.incarnations == 0 || rep.incarnation != r.incarnation {
             rep.prior_steps = rep.prior_steps.saturating_add(rep.steps);
             rep.prior_examples = rep.prior_examples.saturating_add(rep.examples);

@@ -28,6 +28,8 @@ pub enum PsError {
     InconsistentHeader(&'static str),
     #[error("push carried no chunks")]
     EmptyPush,
+    #[error("replica {replica} incarnation {incarnation} has been replaced by a newer process")]
+    Superseded { replica: u32, incarnation: u64 },
     #[error("push claims {0} summed mini-batches; at most {max} are allowed", max = distbelief_api::MAX_PUSH_STEPS)]
     TooManySteps(u32),
     #[error("gradient value {value} at index {index} is not finite")]
@@ -52,6 +54,7 @@ impl PsError {
             PsError::Malformed(_) => "malformed",
             PsError::InconsistentHeader(_) => "inconsistent_header",
             PsError::EmptyPush => "empty_push",
+            PsError::Superseded { .. } => "superseded",
             PsError::TooManySteps(_) => "too_many_steps",
             PsError::NotFinite { .. } => "not_finite",
             PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => "checkpoint",
@@ -70,6 +73,7 @@ impl From<PsError> for tonic::Status {
             PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => {
                 tonic::Status::internal(msg)
             }
+            PsError::Superseded { .. } => tonic::Status::failed_precondition(msg),
             _ => tonic::Status::invalid_argument(msg),
         }
     }

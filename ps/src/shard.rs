@@ -88,13 +88,19 @@ impl Shard {
             self.pushes_refused += 1;
         }
         checked?;
-        if let Some(&(inc, seq)) = self.last_push.get(&h.replica)
-            && inc == h.incarnation
-            && seq >= h.sequence
-        {
-            return Ok(PushOutcome::Duplicate {
-                version: self.version,
-            });
+        if let Some(&(inc, seq)) = self.last_push.get(&h.replica) {
+            if inc > h.incarnation {
+                self.pushes_refused += 1;
+                return Err(PsError::Superseded {
+                    replica: h.replica,
+                    incarnation: h.incarnation,
+                });
+            }
+            if inc == h.incarnation && seq >= h.sequence {
+                return Ok(PushOutcome::Duplicate {
+                    version: self.version,
+                });
+            }
         }
         self.optimizer
             .apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
@@ -307,6 +313,29 @@ mod tests {
             s.apply_push(h, &[1.0; 4]).unwrap(),
             PushOutcome::Applied { .. }
         ));
+    }
+
+    #[test]
+    fn a_replaced_replica_process_is_refused() {
+        let mut s = shard();
+        s.apply_push(
+            PushHeader {
+                incarnation: 9,
+                ..header(1)
+            },
+            &[1.0; 4],
+        )
+        .unwrap();
+        let before = snapshot(&s);
+        let old = PushHeader {
+            incarnation: 7,
+            ..header(5)
+        };
+        assert!(matches!(
+            s.apply_push(old, &[1.0; 4]),
+            Err(PsError::Superseded { .. })
+        ));
+        assert_eq!(snapshot(&s), before);
     }
 
     #[test]

@@ -39,7 +39,10 @@ impl WorkerError {
     /// The peer understood the call and refused it; repeating it cannot help.
     pub fn is_refusal(&self) -> bool {
         matches!(self, WorkerError::Rpc { status, .. }
-            if matches!(status.code(), tonic::Code::InvalidArgument | tonic::Code::OutOfRange))
+        if matches!(
+            status.code(),
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::FailedPrecondition
+        ))
     }
 
     /// Bounded label for metrics and logs.

@@ -103,11 +103,13 @@ impl Coordinator {
     }
 }
 
+/// The process's start time in nanoseconds: a later start of the same
+/// replica has a larger incarnation, so shards and coordinator can tell a
+/// replaced process that is still running from its replacement.
 fn incarnation() -> u64 {
-    let nanos = std::time::SystemTime::now()
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// Runs replica `opts.replica` of `job` until the coordinator stops it.

@@ -53,6 +53,17 @@ fn restarted_replica_keeps_earlier_progress() {
 }
 
 #[test]
+fn a_replaced_replica_process_is_stopped_and_not_counted() {
+    let mut t = Tracker::new(stop(None), 0, 1000);
+    t.on_report(&report(1, 5, 30), 1.0);
+    t.on_report(&report(1, 9, 2), 2.0);
+    assert_eq!(t.on_report(&report(1, 5, 40), 2.5), Action::Stop);
+    let s = t.status(3.0);
+    assert_eq!(s.replicas[0].steps, 32);
+    assert_eq!(s.replicas[0].incarnations, 2);
+}
+
+#[test]
 fn target_reached_stops_everyone() {
     let mut t = Tracker::new(stop(Some(0.8)), 0, 1000);
     t.on_report(&report(0, 1, 10), 10.0);
