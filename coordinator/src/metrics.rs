@@ -39,13 +39,18 @@ impl CoordinatorMetrics {
                     .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
             )?,
         };
-        registry.register(Box::new(m.test_accuracy.clone()))?;
-        registry.register(Box::new(m.test_loss.clone()))?;
-        registry.register(Box::new(m.train_loss.clone()))?;
-        registry.register(Box::new(m.examples_per_second.clone()))?;
-        registry.register(Box::new(m.examples.clone()))?;
-        registry.register(Box::new(m.evaluations.clone()))?;
-        registry.register(Box::new(m.eval_seconds.clone()))?;
+        distbelief_net::register_all(
+            registry,
+            vec![
+                Box::new(m.test_accuracy.clone()),
+                Box::new(m.test_loss.clone()),
+                Box::new(m.train_loss.clone()),
+                Box::new(m.examples_per_second.clone()),
+                Box::new(m.examples.clone()),
+                Box::new(m.evaluations.clone()),
+                Box::new(m.eval_seconds.clone()),
+            ],
+        )?;
         Ok(m)
     }
 

@@ -112,6 +112,16 @@ impl Backoff {
     }
 }
 
+/// Registers every collector of a role's metrics with `registry`.
+pub fn register_all(
+    registry: &prometheus::Registry,
+    collectors: Vec<Box<dyn prometheus::core::Collector>>,
+) -> prometheus::Result<()> {
+    collectors
+        .into_iter()
+        .try_for_each(|c| registry.register(c))
+}
+
 /// Serves `registry` as Prometheus text on `http://addr/metrics` until the
 /// process ends. Returns the bound address (useful when `addr` has port 0).
 pub async fn serve_metrics(

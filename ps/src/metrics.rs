@@ -49,14 +49,19 @@ impl PsMetrics {
                     .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
             )?,
         };
-        registry.register(Box::new(m.updates_applied.clone()))?;
-        registry.register(Box::new(m.pushes_refused.clone()))?;
-        registry.register(Box::new(m.duplicate_pushes.clone()))?;
-        registry.register(Box::new(m.fetches.clone()))?;
-        registry.register(Box::new(m.staleness.clone()))?;
-        registry.register(Box::new(m.version.clone()))?;
-        registry.register(Box::new(m.apply_seconds.clone()))?;
-        registry.register(Box::new(m.checkpoint_seconds.clone()))?;
+        distbelief_net::register_all(
+            registry,
+            vec![
+                Box::new(m.updates_applied.clone()),
+                Box::new(m.pushes_refused.clone()),
+                Box::new(m.duplicate_pushes.clone()),
+                Box::new(m.fetches.clone()),
+                Box::new(m.staleness.clone()),
+                Box::new(m.version.clone()),
+                Box::new(m.apply_seconds.clone()),
+                Box::new(m.checkpoint_seconds.clone()),
+            ],
+        )?;
         Ok(m)
     }
 }

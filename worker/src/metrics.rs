@@ -50,14 +50,19 @@ impl WorkerMetrics {
                 "Gradients dropped: refused by a shard, or past the coalescing limit while a shard was slow or away",
             )?,
         };
-        registry.register(Box::new(m.steps.clone()))?;
-        registry.register(Box::new(m.examples.clone()))?;
-        registry.register(Box::new(m.examples_per_second.clone()))?;
-        registry.register(Box::new(m.loss.clone()))?;
-        registry.register(Box::new(m.fetch_seconds.clone()))?;
-        registry.register(Box::new(m.push_seconds.clone()))?;
-        registry.register(Box::new(m.rpc_failures.clone()))?;
-        registry.register(Box::new(m.dropped_gradients.clone()))?;
+        distbelief_net::register_all(
+            registry,
+            vec![
+                Box::new(m.steps.clone()),
+                Box::new(m.examples.clone()),
+                Box::new(m.examples_per_second.clone()),
+                Box::new(m.loss.clone()),
+                Box::new(m.fetch_seconds.clone()),
+                Box::new(m.push_seconds.clone()),
+                Box::new(m.rpc_failures.clone()),
+                Box::new(m.dropped_gradients.clone()),
+            ],
+        )?;
         Ok(m)
     }
 }

@@ -361,22 +361,13 @@ impl Runtime {
         let mut restarted = false;
         for p in &mut self.shards {
             if let Some(status) = p.exited() {
-                if self.shard_restarts >= spec.parameter_servers.max_restarts {
-                    bail!(
-                        "{} exited ({status}) and the shard restart budget ({}) is used up; last lines of {}:\n{}",
-                        p.label(),
-                        spec.parameter_servers.max_restarts,
-                        p.log.display(),
-                        p.log_tail(15)
-                    );
-                }
-                self.shard_restarts += 1;
-                eprintln!(
-                    "\ndistbelief: {} exited ({status}); restarting it from its checkpoint",
-                    p.label()
-                );
-                p.spawn(&self.exe)
-                    .with_context(|| format!("cannot restart {}", p.label()))?;
+                let budget = Budget {
+                    used: &mut self.shard_restarts,
+                    max: spec.parameter_servers.max_restarts,
+                    kind: "shard",
+                    how: "restarting it from its checkpoint",
+                };
+                restart(p, &self.exe, status, budget)?;
                 restarted = true;
             }
         }
@@ -386,22 +377,13 @@ impl Runtime {
                     // Stopped by the coordinator: the job is done.
                     continue;
                 }
-                if self.replica_restarts >= spec.replicas.max_restarts {
-                    bail!(
-                        "{} exited ({status}) and the replica restart budget ({}) is used up; last lines of {}:\n{}",
-                        p.label(),
-                        spec.replicas.max_restarts,
-                        p.log.display(),
-                        p.log_tail(15)
-                    );
-                }
-                self.replica_restarts += 1;
-                eprintln!(
-                    "\ndistbelief: {} exited ({status}); restarting it",
-                    p.label()
-                );
-                p.spawn(&self.exe)
-                    .with_context(|| format!("cannot restart {}", p.label()))?;
+                let budget = Budget {
+                    used: &mut self.replica_restarts,
+                    max: spec.replicas.max_restarts,
+                    kind: "replica",
+                    how: "restarting it",
+                };
+                restart(p, &self.exe, status, budget)?;
                 restarted = true;
             }
         }
@@ -423,4 +405,39 @@ impl Runtime {
             p.stop(grace);
         }
     }
+}
+
+/// A restart budget and how to word a restart against it.
+struct Budget<'a> {
+    used: &'a mut u32,
+    max: u32,
+    kind: &'static str,
+    how: &'static str,
+}
+
+/// Restarts `p` if its budget allows, or fails the job saying why.
+fn restart(
+    p: &mut Proc,
+    exe: &Path,
+    status: std::process::ExitStatus,
+    budget: Budget,
+) -> anyhow::Result<()> {
+    if *budget.used >= budget.max {
+        bail!(
+            "{} exited ({status}) and the {} restart budget ({}) is used up; last lines of {}:\n{}",
+            p.label(),
+            budget.kind,
+            budget.max,
+            p.log.display(),
+            p.log_tail(15)
+        );
+    }
+    *budget.used += 1;
+    eprintln!(
+        "\ndistbelief: {} exited ({status}); {}",
+        p.label(),
+        budget.how
+    );
+    p.spawn(exe)
+        .with_context(|| format!("cannot restart {}", p.label()))
 }
