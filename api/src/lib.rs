@@ -6,10 +6,12 @@ mod error;
 pub mod layout;
 mod load;
 pub mod spec;
+pub mod status;
 mod validate;
 
 pub use error::{ApiError, ValidationError};
 pub use layout::{Layout, Tensor};
 pub use load::{load_job, parse_job};
 pub use spec::*;
+pub use status::*;
 pub use validate::{Job, MAX_PUSH_STEPS, validate};

@@ -1,9 +1,12 @@
 //! The `DistBeliefJob` custom resource. Every `///` here becomes the CRD's
 //! schema description, so each field states its default.
 
-use kube::CustomResource;
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::status::DistBeliefJobStatus;
 
 pub const API_GROUP: &str = "distbelief.dev";
 pub const API_VERSION: &str = "distbelief.dev/v1alpha1";
@@ -15,7 +18,7 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 /// A distributed training job: the model, its data, the algorithm and its
 /// hyper-parameters, how many parameter-server shards and model replicas run
 /// it, how failures are handled and when it stops.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "distbelief.dev",
     version = "v1alpha1",
@@ -26,11 +29,30 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Shards","type":"integer","jsonPath":".status.shardsReady"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicasReady"}"#,
-    printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.step"}"#,
-    printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.testAccuracy"}"#,
+    printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.progress.step"}"#,
+    printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.progress.testAccuracy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+// What a running job is made of cannot change under it: shards hold a
+// parameter layout derived from the model, replicas hold a slice of the
+// data. The knobs that steer a run (suspend, restarts, stragglers, TTL)
+// stay mutable.
+#[x_kube(
+    validation = Rule::new("self.model == oldSelf.model").message("spec.model cannot change after the job is created"),
+    validation = Rule::new("self.data == oldSelf.data").message("spec.data cannot change after the job is created"),
+    validation = Rule::new("self.algorithm == oldSelf.algorithm").message("spec.algorithm cannot change after the job is created"),
+    validation = Rule::new("self.parameterServers.shards == oldSelf.parameterServers.shards").message("spec.parameterServers.shards cannot change after the job is created"),
+    validation = Rule::new("self.replicas.count == oldSelf.replicas.count").message("spec.replicas.count cannot change after the job is created"),
+    validation = Rule::new("self.checkpoint == oldSelf.checkpoint").message("spec.checkpoint cannot change after the job is created"),
+    validation = Rule::new("has(self.algorithm.downpour)").message("spec.algorithm.downpour is required (the only algorithm so far)"),
+    validation = Rule::new("self.data.format != 'csv' || (has(self.data.trainCsv) && has(self.data.testCsv))").message("spec.data.trainCsv and spec.data.testCsv are required when spec.data.format is csv"),
+    validation = Rule::new("self.parameterServers.shards >= 1").message("spec.parameterServers.shards must be at least 1"),
+    validation = Rule::new("self.replicas.count >= 1").message("spec.replicas.count must be at least 1"),
+    validation = Rule::new("!has(self.stop.targetTestAccuracy) || (self.stop.targetTestAccuracy > 0.0 && self.stop.targetTestAccuracy <= 1.0)").message("spec.stop.targetTestAccuracy must be in (0, 1]"),
+    validation = Rule::new("!has(self.algorithm.downpour) || (self.algorithm.downpour.nPush >= 1 && self.algorithm.downpour.nPush <= 64)").message("spec.algorithm.downpour.nPush must be between 1 and 64"),
+    validation = Rule::new("self.replicas.stragglers.slowFraction > 0.0 && self.replicas.stragglers.slowFraction < 1.0").message("spec.replicas.stragglers.slowFraction must be in (0, 1)"),
+)]
 pub struct DistBeliefJobSpec {
     /// The network to train. Required.
     pub model: ModelSpec,
@@ -51,6 +73,23 @@ pub struct DistBeliefJobSpec {
     /// Parameter-server checkpoints. Default: every 30 seconds, in the runtime's own directory.
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
+    /// Kubernetes only: while true the operator stops the job's pods and keeps
+    /// its checkpoints; setting it back to false resumes from them. Default: false.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Kubernetes only: delete the job this many seconds after it succeeds or
+    /// fails. Default: keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u32>,
+    /// Kubernetes only: keep the parameter-server, coordinator and replica pods
+    /// after the job finishes, e.g. to read their logs. Default: false (they
+    /// are removed once the final figures are in status).
+    #[serde(default)]
+    pub keep_pods_after_finish: bool,
+    /// Kubernetes only: container image of the job's pods. Default: the
+    /// operator's own image (its --image flag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// A multi-layer perceptron: dense hidden layers, then a dense output layer
@@ -242,6 +281,9 @@ pub struct ParameterServerSpec {
     /// Shard restarts (each from the shard's checkpoint) allowed over the whole job before it fails. Default: 3.
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
+    /// Kubernetes only: CPU and memory of each shard's container. Default: none set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
 }
 
 impl Default for ParameterServerSpec {
@@ -249,6 +291,7 @@ impl Default for ParameterServerSpec {
         ParameterServerSpec {
             shards: 1,
             max_restarts: default_max_restarts(),
+            resources: None,
         }
     }
 }
@@ -260,9 +303,18 @@ pub struct ReplicaSpec {
     /// Number of replicas; each trains on its own disjoint part of the training data. Default: 1.
     #[serde(default = "one")]
     pub count: u32,
-    /// Replica restarts allowed over the whole job before it fails. Default: 3.
+    /// Replica restarts allowed over the whole job before it fails. A replica
+    /// evicted or preempted by Kubernetes is recreated without using this
+    /// budget. Default: 3.
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
+    /// Kubernetes only: CPU and memory of each replica's container. Default: none set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Kubernetes only: backup replicas for stragglers. Default: enabled,
+    /// slowFraction 0.5, forSeconds 60.
+    #[serde(default)]
+    pub stragglers: StragglerSpec,
 }
 
 impl Default for ReplicaSpec {
@@ -270,6 +322,36 @@ impl Default for ReplicaSpec {
         ReplicaSpec {
             count: 1,
             max_restarts: default_max_restarts(),
+            resources: None,
+            stragglers: StragglerSpec::default(),
+        }
+    }
+}
+
+/// A straggler is a replica whose examples/s stays below slowFraction of the
+/// replicas' median for forSeconds. The operator then starts a backup pod on
+/// the straggler's part of the data; once the backup trains, the straggler is
+/// retired.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StragglerSpec {
+    /// Launch backups for stragglers. Default: true.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// A replica is slow below this fraction of the median examples/s, in (0, 1). Default: 0.5.
+    #[serde(default = "default_slow_fraction")]
+    pub slow_fraction: f64,
+    /// Seconds a replica must stay slow before it gets a backup, at least 1. Default: 60.
+    #[serde(default = "default_straggler_seconds")]
+    pub for_seconds: u32,
+}
+
+impl Default for StragglerSpec {
+    fn default() -> Self {
+        StragglerSpec {
+            enabled: true,
+            slow_fraction: default_slow_fraction(),
+            for_seconds: default_straggler_seconds(),
         }
     }
 }
@@ -315,37 +397,29 @@ pub struct CheckpointSpec {
     /// Seconds between checkpoints. Default: 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_seconds: Option<u64>,
+    /// Kubernetes only: keep shard checkpoints on a PersistentVolumeClaim per
+    /// shard, so that they outlive the shard's pod (and a suspended job).
+    /// Default: none; checkpoints live in the pod's emptyDir and survive
+    /// container restarts only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<CheckpointVolume>,
+}
+
+/// A PersistentVolumeClaim template for each shard's checkpoints.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CheckpointVolume {
+    /// Requested size, as a Kubernetes quantity such as 1Gi. Required.
+    pub size: String,
+    /// StorageClass of the claims. Default: the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
 }
 
 impl CheckpointSpec {
     pub fn interval_seconds(&self) -> u64 {
         self.interval_seconds.unwrap_or(30)
     }
-}
-
-/// Observed state of a job, written by the operator. Unknown fields are
-/// kept out of errors here: a newer operator may write more.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DistBeliefJobStatus {
-    /// Pending, Running, Succeeded or Failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    /// Parameter-server shards whose pods are ready.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shards_ready: Option<u32>,
-    /// Replicas whose pods are ready.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas_ready: Option<u32>,
-    /// Mini-batch steps over all replicas, as the coordinator reports them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<u64>,
-    /// Latest test accuracy reported by the coordinator.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub test_accuracy: Option<f64>,
-    /// Generation of the spec this status describes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
 }
 
 fn default_input_size() -> u32 {
@@ -395,6 +469,12 @@ fn default_max_seconds() -> u64 {
 }
 fn default_eval_interval() -> f64 {
     2.0
+}
+fn default_slow_fraction() -> f64 {
+    0.5
+}
+fn default_straggler_seconds() -> u32 {
+    60
 }
 fn one() -> u32 {
     1

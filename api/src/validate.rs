@@ -223,6 +223,33 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     {
         fail("spec.checkpoint.dir", "must not be empty when set".into());
     }
+    if let Some(v) = &s.checkpoint.volume
+        && !is_quantity(&v.size)
+    {
+        fail(
+            "spec.checkpoint.volume.size",
+            format!(
+                "must be a Kubernetes quantity such as 1Gi, got {:?}",
+                v.size
+            ),
+        );
+    }
+    let st = &s.replicas.stragglers;
+    if !(st.slow_fraction > 0.0 && st.slow_fraction < 1.0) {
+        fail(
+            "spec.replicas.stragglers.slowFraction",
+            format!("must be in (0, 1), got {}", st.slow_fraction),
+        );
+    }
+    if st.for_seconds == 0 {
+        fail(
+            "spec.replicas.stragglers.forSeconds",
+            "must be at least 1".into(),
+        );
+    }
+    if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
+        fail("spec.image", "must not be empty when set".into());
+    }
 
     match (downpour, layout) {
         (Some(downpour), Some(layout)) if errors.is_empty() => Ok(Job {
@@ -233,6 +260,24 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         }),
         _ => Err(ApiError::Invalid { name, errors }),
     }
+}
+
+/// A plain Kubernetes storage quantity: digits, an optional fraction, and an
+/// optional binary or decimal suffix.
+fn is_quantity(q: &str) -> bool {
+    const SUFFIXES: [&str; 13] = [
+        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
+    ];
+    let digits = q.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let suffix = &q[digits.len()..];
+    let mut parts = digits.splitn(2, '.');
+    let whole = parts.next().unwrap_or("");
+    let frac = parts.next().unwrap_or("0");
+    SUFFIXES.contains(&suffix)
+        && !whole.is_empty()
+        && whole.chars().all(|c| c.is_ascii_digit())
+        && !frac.is_empty()
+        && frac.chars().all(|c| c.is_ascii_digit())
 }
 
 /// Number of parameters of `model`, computed without overflow.

@@ -30,6 +30,8 @@ enum Command {
     Worker(WorkerArgs),
     /// Run the job's coordinator.
     Coordinator(CoordinatorArgs),
+    /// Run the Kubernetes operator: DistBeliefJob resources in, pods out.
+    Operator(OperatorArgs),
     /// Print the DistBeliefJob CustomResourceDefinition as YAML.
     Crd,
 }
@@ -121,6 +123,61 @@ pub struct CoordinatorArgs {
     /// Shard addresses in shard order, comma-separated host:port.
     #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
     pub shards: Vec<String>,
+    /// On Kubernetes: write progress into this DistBeliefJob's status.
+    #[arg(long, env = "DISTBELIEF_PUBLISH_STATUS")]
+    pub publish_status: Option<String>,
+    /// The job's namespace, for --publish-status.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Args)]
+pub struct OperatorArgs {
+    /// Image of job pods, unless a job sets spec.image.
+    #[arg(long, env = "DISTBELIEF_IMAGE", default_value = "distbelief:latest")]
+    pub image: String,
+    /// imagePullPolicy of job pods.
+    #[arg(
+        long,
+        env = "DISTBELIEF_IMAGE_PULL_POLICY",
+        default_value = "IfNotPresent"
+    )]
+    pub image_pull_policy: String,
+    /// Serve /metrics and /healthz on this address.
+    #[arg(long, env = "DISTBELIEF_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Reconcile only while holding a Lease, so that several operators can run.
+    #[arg(long, env = "DISTBELIEF_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the leader-election Lease, in the operator's namespace.
+    #[arg(
+        long,
+        env = "DISTBELIEF_LEASE_NAME",
+        default_value = "distbelief-operator"
+    )]
+    pub lease_name: String,
+    /// The operator pod's name: its leader-election identity.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+    /// The operator pod's namespace, where its Lease lives.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Give each job a NetworkPolicy that admits only its own pods to its shards and coordinator.
+    #[arg(long, env = "DISTBELIEF_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub network_policy: bool,
+    /// Watch only this namespace. Default: all.
+    #[arg(long, env = "DISTBELIEF_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// First delay before a failed replica is recreated; doubles per failure of that replica.
+    #[arg(long, env = "DISTBELIEF_RESTART_BACKOFF_SECONDS", default_value_t = 10)]
+    pub restart_backoff_seconds: u64,
+    /// Longest restart delay.
+    #[arg(
+        long,
+        env = "DISTBELIEF_RESTART_BACKOFF_MAX_SECONDS",
+        default_value_t = 300
+    )]
+    pub restart_backoff_max_seconds: u64,
 }
 
 /// Tensor messages are a few MiB each. By default glibc serves such
@@ -163,6 +220,7 @@ fn main() -> ExitCode {
         Command::Ps(a) => roles::ps(a),
         Command::Worker(a) => roles::worker(a),
         Command::Coordinator(a) => roles::coordinator(a),
+        Command::Operator(a) => roles::operator(a),
         Command::Crd => roles::crd(),
     };
     match result {

@@ -8,7 +8,7 @@ use anyhow::Context;
 use distbelief_api::Job;
 use kube::CustomResourceExt;
 
-use crate::{Common, CoordinatorArgs, PsArgs, WorkerArgs};
+use crate::{Common, CoordinatorArgs, OperatorArgs, PsArgs, WorkerArgs};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -112,15 +112,70 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
 
 pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
-    let opts = distbelief_coordinator::CoordinatorOptions {
-        shards: a.shards.clone(),
-        rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
-    };
     runtime()?.block_on(async {
+        let publish = match &a.publish_status {
+            Some(name) => Some(distbelief_coordinator::publish::StatusTarget {
+                client: kube::Client::try_default()
+                    .await
+                    .context("--publish-status needs a Kubernetes client configuration")?,
+                namespace: a.namespace.clone().context(
+                    "--publish-status needs the job's namespace (--namespace or POD_NAMESPACE)",
+                )?,
+                name: name.clone(),
+            }),
+            None => None,
+        };
+        let opts = distbelief_coordinator::CoordinatorOptions {
+            shards: a.shards.clone(),
+            rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
+            publish,
+        };
         let registry = registry("coordinator", None)?;
         start_metrics(&a.common, &registry).await?;
         let listener = bind(a.listen).await?;
         distbelief_coordinator::serve(&job, opts, listener, &registry, terminated()).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
+    let config = distbelief_operator::Config {
+        image: a.image,
+        image_pull_policy: a.image_pull_policy,
+        network_policy: a.network_policy,
+        backoff: distbelief_operator::Backoff {
+            initial: Duration::from_secs(a.restart_backoff_seconds.max(1)),
+            max: Duration::from_secs(a.restart_backoff_max_seconds.max(a.restart_backoff_seconds)),
+        },
+    };
+    let lease = if a.leader_elect {
+        Some(distbelief_operator::lease::LeaseConfig {
+            name: a.lease_name,
+            namespace: a
+                .pod_namespace
+                .clone()
+                .context("leader election needs the operator's namespace (POD_NAMESPACE)")?,
+            identity: a
+                .pod_name
+                .clone()
+                .context("leader election needs an identity (POD_NAME)")?,
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        })
+    } else {
+        None
+    };
+    let opts = distbelief_operator::controller::RunOptions {
+        namespace: a.watch_namespace.filter(|n| !n.is_empty()),
+        metrics_addr: a.metrics_addr,
+        lease,
+        instance: a.pod_name,
+    };
+    runtime()?.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("no Kubernetes configuration: set KUBECONFIG or run in a cluster")?;
+        distbelief_operator::run(client, config, opts).await?;
         Ok(ExitCode::SUCCESS)
     })
 }

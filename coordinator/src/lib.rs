@@ -3,12 +3,13 @@
 //! and applies the stopping rule.
 
 mod metrics;
+pub mod publish;
 pub mod tracker;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distbelief_api::Job;
+use distbelief_api::{Job, ShardProgress};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{JobStatus, ProgressReport, ReportReply, StatusRequest};
 use distbelief_ps::StalenessHistogram;
@@ -50,10 +51,14 @@ pub struct CoordinatorOptions {
     /// Shard addresses, `host:port`, in shard order.
     pub shards: Vec<String>,
     pub rpc_timeout: Duration,
+    /// On Kubernetes: the job whose status.progress this coordinator writes.
+    pub publish: Option<publish::StatusTarget>,
 }
 
 struct Shared {
     tracker: Mutex<Tracker>,
+    /// Each shard's version and restore, from the last evaluation.
+    shards: Mutex<Vec<ShardProgress>>,
     clock: Instant,
 }
 
@@ -63,6 +68,12 @@ impl Shared {
     }
     fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
         self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn shards(&self) -> Vec<ShardProgress> {
+        self.shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -116,15 +127,24 @@ pub async fn serve(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         "coordinator serving"
     );
+    let every = Duration::from_secs_f64(job.spec.stop.eval_interval_seconds);
     let shared = Arc::new(Shared {
         tracker: Mutex::new(Tracker::new(
             job.spec.stop.clone(),
             job.downpour.warm_start_steps,
             training_examples,
         )),
+        shards: Mutex::new(Vec::new()),
         clock: Instant::now(),
     });
-    let every = Duration::from_secs_f64(job.spec.stop.eval_interval_seconds);
+    let publisher = opts.publish.clone().map(|target| {
+        tracing::info!(job = ?target, "writing progress to the job's status");
+        tokio::spawn(publish::publish_loop(
+            shared.clone(),
+            target,
+            Duration::from_secs(5).min(every.max(Duration::from_secs(1))),
+        ))
+    });
     let evaluator = tokio::spawn(eval_loop(
         shared.clone(),
         clients,
@@ -141,6 +161,9 @@ pub async fn serve(
     .await
     .unwrap_or(Ok(()));
     evaluator.abort();
+    if let Some(p) = publisher {
+        p.abort();
+    }
     Ok(result?)
 }
 
@@ -178,15 +201,24 @@ async fn eval_loop(
             continue;
         }
         let mut staleness = StalenessHistogram::default();
+        let mut shards = Vec::with_capacity(clients.len());
         for c in clients.iter_mut() {
             match c.info().await {
-                Ok(info) => staleness.merge(&StalenessHistogram::from_counts(
-                    info.staleness_counts,
-                    info.staleness_max,
-                )),
+                Ok(info) => {
+                    shards.push(ShardProgress {
+                        shard: info.shard,
+                        version: info.version,
+                        restored_version: info.restored_version,
+                    });
+                    staleness.merge(&StalenessHistogram::from_counts(
+                        info.staleness_counts,
+                        info.staleness_max,
+                    ))
+                }
                 Err(e) => tracing::debug!("shard info unavailable: {e}"),
             }
         }
+        *shared.shards.lock().unwrap_or_else(|p| p.into_inner()) = shards;
         let started_eval = Instant::now();
         let snapshot = std::mem::take(&mut params);
         let (m, t) = (mlp.clone(), test.clone());

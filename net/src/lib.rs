@@ -122,28 +122,30 @@ pub fn register_all(
         .try_for_each(|c| registry.register(c))
 }
 
-/// Serves `registry` as Prometheus text on `http://addr/metrics` until the
-/// process ends. Returns the bound address (useful when `addr` has port 0).
+/// Serves `registry` as Prometheus text on `http://addr/metrics`, and
+/// `/healthz` for liveness probes, until the process ends. Returns the bound address (useful when `addr` has port 0).
 pub async fn serve_metrics(
     addr: SocketAddr,
     registry: prometheus::Registry,
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
-            async move {
-                let mut buf = String::new();
-                let encoder = prometheus::TextEncoder::new();
-                match encoder.encode_utf8(&registry.gather(), &mut buf) {
-                    Ok(()) => (axum::http::StatusCode::OK, buf),
-                    Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut buf = String::new();
+                    let encoder = prometheus::TextEncoder::new();
+                    match encoder.encode_utf8(&registry.gather(), &mut buf) {
+                        Ok(()) => (axum::http::StatusCode::OK, buf),
+                        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    }
                 }
-            }
-        }),
-    );
+            }),
+        );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics endpoint stopped");

@@ -69,6 +69,7 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
         let opts = distbelief_coordinator::CoordinatorOptions {
             shards: shards.clone(),
             rpc_timeout: Duration::from_secs(10),
+            publish: None,
         };
         let (job, rx) = (job.clone(), rx.clone());
         tokio::spawn(async move {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::spec::{Activation, DenseLayer, FASHION_MNIST_DIR, Loss};
+use crate::spec::{Activation, CheckpointVolume, DenseLayer, FASHION_MNIST_DIR, Loss};
 use crate::{load_job, parse_job};
 
 /// The smallest valid job: a Fashion-MNIST MLP with one hidden layer, all
@@ -386,6 +386,35 @@ const RULES: &[Rule] = &[
         "spec.checkpoint.dir",
         "empty",
     ),
+    (
+        "checkpoint volume size is a quantity",
+        |j| {
+            j.spec.checkpoint.volume = Some(CheckpointVolume {
+                size: "lots".into(),
+                storage_class_name: None,
+            })
+        },
+        "spec.checkpoint.volume.size",
+        "quantity",
+    ),
+    (
+        "straggler slowFraction below 1",
+        |j| j.spec.replicas.stragglers.slow_fraction = 1.0,
+        "spec.replicas.stragglers.slowFraction",
+        "(0, 1)",
+    ),
+    (
+        "straggler forSeconds at least 1",
+        |j| j.spec.replicas.stragglers.for_seconds = 0,
+        "spec.replicas.stragglers.forSeconds",
+        "at least 1",
+    ),
+    (
+        "image not empty",
+        |j| j.spec.image = Some("".into()),
+        "spec.image",
+        "empty",
+    ),
 ];
 
 #[test]
@@ -425,7 +454,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 29, "{fields:#?}");
+    assert_eq!(fields.len(), 33, "{fields:#?}");
 }
 
 #[test]
@@ -482,6 +511,21 @@ fn boundary_values_are_accepted() {
             j.spec.data.train_images = String::new();
         }),
         ("adagrad disabled", |j| downpour(j).adagrad.enabled = false),
+        ("checkpoint volume 1.5Gi", |j| {
+            j.spec.checkpoint.volume = Some(CheckpointVolume {
+                size: "1.5Gi".into(),
+                storage_class_name: Some("fast".into()),
+            })
+        }),
+        ("checkpoint volume 500M", |j| {
+            j.spec.checkpoint.volume = Some(CheckpointVolume {
+                size: "500M".into(),
+                storage_class_name: None,
+            })
+        }),
+        ("stragglers disabled", |j| {
+            j.spec.replicas.stragglers.enabled = false
+        }),
     ];
     for (case, change) in cases {
         let mut raw = minimal_resource();

@@ -1,0 +1,36 @@
+# syntax=docker/dockerfile:1
+# The one distbelief image: the `distbelief` binary is the ENTRYPOINT and the
+# arguments choose the role (operator, ps, worker, coordinator, train, crd).
+# Job pods find Fashion-MNIST under /usr/share/datasets/fashion-mnist.
+#
+#   docker build -t distbelief:dev .        (BuildKit, for the cache mounts)
+
+# --- build -------------------------------------------------------------------
+FROM rust:1.95-bookworm AS builder
+# protoc compiles the .proto files in proto/build.rs. Debian's versions are
+# not pinned: bookworm's point releases replace them, and pins would break.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends protobuf-compiler \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# The registry and target caches survive between builds; target/ is a cache
+# mount, so the binary is copied out of it within the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
+    --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked -p distbelief \
+ && install -m 0755 target/release/distbelief /usr/local/bin/distbelief
+
+# --- run ---------------------------------------------------------------------
+FROM debian:bookworm-slim
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates dataset-fashion-mnist \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=builder /usr/local/bin/distbelief /usr/local/bin/distbelief
+# 65532 is the conventional "nonroot" uid/gid; the Helm chart's pod security
+# context expects it.
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/distbelief"]

@@ -1,0 +1,203 @@
+//! Observed state of a `DistBeliefJob`. Two writers share it, each through
+//! server-side apply with its own field manager: the operator owns
+//! everything but `progress`, and the job's coordinator owns `progress`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a job is in its life.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Phase {
+    /// Children created; waiting for shards, coordinator and replicas to run.
+    Pending,
+    /// Every shard, the coordinator and at least one replica are running.
+    Running,
+    /// A failed replica is waiting out its restart backoff.
+    Restarting,
+    /// The coordinator declared the job done.
+    Succeeded,
+    /// The spec is invalid or a restart budget is used up.
+    Failed,
+    /// `spec.suspend` is true; pods are stopped, checkpoints kept.
+    Suspended,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 6] = [
+        Phase::Pending,
+        Phase::Running,
+        Phase::Restarting,
+        Phase::Succeeded,
+        Phase::Failed,
+        Phase::Suspended,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Restarting => "Restarting",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Suspended => "Suspended",
+        }
+    }
+
+    pub fn is_finished(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+/// Observed state of a job: phase and conditions from the operator, training
+/// progress from the coordinator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DistBeliefJobStatus {
+    /// Pending, Running, Restarting, Succeeded, Failed or Suspended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Conditions of type Created, Running, Restarting, Succeeded, Failed and
+    /// Suspended; each changes its lastTransitionTime only when its status changes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Parameter-server shards whose pods are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards_ready: Option<u32>,
+    /// Replicas whose pods are running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas_ready: Option<u32>,
+    /// Replica pods recreated after a failure, counted against spec.replicas.maxRestarts.
+    #[serde(default)]
+    pub replica_restarts: u32,
+    /// Replica pods recreated after an eviction or preemption (not counted against the budget).
+    #[serde(default)]
+    pub replica_reschedules: u32,
+    /// Shard container restarts; each restores the shard from its checkpoint.
+    #[serde(default)]
+    pub shard_restarts: u32,
+    /// Backup replicas started for stragglers.
+    #[serde(default)]
+    pub backups_launched: u32,
+    /// The operator's record of each replica's pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaState>,
+    /// When the job's pods were first created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the job succeeded or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Training progress, written by the job's coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+}
+
+/// One replica's pods, as the operator tracks them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaState {
+    /// Replica index, from 0.
+    pub replica: u32,
+    /// Attempt number of the replica's current pod, `<job>-replica-<replica>-<attempt>`.
+    pub attempt: u32,
+    /// Failures of this replica that used up restart budget; its backoff doubles with each.
+    #[serde(default)]
+    pub restarts: u32,
+    /// Since when the replica has been slower than the straggler threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slow_since: Option<Time>,
+    /// While a backup runs: the attempt of the straggler it backs up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_of: Option<u32>,
+    /// While a backup runs: the coordinator's count of this replica's processes
+    /// when the backup started. A higher count means the backup has reported in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnations_at_backup: Option<u32>,
+}
+
+/// Training progress as the coordinator last saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Mini-batch steps over all replicas.
+    pub step: u64,
+    /// Training examples processed over all replicas.
+    pub examples: u64,
+    /// Examples per second over all replicas.
+    pub examples_per_second: f64,
+    /// Passes over the training data.
+    pub epochs: f64,
+    /// Seconds since training started.
+    pub train_seconds: f64,
+    /// Mean training loss of the latest reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_loss: Option<f64>,
+    /// Latest test accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_accuracy: Option<f64>,
+    /// Best test accuracy so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_test_accuracy: Option<f64>,
+    /// Seconds of training until the target accuracy was first reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_to_target_seconds: Option<f64>,
+    /// Staleness of applied pushes, in versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staleness: Option<StalenessSummary>,
+    /// True once the stopping rule has ended training.
+    #[serde(default)]
+    pub done: bool,
+    /// Why training stopped: target_reached, max_epochs or max_seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Each replica's progress.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaProgress>,
+    /// Each shard's version and checkpoint restore.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardProgress>,
+}
+
+/// Staleness quantiles: how many updates landed between a replica's fetch and its push.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct StalenessSummary {
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+/// One replica's progress.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaProgress {
+    /// Replica index, from 0.
+    pub replica: u32,
+    /// Mini-batch steps of the replica's current process.
+    pub steps: u64,
+    /// Its examples per second.
+    pub examples_per_second: f64,
+    /// Its mean training loss since its last report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Its epoch over its own part of the data.
+    pub epoch: u64,
+    /// Processes that have reported as this replica (restarts and backups add one each).
+    pub incarnations: u32,
+}
+
+/// One shard's state.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardProgress {
+    /// Shard index, from 0.
+    pub shard: u32,
+    /// Updates applied since the job started, counting those restored from a checkpoint.
+    pub version: u64,
+    /// The checkpoint version this shard's current process restored, if it restored one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_version: Option<u64>,
+}

@@ -1,0 +1,109 @@
+//! On Kubernetes the coordinator writes training progress into its job's
+//! `status.progress`, with server-side apply under its own field manager;
+//! its ServiceAccount may patch that one job's status and nothing else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distbelief_api::{DistBeliefJob, Progress, ReplicaProgress, ShardProgress, StalenessSummary};
+use distbelief_proto::v1::JobStatus;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use crate::Shared;
+
+pub const FIELD_MANAGER: &str = "distbelief-coordinator";
+
+/// Where to publish: the job's name and namespace, and a client for its API server.
+#[derive(Clone)]
+pub struct StatusTarget {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Debug for StatusTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+fn finite(x: f64) -> Option<f64> {
+    x.is_finite().then_some(x)
+}
+
+/// The status block for a coordinator's view of the job. JSON has no NaN,
+/// so figures not known yet are left out.
+pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
+    Progress {
+        step: s.steps,
+        examples: s.examples,
+        examples_per_second: finite(s.examples_per_second).unwrap_or(0.0),
+        epochs: finite(s.epochs).unwrap_or(0.0),
+        train_seconds: finite(s.train_seconds).unwrap_or(0.0),
+        train_loss: finite(s.train_loss),
+        test_accuracy: s.test_accuracy.and_then(finite),
+        best_test_accuracy: s.best_test_accuracy.and_then(finite),
+        time_to_target_seconds: s.time_to_target_seconds.and_then(finite),
+        staleness: s.staleness.as_ref().map(|st| StalenessSummary {
+            p50: st.p50,
+            p99: st.p99,
+            max: st.max,
+        }),
+        done: s.done,
+        stop_reason: (!s.stop_reason.is_empty()).then(|| s.stop_reason.clone()),
+        replicas: s
+            .replicas
+            .iter()
+            .map(|r| ReplicaProgress {
+                replica: r.replica,
+                steps: r.steps,
+                examples_per_second: finite(r.examples_per_second).unwrap_or(0.0),
+                loss: finite(r.loss),
+                epoch: r.epoch,
+                incarnations: r.incarnations,
+            })
+            .collect(),
+        shards: shards.to_vec(),
+    }
+}
+
+/// Applies `progress` to the job's status.
+pub async fn apply(target: &StatusTarget, progress: &Progress) -> Result<(), kube::Error> {
+    let api: Api<DistBeliefJob> = Api::namespaced(target.client.clone(), &target.namespace);
+    let patch = json!({
+        "apiVersion": distbelief_api::API_VERSION,
+        "kind": distbelief_api::KIND,
+        "status": {"progress": progress},
+    });
+    api.patch_status(
+        &target.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Publishes every `every` while progress changes, and the final progress
+/// until it lands: the operator finishes the job when it reads `done`.
+pub(crate) async fn publish_loop(shared: Arc<Shared>, target: StatusTarget, every: Duration) {
+    let mut last: Option<Progress> = None;
+    loop {
+        tokio::time::sleep(every).await;
+        let p = {
+            let now = shared.now();
+            let status = shared.tracker().status(now);
+            progress(&status, &shared.shards())
+        };
+        if last.as_ref() == Some(&p) {
+            continue;
+        }
+        match apply(&target, &p).await {
+            Ok(()) => last = Some(p),
+            Err(e) => {
+                tracing::warn!(job = ?target, "cannot write progress to status, will retry: {e}")
+            }
+        }
+    }
+}

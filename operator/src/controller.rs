@@ -1,0 +1,161 @@
+//! Runs the reconciler on watch events: jobs, and the pods and StatefulSets
+//! they own. There is no periodic resync; timed requeues come only from
+//! restart backoff, straggler windows and TTLs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+
+use crate::Config;
+use crate::lease::{self, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::reconcile::{self, Context, Error};
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Watch one namespace; None watches all.
+    pub namespace: Option<String>,
+    pub metrics_addr: Option<SocketAddr>,
+    /// Run only while holding this lease.
+    pub lease: Option<LeaseConfig>,
+    /// Identity in published events.
+    pub instance: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Serve {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "the DistBeliefJob CRD is not installed or not readable ({0}); install it with `distbelief crd | kubectl apply -f -` or the Helm chart"
+    )]
+    NoCrd(kube::Error),
+}
+
+fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Runs the operator until SIGTERM/SIGINT or, with leader election, until
+/// the lease is lost.
+pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(), RunError> {
+    let metrics = Metrics::new()?;
+    if let Some(addr) = opts.metrics_addr {
+        let bound = distbelief_net::serve_metrics(addr, metrics.registry.clone())
+            .await
+            .map_err(|source| RunError::Serve { addr, source })?;
+        tracing::info!("metrics on http://{bound}/metrics");
+    }
+    let ar = reconcile::job_resource();
+    let jobs: Api<DynamicObject> = match &opts.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    jobs.list(&kube::api::ListParams::default().limit(1))
+        .await
+        .map_err(RunError::NoCrd)?;
+
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    if let Some(cfg) = opts.lease.clone() {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+        lease::acquire(&leases, &cfg).await;
+        tokio::spawn(async move {
+            lease::hold(&leases, &cfg).await;
+            let _ = lost_tx.send(());
+        });
+    } else {
+        drop(lost_tx);
+    }
+    let leader_lost = async move {
+        // Without a lease the sender is dropped at once: never resolve then.
+        if lost_rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: crate::FIELD_MANAGER.into(),
+            instance: opts.instance.clone(),
+        },
+    );
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config,
+        metrics,
+        recorder,
+    });
+    let owned =
+        watcher::Config::default().labels("app.kubernetes.io/managed-by=distbelief-operator");
+    tracing::info!(
+        namespace = opts.namespace.as_deref().unwrap_or("all"),
+        "operator running"
+    );
+    Controller::new_with(jobs, watcher::Config::default(), ar)
+        .owns(api::<Pod>(&client, &opts.namespace), owned.clone())
+        .owns(api::<StatefulSet>(&client, &opts.namespace), owned)
+        .graceful_shutdown_on(async move {
+            tokio::select! {
+                _ = terminated() => {}
+                _ = leader_lost => tracing::error!("leadership lost; stopping"),
+            }
+        })
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            match r {
+                Ok((obj, _)) => tracing::debug!(job = obj.name, "reconciled"),
+                Err(e) => tracing::warn!("reconcile: {e}"),
+            }
+        })
+        .await;
+    tracing::info!("operator stopped");
+    Ok(())
+}
+
+/// Retries a failed reconcile after a pause; the API server may be busy.
+fn error_policy(obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(
+        job = obj.metadata.name.as_deref().unwrap_or(""),
+        "reconcile failed, retrying in 10s: {error}"
+    );
+    Action::requeue(Duration::from_secs(10))
+}
+
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+    tracing::info!("signalled; shutting down");
+}

@@ -1,0 +1,93 @@
+//! Operator metrics, named `distbelief_operator_*`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use distbelief_api::Phase;
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use crate::plan::Plan;
+
+pub struct Metrics {
+    pub registry: Registry,
+    jobs: IntGaugeVec,
+    pub reconcile_seconds: Histogram,
+    pub errors: IntCounterVec,
+    replica_restarts: IntCounter,
+    backups: IntCounter,
+    /// Each job's last phase, from which the per-phase gauge is recounted.
+    phases: Mutex<HashMap<(String, String), Phase>>,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("distbelief_operator".into()), None)?;
+        let jobs = IntGaugeVec::new(Opts::new("jobs", "Jobs by phase"), &["phase"])?;
+        let reconcile_seconds = Histogram::with_opts(
+            HistogramOpts::new("reconcile_duration_seconds", "Time per reconcile")
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
+        )?;
+        let errors = IntCounterVec::new(
+            Opts::new("reconcile_errors_total", "Reconciles that failed, by kind"),
+            &["kind"],
+        )?;
+        let replica_restarts = IntCounter::new(
+            "replica_restarts_total",
+            "Replica pods recreated after a failure",
+        )?;
+        let backups = IntCounter::new(
+            "backups_launched_total",
+            "Backup replicas started for stragglers",
+        )?;
+        distbelief_net::register_all(
+            &registry,
+            vec![
+                Box::new(jobs.clone()) as Box<dyn prometheus::core::Collector>,
+                Box::new(reconcile_seconds.clone()),
+                Box::new(errors.clone()),
+                Box::new(replica_restarts.clone()),
+                Box::new(backups.clone()),
+            ],
+        )?;
+        for p in Phase::ALL {
+            jobs.with_label_values(&[p.as_str()]).set(0);
+        }
+        Ok(Metrics {
+            registry,
+            jobs,
+            reconcile_seconds,
+            errors,
+            replica_restarts,
+            backups,
+            phases: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn observe(&self, namespace: &str, name: &str, plan: &Plan) {
+        self.replica_restarts.inc_by(u64::from(plan.restarts));
+        self.backups.inc_by(u64::from(plan.backups));
+        if let Some(phase) = plan.status.phase {
+            self.phases().insert((namespace.into(), name.into()), phase);
+        }
+        self.recount();
+    }
+
+    pub fn forget(&self, namespace: &str, name: &str) {
+        self.phases().remove(&(namespace.into(), name.into()));
+        self.recount();
+    }
+
+    fn phases(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Phase>> {
+        self.phases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recount(&self) {
+        let phases = self.phases();
+        for p in Phase::ALL {
+            let n = phases.values().filter(|&&q| q == p).count();
+            self.jobs.with_label_values(&[p.as_str()]).set(n as i64);
+        }
+    }
+}
