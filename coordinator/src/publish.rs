@@ -74,6 +74,7 @@ pub async fn apply(target: &StatusTarget, progress: &Progress) -> Result<(), kub
     let patch = json!({
         "apiVersion": distbelief_api::API_VERSION,
         "kind": distbelief_api::KIND,
+        "metadata": {"name": target.name},
         "status": {"progress": progress},
     });
     api.patch_status(

@@ -344,9 +344,9 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
         {"name": "DISTBELIEF_CHECKPOINT_DIR", "value": CHECKPOINT_DIR},
     ]);
     let mut ps_container = t.container("ps", ps_env, resources(&spec.parameter_servers.resources));
-    ps_container["volumeMounts"]
-        .as_array_mut()
-        .map(|m| m.push(json!({"name": "checkpoints", "mountPath": CHECKPOINT_DIR})));
+    if let Some(m) = ps_container["volumeMounts"].as_array_mut() {
+        m.push(json!({"name": "checkpoints", "mountPath": CHECKPOINT_DIR}));
+    }
     ps_container["readinessProbe"] = json!({
         "tcpSocket": {"port": "grpc"},
         "periodSeconds": 2,
@@ -381,9 +381,9 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
                 json!({"whenDeleted": "Delete", "whenScaled": "Retain"});
         }
         None => {
-            ps_pod_spec["volumes"]
-                .as_array_mut()
-                .map(|v| v.push(json!({"name": "checkpoints", "emptyDir": {}})));
+            if let Some(v) = ps_pod_spec["volumes"].as_array_mut() {
+                v.push(json!({"name": "checkpoints", "emptyDir": {}}));
+            }
         }
     }
     sts_spec["template"]["spec"] = ps_pod_spec;

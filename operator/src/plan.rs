@@ -474,7 +474,7 @@ fn median_speed(progress: &Progress) -> Option<f64> {
     }
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
-    let median = if v.len() % 2 == 0 {
+    let median = if v.len().is_multiple_of(2) {
         (v[m - 1] + v[m]) / 2.0
     } else {
         v[m]

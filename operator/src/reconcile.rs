@@ -174,7 +174,7 @@ async fn finish(
         jobs.patch_status(
             name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(status_patch(&plan.status)?),
+            &Patch::Apply(status_patch(name, &plan.status)?),
         )
         .await?;
     }
@@ -213,7 +213,10 @@ async fn finish(
 }
 
 /// The status document the operator applies; `progress` belongs to the coordinator.
-pub fn status_patch(status: &DistBeliefJobStatus) -> Result<serde_json::Value, serde_json::Error> {
+pub fn status_patch(
+    name: &str,
+    status: &DistBeliefJobStatus,
+) -> Result<serde_json::Value, serde_json::Error> {
     let mut status = serde_json::to_value(DistBeliefJobStatus {
         progress: None,
         ..status.clone()
@@ -224,6 +227,7 @@ pub fn status_patch(status: &DistBeliefJobStatus) -> Result<serde_json::Value, s
     Ok(json!({
         "apiVersion": distbelief_api::API_VERSION,
         "kind": distbelief_api::KIND,
+        "metadata": {"name": name},
         "status": status,
     }))
 }

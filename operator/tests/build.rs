@@ -1,0 +1,220 @@
+//! The build step on fixtures: the exact objects of a 2-shard × 4-replica
+//! job, and each validation failure with its message.
+
+mod common;
+
+use distbelief_operator::children::{self, BuildError};
+
+/// Regenerate with UPDATE_SNAPSHOTS=1 after an intended change, then review the diff.
+fn snapshot(name: &str, actual: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(name);
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, actual).expect("write snapshot");
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_SNAPSHOTS=1 to create it)",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let first = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(expected.lines().count().min(actual.lines().count()));
+        panic!(
+            "{name} differs from the snapshot from line {}:\n  expected: {:?}\n  actual:   {:?}",
+            first + 1,
+            expected.lines().nth(first),
+            actual.lines().nth(first)
+        );
+    }
+}
+
+fn yaml<T: serde::Serialize>(docs: &[T]) -> String {
+    docs.iter()
+        .map(|d| serde_yaml::to_string(d).expect("serialize"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[test]
+fn two_shards_four_replicas_build_the_exact_objects() {
+    let job = common::job("fmnist");
+    let cfg = common::config();
+    let t = children::target(&job, &cfg).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let mut docs: Vec<serde_json::Value> = vec![
+        serde_json::to_value(&c.config_map).unwrap(),
+        serde_json::to_value(&c.service_account).unwrap(),
+        serde_json::to_value(&c.role).unwrap(),
+        serde_json::to_value(&c.role_binding).unwrap(),
+        serde_json::to_value(&c.ps_service).unwrap(),
+        serde_json::to_value(&c.ps_stateful_set).unwrap(),
+        serde_json::to_value(&c.ps_disruption_budget).unwrap(),
+        serde_json::to_value(&c.coordinator_service).unwrap(),
+        serde_json::to_value(c.coordinator_pod.as_ref().expect("not suspended")).unwrap(),
+    ];
+    for r in 0..4 {
+        let p = children::replica_pod(&t, r, 0, false).expect("replica pod");
+        docs.push(serde_json::to_value(p).unwrap());
+    }
+    assert!(c.network_policy.is_none(), "off unless configured");
+    snapshot("two-shards-four-replicas.yaml", &yaml(&docs));
+
+    // The facts the snapshot must keep, stated so that a careless
+    // regeneration cannot slip past them.
+    let sts = &c.ps_stateful_set;
+    let spec = sts.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(spec.service_name.as_deref(), Some("fmnist-ps"));
+    let owner = &c.config_map.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("DistBeliefJob", Some(true))
+    );
+    let replica = children::replica_pod(&t, 3, 0, false).unwrap();
+    let env = &replica.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap();
+    let value = |k: &str| {
+        env.iter()
+            .find(|e| e.name == k)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(value("DISTBELIEF_REPLICA").as_deref(), Some("3"));
+    assert_eq!(
+        value("DISTBELIEF_SHARDS").as_deref(),
+        Some("fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-1.fmnist-ps.ml.svc:7000")
+    );
+    assert_eq!(
+        value("DISTBELIEF_COORDINATOR").as_deref(),
+        Some("fmnist-coordinator.ml.svc:7100")
+    );
+    assert_eq!(
+        replica.spec.as_ref().unwrap().restart_policy.as_deref(),
+        Some("Never")
+    );
+    // The pods read the same job file the local runtime does.
+    let file = &c.config_map.data.as_ref().unwrap()["job.yaml"];
+    let parsed =
+        distbelief_api::parse_job("job.yaml", file).expect("the mounted job file is valid");
+    assert_eq!(parsed.spec, job.spec);
+}
+
+#[test]
+fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
+    let mut job = common::job("fmnist");
+    job.spec.checkpoint.volume = Some(distbelief_api::CheckpointVolume {
+        size: "2Gi".into(),
+        storage_class_name: Some("fast".into()),
+    });
+    job.spec.suspend = true;
+    let mut cfg = common::config();
+    cfg.network_policy = true;
+    let t = children::target(&job, &cfg).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let spec = c.ps_stateful_set.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(0), "suspended: no shard pods");
+    assert!(c.coordinator_pod.is_none(), "suspended: no coordinator");
+    let claims = spec
+        .volume_claim_templates
+        .as_ref()
+        .expect("a claim per shard");
+    let claim = claims[0].spec.as_ref().unwrap();
+    assert_eq!(claim.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(
+        claim.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0,
+        "2Gi"
+    );
+    let volumes = spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .as_ref()
+        .unwrap();
+    assert!(
+        volumes.iter().all(|v| v.empty_dir.is_none()),
+        "the claim replaces the emptyDir"
+    );
+    let np = c.network_policy.expect("network policy configured");
+    snapshot("network-policy.yaml", &yaml(&[np]));
+}
+
+#[test]
+fn each_validation_failure_is_reported_with_its_message() {
+    type Break = fn(&mut distbelief_api::DistBeliefJob);
+    let cases: &[(&str, Break, &str, &str)] = &[
+        (
+            "long name",
+            |j| j.metadata.name = Some("a".repeat(43)),
+            "metadata.name",
+            "at most 42 characters",
+        ),
+        (
+            "digit first",
+            |j| j.metadata.name = Some("1job".into()),
+            "metadata.name",
+            "start with a letter",
+        ),
+        (
+            "no namespace",
+            |j| j.metadata.namespace = None,
+            "metadata.namespace",
+            "must be set",
+        ),
+        (
+            "no uid",
+            |j| j.metadata.uid = None,
+            "metadata.uid",
+            "API server",
+        ),
+        (
+            "spec rule",
+            |j| j.spec.replicas.count = 0,
+            "spec.replicas.count",
+            "at least 1",
+        ),
+        (
+            "empty image",
+            |j| j.spec.image = Some(" ".into()),
+            "spec.image",
+            "empty",
+        ),
+        (
+            "bad volume size",
+            |j| {
+                j.spec.checkpoint.volume = Some(distbelief_api::CheckpointVolume {
+                    size: "big".into(),
+                    storage_class_name: None,
+                })
+            },
+            "spec.checkpoint.volume.size",
+            "quantity",
+        ),
+    ];
+    let cfg = common::config();
+    for (case, breaks, field, hint) in cases {
+        let mut job = common::job("fmnist");
+        breaks(&mut job);
+        match children::target(&job, &cfg) {
+            Err(BuildError::Invalid(errors)) => {
+                assert_eq!(errors.len(), 1, "{case}: {errors:?}");
+                assert_eq!(errors[0].field, *field, "{case}");
+                assert!(
+                    errors[0].message.contains(hint),
+                    "{case}: {}",
+                    errors[0].message
+                );
+            }
+            Err(e) => panic!("{case}: expected a validation error, got {e}"),
+            Ok(_) => panic!("{case}: the broken job was accepted"),
+        }
+    }
+}

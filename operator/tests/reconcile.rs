@@ -1,0 +1,593 @@
+//! Reconcile against a mocked API server (tower-test): each case asserts the
+//! exact requests, by method, path and key fields of their bodies.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distbelief_operator::metrics::Metrics;
+use distbelief_operator::reconcile::{self, Context};
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::DynamicObject;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+
+use common::NS;
+
+/// One request the operator made.
+#[derive(Debug, Clone)]
+struct Call {
+    method: String,
+    /// Path without the query string.
+    path: String,
+    query: String,
+    body: Value,
+}
+
+impl Call {
+    fn line(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+/// A fake API server: it lists `pods` for the job and answers every other
+/// request the way the real one would, recording all of them.
+async fn run_reconcile(
+    job: Value,
+    pods: Vec<Pod>,
+) -> (Result<Action, reconcile::Error>, Vec<Call>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let recorded = calls.clone();
+    let server = tokio::spawn(async move {
+        while let Some((request, send)) = handle.next_request().await {
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.expect("request body");
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).expect("request body is JSON")
+            };
+            let call = Call {
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_string(),
+                query: parts.uri.query().unwrap_or("").to_string(),
+                body: body.clone(),
+            };
+            let reply = match (call.method.as_str(), call.path.ends_with("/pods")) {
+                ("GET", true) => json!({
+                    "apiVersion": "v1", "kind": "PodList",
+                    "metadata": {"resourceVersion": "1"}, "items": pods,
+                }),
+                ("DELETE", _) => json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+                _ => {
+                    let mut echo = body;
+                    let name = call
+                        .path
+                        .rsplit('/')
+                        .nth(usize::from(call.path.ends_with("/status")))
+                        .unwrap_or("")
+                        .to_string();
+                    echo["metadata"]["name"] = json!(name);
+                    echo["metadata"]["namespace"] = json!(NS);
+                    echo
+                }
+            };
+            recorded.lock().unwrap().push(call);
+            send.send_response(
+                Response::builder()
+                    .status(200)
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    let client = kube::Client::new(service, NS);
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        ),
+        client,
+        config: common::config(),
+        metrics: Metrics::new().expect("metrics"),
+    });
+    let obj: DynamicObject = serde_json::from_value(job).expect("job object");
+    let result = tokio::time::timeout(
+        Duration::from_secs(10),
+        reconcile::reconcile(Arc::new(obj), ctx),
+    )
+    .await
+    .expect("reconcile finished in time");
+    server.abort();
+    let calls = calls.lock().unwrap().clone();
+    (result, calls)
+}
+
+fn job_with_status(name: &str, status: Value) -> Value {
+    let mut v = serde_json::to_value(common::job(name)).unwrap();
+    v["status"] = status;
+    v
+}
+
+fn path(kind: &str, name: &str) -> String {
+    let base = match kind {
+        "pods" | "services" | "configmaps" | "serviceaccounts" => {
+            format!("/api/v1/namespaces/{NS}/{kind}")
+        }
+        "statefulsets" => format!("/apis/apps/v1/namespaces/{NS}/{kind}"),
+        "poddisruptionbudgets" => format!("/apis/policy/v1/namespaces/{NS}/{kind}"),
+        "roles" | "rolebindings" => {
+            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/{kind}")
+        }
+        "events" => return format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        "job" => format!("/apis/distbelief.dev/v1alpha1/namespaces/{NS}/distbeliefjobs"),
+        _ => panic!("unknown kind {kind}"),
+    };
+    format!("{base}/{name}")
+}
+
+/// The server-side applies of the long-lived children, in order.
+fn children_applied(job: &str) -> Vec<String> {
+    [
+        ("configmaps", format!("{job}-job")),
+        ("serviceaccounts", format!("{job}-coordinator")),
+        ("roles", format!("{job}-coordinator")),
+        ("rolebindings", format!("{job}-coordinator")),
+        ("services", format!("{job}-ps")),
+        ("statefulsets", format!("{job}-ps")),
+        ("poddisruptionbudgets", format!("{job}-ps")),
+        ("services", format!("{job}-coordinator")),
+        ("pods", format!("{job}-coordinator")),
+    ]
+    .into_iter()
+    .map(|(k, n)| format!("PATCH {}", path(k, &n)))
+    .collect()
+}
+
+fn list_pods() -> String {
+    format!("GET /api/v1/namespaces/{NS}/pods")
+}
+
+fn status_call(calls: &[Call]) -> &Call {
+    calls
+        .iter()
+        .find(|c| c.path.ends_with("/status"))
+        .expect("a status write")
+}
+
+fn events(calls: &[Call]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.path == path("events", ""))
+        .map(|c| c.body["reason"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+fn condition<'a>(status: &'a Value, kind: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+        .unwrap_or_else(|| panic!("no {kind} condition in {status}"))
+}
+
+#[tokio::test]
+async fn creates_the_children_of_a_new_job() {
+    let (result, calls) = run_reconcile(job_with_status("fm", Value::Null), vec![]).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+    let mut expected = vec![list_pods()];
+    expected.extend(children_applied("fm"));
+    expected
+        .extend((0..4).map(|r| format!("PATCH {}", path("pods", &format!("fm-replica-{r}-0")))));
+    expected.push(format!("PATCH {}/status", path("job", "fm")));
+    expected.push(format!("POST {}", path("events", "")));
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(lines, expected);
+
+    assert_eq!(calls[0].query, "&labelSelector=distbelief.dev%2Fjob%3Dfm");
+    for c in calls.iter().filter(|c| c.method == "PATCH") {
+        assert!(
+            c.query.contains("fieldManager=distbelief-operator"),
+            "{}: {}",
+            c.path,
+            c.query
+        );
+        assert!(c.query.contains("force=true"), "{}", c.path);
+    }
+    let sts = calls
+        .iter()
+        .find(|c| c.path.contains("/statefulsets/"))
+        .unwrap();
+    assert_eq!(sts.body["spec"]["replicas"], 2);
+    assert_eq!(
+        sts.body["metadata"]["ownerReferences"][0]["kind"],
+        "DistBeliefJob"
+    );
+    let replica = calls
+        .iter()
+        .find(|c| c.path.ends_with("/pods/fm-replica-2-0"))
+        .unwrap();
+    assert_eq!(replica.body["spec"]["restartPolicy"], "Never");
+    assert_eq!(
+        replica.body["metadata"]["labels"]["distbelief.dev/replica"],
+        "2"
+    );
+
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(condition(status, "Created")["status"], "True");
+    assert_eq!(condition(status, "Running")["status"], "False");
+    assert!(
+        status.get("progress").is_none(),
+        "progress is the coordinator's"
+    );
+    assert_eq!(events(&calls), vec!["Pending"]);
+}
+
+#[tokio::test]
+async fn a_running_job_is_left_alone_with_no_event() {
+    let mut starting = common::running_status();
+    starting["phase"] = json!("Pending");
+    let job = job_with_status("fm", starting);
+    let (first, calls) = run_reconcile(job, common::running_pods("fm")).await;
+    assert_eq!(first.expect("reconciled"), Action::await_change());
+    let status = status_call(&calls).body["status"].clone();
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["shardsReady"], 2);
+    assert_eq!(status["replicasReady"], 4);
+    assert_eq!(
+        events(&calls),
+        vec!["Running"],
+        "one event for the transition"
+    );
+
+    // Reconciling the status just written changes nothing: no status write, no event.
+    let again = job_with_status("fm", status);
+    let (second, calls) = run_reconcile(again, common::running_pods("fm")).await;
+    assert_eq!(second.expect("reconciled"), Action::await_change());
+    assert!(
+        calls.iter().all(|c| !c.path.ends_with("/status")),
+        "{:?}",
+        calls.iter().map(Call::line).collect::<Vec<_>>()
+    );
+    assert!(events(&calls).is_empty());
+    assert!(
+        calls.iter().all(|c| !c.path.contains("replica")),
+        "no replica pod touched"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_replica_waits_out_its_backoff_then_is_recreated() {
+    let now = Timestamp::now();
+    let mut pods = common::running_pods("fm");
+    pods[4] = common::failed_replica("fm", 1, 0, 1, now - SignedDuration::from_secs(3));
+    let job = job_with_status("fm", common::running_status());
+
+    // 3 s into a 10 s backoff: nothing is created, the job is Restarting,
+    // and the operator comes back when the backoff ends.
+    let (result, calls) = run_reconcile(job.clone(), pods.clone()).await;
+    match result.expect("reconciled") {
+        a if a == Action::await_change() => panic!("expected a timed requeue"),
+        a => {
+            let text = format!("{a:?}");
+            assert!(
+                text.contains("requeue_after: Some(6") || text.contains("requeue_after: Some(7"),
+                "{text}"
+            );
+        }
+    }
+    assert!(!calls.iter().any(|c| c.path.ends_with("fm-replica-1-1")));
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Restarting");
+    assert_eq!(status["replicaRestarts"], 0);
+    assert_eq!(events(&calls), vec!["Restarting"]);
+
+    // After the backoff: the next attempt is created and counted.
+    pods[4] = common::failed_replica("fm", 1, 0, 1, now - SignedDuration::from_secs(11));
+    let (result, calls) = run_reconcile(job, pods).await;
+    result.expect("reconciled");
+    let created: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.method == "PATCH" && c.path.contains("/pods/fm-replica-"))
+        .collect();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].path, path("pods", "fm-replica-1-1"));
+    assert_eq!(
+        created[0].body["metadata"]["labels"]["distbelief.dev/attempt"],
+        "1"
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["replicaRestarts"], 1);
+    let r1 = &status["replicas"][1];
+    assert_eq!(
+        (
+            r1["replica"].as_u64(),
+            r1["attempt"].as_u64(),
+            r1["restarts"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1))
+    );
+    assert!(events(&calls).contains(&"ReplicaRestarted".to_string()));
+    let note = calls
+        .iter()
+        .find(|c| c.body["reason"] == "ReplicaRestarted")
+        .unwrap();
+    assert!(
+        note.body["note"].as_str().unwrap().contains("exit code 1"),
+        "{}",
+        note.body
+    );
+}
+
+#[tokio::test]
+async fn an_evicted_replica_is_recreated_without_using_the_budget() {
+    let mut pods = common::running_pods("fm");
+    pods[5].status =
+        serde_json::from_value(json!({"phase": "Failed", "reason": "Evicted"})).unwrap();
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", common::running_status()), pods).await;
+    result.expect("reconciled");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.method == "PATCH" && c.path == path("pods", "fm-replica-2-1"))
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["replicaRestarts"], 0);
+    assert_eq!(status["replicaReschedules"], 1);
+    assert!(events(&calls).contains(&"ReplicaRescheduled".to_string()));
+}
+
+#[tokio::test]
+async fn stops_at_the_restart_budget_and_marks_the_job_failed() {
+    let mut status = common::running_status();
+    status["replicaRestarts"] = json!(3);
+    let mut pods = common::running_pods("fm");
+    pods[3] = common::failed_replica(
+        "fm",
+        0,
+        0,
+        137,
+        Timestamp::now() - SignedDuration::from_secs(600),
+    );
+    let (result, calls) = run_reconcile(job_with_status("fm", status), pods).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.method == "PATCH" && c.path.contains("/pods/")),
+        "nothing is created: {:?}",
+        calls.iter().map(Call::line).collect::<Vec<_>>()
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Failed");
+    let failed = condition(status, "Failed");
+    assert_eq!(failed["status"], "True");
+    assert_eq!(failed["reason"], "RestartBudgetExhausted");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("replica 0 failed (exit code 137"),
+        "{failed}"
+    );
+    assert!(status["completionTime"].is_string());
+    // Cleanup: the StatefulSet and every other pod go.
+    let deletes: Vec<String> = calls
+        .iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path.clone())
+        .collect();
+    assert!(
+        deletes.contains(&path("statefulsets", "fm-ps")),
+        "{deletes:?}"
+    );
+    assert!(
+        deletes.contains(&path("pods", "fm-coordinator")),
+        "{deletes:?}"
+    );
+    assert_eq!(events(&calls), vec!["Failed", "CleanedUp"]);
+}
+
+#[tokio::test]
+async fn launches_a_backup_for_a_straggler_and_retires_it_once_the_backup_reports() {
+    let slow_since = Timestamp::now() - SignedDuration::from_secs(90);
+    let mut status = common::running_status();
+    status["replicas"][2]["slowSince"] = json!(slow_since.to_string());
+    let progress = |incarnations_2: u32| {
+        json!({
+            "step": 5000, "examples": 640000, "examplesPerSecond": 30000.0, "epochs": 2.0, "trainSeconds": 20.0,
+            "replicas": (0..4).map(|r| json!({
+                "replica": r, "steps": 1000, "examplesPerSecond": if r == 2 { 1500.0 } else { 9000.0 },
+                "epoch": 1, "incarnations": if r == 2 { incarnations_2 } else { 1 },
+            })).collect::<Vec<_>>(),
+        })
+    };
+    status["progress"] = progress(1);
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
+    result.expect("reconciled");
+    let backup = calls
+        .iter()
+        .find(|c| c.method == "PATCH" && c.path == path("pods", "fm-replica-2-1"))
+        .expect("a backup pod for replica 2");
+    let labels = &backup.body["metadata"]["labels"];
+    assert_eq!(labels["distbelief.dev/backup"], "true");
+    assert_eq!(
+        labels["distbelief.dev/replica"], "2",
+        "the backup takes the straggler's data"
+    );
+    let written = status_call(&calls).body["status"].clone();
+    assert_eq!(written["backupsLaunched"], 1);
+    assert_eq!(written["replicas"][2]["backupOf"], 0);
+    assert!(events(&calls).contains(&"BackupLaunched".to_string()));
+    assert!(
+        !calls.iter().any(|c| c.method == "DELETE"),
+        "the straggler runs until the backup reports"
+    );
+
+    // The coordinator has now seen the backup (a second incarnation of
+    // replica 2): the straggler is retired.
+    let mut next = written;
+    next["progress"] = progress(2);
+    let mut pods = common::running_pods("fm");
+    pods.push(common::replica_pod("fm", 2, 1, "Running"));
+    let (result, calls) = run_reconcile(job_with_status("fm", next), pods).await;
+    result.expect("reconciled");
+    let deletes: Vec<String> = calls
+        .iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(deletes, vec![path("pods", "fm-replica-2-0")]);
+    assert!(events(&calls).contains(&"StragglerRetired".to_string()));
+}
+
+#[tokio::test]
+async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
+    let mut status = common::running_status();
+    status["progress"] = json!({
+        "step": 9000, "examples": 1152000, "examplesPerSecond": 40000.0, "epochs": 19.2, "trainSeconds": 28.8,
+        "testAccuracy": 0.8612, "bestTestAccuracy": 0.8612, "done": true, "stopReason": "target_reached",
+    });
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    let mut expected = vec![list_pods()];
+    expected.push(format!("DELETE {}", path("pods", "fm-coordinator")));
+    expected
+        .extend((0..4).map(|r| format!("DELETE {}", path("pods", &format!("fm-replica-{r}-0")))));
+    expected.push(format!("DELETE {}", path("statefulsets", "fm-ps")));
+    expected.push(format!("PATCH {}/status", path("job", "fm")));
+    expected.push(format!("POST {}", path("events", "")));
+    expected.push(format!("POST {}", path("events", "")));
+    assert_eq!(lines, expected);
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Succeeded");
+    let ok = condition(status, "Succeeded");
+    assert_eq!(
+        (ok["status"].as_str(), ok["reason"].as_str()),
+        (Some("True"), Some("TargetReached"))
+    );
+    assert!(ok["message"].as_str().unwrap().contains("0.8612"));
+    assert_eq!(events(&calls), vec!["Succeeded", "CleanedUp"]);
+}
+
+#[tokio::test]
+async fn a_finished_job_past_its_ttl_is_deleted() {
+    let mut job = job_with_status(
+        "fm",
+        json!({
+            "phase": "Succeeded",
+            "observedGeneration": 1,
+            "completionTime": (Timestamp::now() - SignedDuration::from_secs(120)).to_string(),
+            "conditions": [{"type": "Succeeded", "status": "True", "reason": "TargetReached", "message": "", "lastTransitionTime": "2026-11-23T00:00:00Z"}],
+        }),
+    );
+    job["spec"]["ttlSecondsAfterFinished"] = json!(60);
+    let (result, calls) = run_reconcile(job, vec![]).await;
+    result.expect("reconciled");
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        vec![list_pods(), format!("DELETE {}", path("job", "fm"))]
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_job_is_marked_failed_and_does_not_wedge_the_controller() {
+    let mut bad = job_with_status("broken", Value::Null);
+    bad["spec"]["model"] = json!("a string where an object belongs");
+    let (result, calls) = run_reconcile(bad, vec![]).await;
+    assert_eq!(
+        result.expect("handled, not an error"),
+        Action::await_change()
+    );
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(
+        lines,
+        vec![
+            format!("PATCH {}/status", path("job", "broken")),
+            format!("POST {}", path("events", ""))
+        ]
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Failed");
+    let failed = condition(status, "Failed");
+    assert_eq!(failed["reason"], "MalformedSpec");
+    assert!(
+        failed["message"].as_str().unwrap().contains("spec.model")
+            || failed["message"].as_str().unwrap().contains("invalid type"),
+        "{failed}"
+    );
+    assert_eq!(condition(status, "Created")["status"], "False");
+
+    // A job that decodes but breaks a rule fails the same way, with the rule's message.
+    let mut invalid = job_with_status("rules", Value::Null);
+    invalid["spec"]["replicas"]["count"] = json!(0);
+    let (result, calls) = run_reconcile(invalid, vec![]).await;
+    assert_eq!(result.expect("handled"), Action::await_change());
+    let failed = condition(&status_call(&calls).body["status"], "Failed").clone();
+    assert_eq!(failed["reason"], "InvalidSpec");
+    assert!(
+        failed["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.replicas.count: must be at least 1"),
+        "{failed}"
+    );
+
+    // The next job reconciles normally.
+    let (result, calls) = run_reconcile(job_with_status("fine", Value::Null), vec![]).await;
+    result.expect("reconciled");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path == path("statefulsets", "fine-ps"))
+    );
+}
+
+#[tokio::test]
+async fn suspend_removes_pods_but_keeps_the_shards_state() {
+    let mut job = job_with_status("fm", common::running_status());
+    job["spec"]["suspend"] = json!(true);
+    let (result, calls) = run_reconcile(job, common::running_pods("fm")).await;
+    result.expect("reconciled");
+    let sts = calls
+        .iter()
+        .find(|c| c.path == path("statefulsets", "fm-ps"))
+        .expect("StatefulSet applied");
+    assert_eq!(
+        sts.body["spec"]["replicas"], 0,
+        "scaled to zero, claims kept"
+    );
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.method == "PATCH" && c.path == path("pods", "fm-coordinator"))
+    );
+    let deletes: Vec<String> = calls
+        .iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path.clone())
+        .collect();
+    assert_eq!(
+        deletes.len(),
+        5,
+        "coordinator and four replicas: {deletes:?}"
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Suspended");
+    assert_eq!(condition(status, "Suspended")["status"], "True");
+}
