@@ -17,6 +17,15 @@ fn committed_crd_matches_the_generated_one() {
         generated == committed,
         "deploy/crd.yaml is out of date: run `target/release/distbelief crd > deploy/crd.yaml`"
     );
+    let chart = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../charts/distbelief/files/crd.yaml"),
+    )
+    .expect("charts/distbelief/files/crd.yaml");
+    assert!(
+        generated == chart,
+        "the chart's CRD is out of date: copy deploy/crd.yaml to charts/distbelief/files/crd.yaml and run scripts/render-install.sh"
+    );
     let crd: serde_yaml::Value = serde_yaml::from_str(&generated).expect("YAML");
     assert_eq!(crd["spec"]["names"]["shortNames"][0], "dbj");
     assert_eq!(crd["spec"]["scope"], "Namespaced");
@@ -44,4 +53,24 @@ fn committed_crd_matches_the_generated_one() {
             .is_some_and(|d| d.contains("Default: 128")),
         "field docs become schema descriptions: {batch:?}"
     );
+
+    let status = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+    for field in [
+        "phase",
+        "conditions",
+        "observedGeneration",
+        "progress",
+        "replicaRestarts",
+    ] {
+        assert!(status[field].is_mapping(), "status.{field} in the schema");
+    }
+    let rules: Vec<&str> =
+        version["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
+            .as_sequence()
+            .expect("CEL rules on spec")
+            .iter()
+            .filter_map(|r| r["rule"].as_str())
+            .collect();
+    assert!(rules.contains(&"self.model == oldSelf.model"), "{rules:?}");
+    assert!(rules.iter().any(|r| r.contains("nPush <= 64")), "{rules:?}");
 }

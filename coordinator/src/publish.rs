@@ -108,3 +108,54 @@ pub(crate) async fn publish_loop(shared: Arc<Shared>, target: StatusTarget, ever
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distbelief_proto::v1::{ReplicaProgress as Rp, Staleness};
+
+    #[test]
+    fn progress_drops_figures_json_cannot_hold_and_keeps_the_rest() {
+        let status = JobStatus {
+            done: true,
+            stop_reason: "target_reached".into(),
+            steps: 900,
+            examples: 115_200,
+            examples_per_second: 40_000.0,
+            train_loss: f64::NAN,
+            test_accuracy: Some(0.86),
+            best_test_accuracy: Some(0.87),
+            epochs: 1.92,
+            staleness: Some(Staleness {
+                p50: 3,
+                p99: 9,
+                max: 12,
+            }),
+            replicas: vec![Rp {
+                replica: 1,
+                steps: 450,
+                examples_per_second: 20_000.0,
+                loss: f64::INFINITY,
+                incarnations: 2,
+                ..Rp::default()
+            }],
+            ..JobStatus::default()
+        };
+        let shards = [ShardProgress {
+            shard: 0,
+            version: 874,
+            restored_version: Some(696),
+        }];
+        let p = progress(&status, &shards);
+        assert_eq!(p.train_loss, None);
+        assert_eq!(p.replicas[0].loss, None);
+        assert_eq!(p.replicas[0].incarnations, 2);
+        assert_eq!(p.stop_reason.as_deref(), Some("target_reached"));
+        assert_eq!(p.shards[0].restored_version, Some(696));
+        // Serializes as JSON: the patch the API server receives.
+        let json = serde_json::to_value(&p).expect("finite figures only");
+        assert_eq!(json["testAccuracy"], 0.86);
+        assert_eq!(json["staleness"]["p99"], 9);
+        assert!(json.get("trainLoss").is_none());
+    }
+}
