@@ -114,20 +114,21 @@ def one(kind):
 RULES = {
     ("distbelief.dev", "distbeliefjobs"): {"get", "list", "watch", "delete"},
     ("distbelief.dev", "distbeliefjobs/status"): {"patch"},
-    ("", "pods"): {"list", "watch", "patch", "delete"},
-    ("", "services"): {"patch"},
-    ("", "configmaps"): {"patch"},
-    ("", "serviceaccounts"): {"patch"},
-    ("apps", "statefulsets"): {"list", "watch", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"patch"},
-    ("rbac.authorization.k8s.io", "roles"): {"patch"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"patch"},
+    ("distbelief.dev", "distbeliefjobs/finalizers"): {"update"},
+    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"create", "patch"},
+    ("", "configmaps"): {"create", "patch"},
+    ("", "serviceaccounts"): {"create", "patch"},
+    ("apps", "statefulsets"): {"list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"create", "patch"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
 }
 if "rbac" in expect:
     want = dict(RULES)
     if expect["rbac"] == "exact+np":
-        want[("networking.k8s.io", "networkpolicies")] = {"patch"}
+        want[("networking.k8s.io", "networkpolicies")] = {"create", "patch"}
     got = {}
     for rule in one("ClusterRole").get("rules", []):
         for g in rule.get("apiGroups", []):

@@ -104,8 +104,16 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
 
-    let finished = old.phase.is_some_and(Phase::is_finished)
-        && old.conditions.iter().all(|c| c.reason != "InvalidSpec");
+    let was_unusable = old
+        .conditions
+        .iter()
+        .any(|c| c.status == "True" && (c.reason == "InvalidSpec" || c.reason == "MalformedSpec"));
+    let finished = old.phase.is_some_and(Phase::is_finished) && !was_unusable;
+    if was_unusable {
+        // The spec was fixed: the job starts now, not when it was refused.
+        plan.status.completion_time = None;
+        plan.status.start_time = None;
+    }
     if finished {
         cleanup(&mut plan, job, &live);
         expire(&mut plan, job, now);
@@ -153,6 +161,8 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
             .collect();
         plan.status.replicas_ready = Some(0);
         plan.status.shards_ready = Some(0);
+        // Resuming starts every replica afresh: not a replacement, not a restart.
+        plan.status.replicas.clear();
         transition(
             &mut plan,
             generation,
@@ -209,7 +219,7 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
     let mut states = Vec::new();
     for r in 0..job.spec.replicas.count {
         let prev = old.replicas.iter().find(|s| s.replica == r).cloned();
-        let outcome = replica(t, r, prev, &live, &progress, &mut plan, backoff, now);
+        let outcome = replica(t, r, prev, &live, pods, &progress, &mut plan, backoff, now);
         match outcome {
             Outcome::Waiting => waiting = true,
             Outcome::OverBudget(m) => failed = failed.or(Some(m)),
@@ -287,6 +297,7 @@ fn replica(
     r: u32,
     prev: Option<ReplicaState>,
     live: &[&Pod],
+    pods_all: &[Pod],
     progress: &Progress,
     plan: &mut Plan,
     backoff: Backoff,
@@ -299,6 +310,11 @@ fn replica(
         .filter_map(|p| label_u32(p, LABEL_ATTEMPT).map(|a| (a, *p)))
         .collect();
     let known = prev.is_some();
+    let newest_any = pods_all
+        .iter()
+        .filter(|p| role(p) == Some("replica") && label_u32(p, LABEL_REPLICA) == Some(r))
+        .filter_map(|p| label_u32(p, LABEL_ATTEMPT))
+        .max();
     let mut st = prev.unwrap_or(ReplicaState {
         replica: r,
         ..ReplicaState::default()
@@ -317,7 +333,12 @@ fn replica(
     };
     match mine.get(&st.attempt) {
         None if !known => {
-            let first = st.attempt;
+            // After a suspension the old pods may still be terminating under
+            // their names: start past them.
+            let first = match newest_any {
+                Some(a) if a >= st.attempt => a + 1,
+                _ => st.attempt,
+            };
             launch(plan, &mut st, first, false);
         }
         None => {
@@ -334,6 +355,28 @@ fn replica(
             );
             launch(plan, &mut st, next, false);
             st.backup_of = None;
+        }
+        Some(pod)
+            if phase_of(pod) == "Failed"
+                && st
+                    .backup_of
+                    .and_then(|old| mine.get(&old))
+                    .is_some_and(|p| phase_of(p) == "Running") =>
+        {
+            // The backup failed but the straggler still trains: keep it.
+            let old = st.backup_of.take().unwrap_or(st.attempt);
+            plan.note(
+                true,
+                "BackupFailed",
+                format!(
+                    "replica {r}'s backup failed ({}); keeping {}",
+                    failure(pod),
+                    children::replica_pod_name(&t.name, r, old)
+                ),
+            );
+            st.attempt = old;
+            st.incarnations_at_backup = None;
+            st.slow_since = None;
         }
         Some(pod) if phase_of(pod) == "Failed" => {
             let next = st.attempt + 1;
@@ -662,8 +705,23 @@ fn terminated(p: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStateTerm
         .find_map(|c| c.state.as_ref()?.terminated.as_ref())
 }
 
+/// When the pod failed: its container's end, else (a pod that failed before
+/// its container ran) the last condition change, else its creation.
 fn finished_at(p: &Pod) -> Option<Timestamp> {
-    terminated(p)?.finished_at.as_ref().map(|t| t.0)
+    if let Some(t) = terminated(p).and_then(|t| t.finished_at.as_ref()) {
+        return Some(t.0);
+    }
+    let changed = p
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .filter_map(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0)
+                .max()
+        });
+    changed.or_else(|| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 /// "exit code 1: Error", or the pod's own reason.

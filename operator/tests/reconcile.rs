@@ -591,3 +591,33 @@ async fn suspend_removes_pods_but_keeps_the_shards_state() {
     assert_eq!(status["phase"], "Suspended");
     assert_eq!(condition(status, "Suspended")["status"], "True");
 }
+
+#[tokio::test]
+async fn resuming_starts_replicas_past_pods_still_terminating_without_counting_them() {
+    let status = json!({"phase": "Suspended", "observedGeneration": 1});
+    let mut terminating = common::replica_pod("fm", 0, 0, "Running");
+    terminating.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+    );
+    let (result, calls) = run_reconcile(job_with_status("fm", status), vec![terminating]).await;
+    result.expect("reconciled");
+    let created: Vec<String> = calls
+        .iter()
+        .filter(|c| c.method == "PATCH" && c.path.contains("/pods/fm-replica-"))
+        .map(|c| c.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        created,
+        [
+            "fm-replica-0-1",
+            "fm-replica-1-0",
+            "fm-replica-2-0",
+            "fm-replica-3-0"
+        ]
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["replicaReschedules"], 0);
+    assert_eq!(status["replicaRestarts"], 0);
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(condition(status, "Suspended")["status"], "False");
+}
