@@ -47,24 +47,6 @@ fn load(c: &Common) -> anyhow::Result<Job> {
     Ok(distbelief_api::load_job(&c.job)?)
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn terminated() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => std::future::pending().await,
-    }
-    tracing::info!("signalled; shutting down");
-}
-
 async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
@@ -85,7 +67,14 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
         let registry = registry("ps", Some(a.shard))?;
         start_metrics(&a.common, &registry).await?;
         let listener = bind(a.listen).await?;
-        distbelief_ps::serve(&job, opts, listener, &registry, terminated()).await?;
+        distbelief_ps::serve(
+            &job,
+            opts,
+            listener,
+            &registry,
+            distbelief_net::terminated(),
+        )
+        .await?;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -105,7 +94,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         // signal says so (128 + SIGTERM), so that a supervisor restarts it.
         tokio::select! {
             r = distbelief_worker::run_replica(job, opts, &registry) => { r?; Ok(ExitCode::SUCCESS) }
-            _ = terminated() => Ok(ExitCode::from(143)),
+            _ = distbelief_net::terminated() => Ok(ExitCode::from(143)),
         }
     })
 }
@@ -133,7 +122,14 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         let registry = registry("coordinator", None)?;
         start_metrics(&a.common, &registry).await?;
         let listener = bind(a.listen).await?;
-        distbelief_coordinator::serve(&job, opts, listener, &registry, terminated()).await?;
+        distbelief_coordinator::serve(
+            &job,
+            opts,
+            listener,
+            &registry,
+            distbelief_net::terminated(),
+        )
+        .await?;
         Ok(ExitCode::SUCCESS)
     })
 }

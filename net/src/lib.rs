@@ -178,3 +178,21 @@ mod tests {
         assert_eq!(b.next_delay().as_millis(), 50);
     }
 }
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+    tracing::info!("signalled; shutting down");
+}

@@ -118,7 +118,7 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
         .owns(api::<StatefulSet>(&client, &opts.namespace), owned)
         .graceful_shutdown_on(async move {
             tokio::select! {
-                _ = terminated() => {}
+                _ = distbelief_net::terminated() => {}
                 _ = leader_lost => tracing::error!("leadership lost; stopping"),
             }
         })
@@ -141,21 +141,4 @@ fn error_policy(obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> A
         "reconcile failed, retrying in 10s: {error}"
     );
     Action::requeue(Duration::from_secs(10))
-}
-
-async fn terminated() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => std::future::pending().await,
-    }
-    tracing::info!("signalled; shutting down");
 }
