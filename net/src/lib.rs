@@ -165,20 +165,6 @@ pub fn init_tracing() {
         .try_init();
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let mut b = Backoff::default();
-        let d: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(d, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
-        b.reset();
-        assert_eq!(b.next_delay().as_millis(), 50);
-    }
-}
-
 /// Resolves on SIGINT or SIGTERM.
 pub async fn terminated() {
     use tokio::signal::unix::{SignalKind, signal};
@@ -195,4 +181,18 @@ pub async fn terminated() {
         _ => std::future::pending().await,
     }
     tracing::info!("signalled; shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let mut b = Backoff::default();
+        let d: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(d, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 50);
+    }
 }
