@@ -35,7 +35,8 @@ pub enum ApiError {
     },
 }
 
-fn list(errors: &[ValidationError]) -> String {
+/// Broken rules as an indented list, one per line.
+pub fn list(errors: &[ValidationError]) -> String {
     errors
         .iter()
         .map(|e| format!("  - {e}"))

@@ -9,7 +9,7 @@ pub mod spec;
 pub mod status;
 mod validate;
 
-pub use error::{ApiError, ValidationError};
+pub use error::{ApiError, ValidationError, list as list_errors};
 pub use layout::{Layout, Tensor};
 pub use load::{load_job, parse_job};
 pub use spec::*;

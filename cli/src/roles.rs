@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use distbelief_api::Job;
+use distbelief_net::terminated;
 use kube::CustomResourceExt;
 
 use crate::{Common, CoordinatorArgs, OperatorArgs, PsArgs, WorkerArgs};
@@ -67,14 +68,7 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
         let registry = registry("ps", Some(a.shard))?;
         start_metrics(&a.common, &registry).await?;
         let listener = bind(a.listen).await?;
-        distbelief_ps::serve(
-            &job,
-            opts,
-            listener,
-            &registry,
-            distbelief_net::terminated(),
-        )
-        .await?;
+        distbelief_ps::serve(&job, opts, listener, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -94,7 +88,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         // signal says so (128 + SIGTERM), so that a supervisor restarts it.
         tokio::select! {
             r = distbelief_worker::run_replica(job, opts, &registry) => { r?; Ok(ExitCode::SUCCESS) }
-            _ = distbelief_net::terminated() => Ok(ExitCode::from(143)),
+            _ = terminated() => Ok(ExitCode::from(143)),
         }
     })
 }
@@ -122,14 +116,7 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         let registry = registry("coordinator", None)?;
         start_metrics(&a.common, &registry).await?;
         let listener = bind(a.listen).await?;
-        distbelief_coordinator::serve(
-            &job,
-            opts,
-            listener,
-            &registry,
-            distbelief_net::terminated(),
-        )
-        .await?;
+        distbelief_coordinator::serve(&job, opts, listener, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -33,21 +33,13 @@ pub const MAX_JOB_NAME: usize = 42;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("the job is invalid:\n{}", list(.0))]
+    #[error("the job is invalid:\n{}", distbelief_api::list_errors(.0))]
     Invalid(Vec<ValidationError>),
     #[error("cannot build {what}: {source}")]
     Object {
         what: &'static str,
         source: serde_json::Error,
     },
-}
-
-fn list(errors: &[ValidationError]) -> String {
-    errors
-        .iter()
-        .map(|e| format!("  - {e}"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The job's long-lived children. Replica pods are built one at a time by
