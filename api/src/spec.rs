@@ -1,6 +1,8 @@
 //! The `DistBeliefJob` custom resource. Every `///` here becomes the CRD's
 //! schema description, so each field states its default.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -37,7 +39,8 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 // What a running job is made of cannot change under it: shards hold a
 // parameter layout derived from the model, replicas hold a slice of the
 // data. The knobs that steer a run (suspend, restarts, stragglers, TTL)
-// stay mutable.
+// stay mutable. The rules on values are in `admission`, added to the
+// schema by `crate::crd`.
 #[x_kube(
     validation = Rule::new("self.model == oldSelf.model").message("spec.model cannot change after the job is created"),
     validation = Rule::new("self.data == oldSelf.data").message("spec.data cannot change after the job is created"),
@@ -45,13 +48,7 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
     validation = Rule::new("self.parameterServers.shards == oldSelf.parameterServers.shards").message("spec.parameterServers.shards cannot change after the job is created"),
     validation = Rule::new("self.replicas.count == oldSelf.replicas.count").message("spec.replicas.count cannot change after the job is created"),
     validation = Rule::new("self.checkpoint == oldSelf.checkpoint").message("spec.checkpoint cannot change after the job is created"),
-    validation = Rule::new("has(self.algorithm.downpour)").message("spec.algorithm.downpour is required (the only algorithm so far)"),
-    validation = Rule::new("self.data.format != 'csv' || (has(self.data.trainCsv) && has(self.data.testCsv))").message("spec.data.trainCsv and spec.data.testCsv are required when spec.data.format is csv"),
-    validation = Rule::new("self.parameterServers.shards >= 1").message("spec.parameterServers.shards must be at least 1"),
-    validation = Rule::new("self.replicas.count >= 1").message("spec.replicas.count must be at least 1"),
-    validation = Rule::new("!has(self.stop.targetTestAccuracy) || (self.stop.targetTestAccuracy > 0.0 && self.stop.targetTestAccuracy <= 1.0)").message("spec.stop.targetTestAccuracy must be in (0, 1]"),
-    validation = Rule::new("!has(self.algorithm.downpour) || (self.algorithm.downpour.nPush >= 1 && self.algorithm.downpour.nPush <= 64)").message("spec.algorithm.downpour.nPush must be between 1 and 64"),
-    validation = Rule::new("self.replicas.stragglers.slowFraction > 0.0 && self.replicas.stragglers.slowFraction < 1.0").message("spec.replicas.stragglers.slowFraction must be in (0, 1)"),
+    validation = Rule::new("self.output == oldSelf.output").message("spec.output cannot change after the job is created"),
 )]
 pub struct DistBeliefJobSpec {
     /// The network to train. Required.
@@ -70,7 +67,8 @@ pub struct DistBeliefJobSpec {
     /// When the job is done. Default: 10 epochs or 3600 seconds, no accuracy target.
     #[serde(default)]
     pub stop: StopSpec,
-    /// Parameter-server checkpoints. Default: every 30 seconds, in the runtime's own directory.
+    /// Parameter-server checkpoints. Default: every 30 seconds, in the local
+    /// runtime's run directory or, on Kubernetes, a claim per shard.
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
     /// Kubernetes only: while true the operator stops the job's pods and keeps
@@ -90,6 +88,25 @@ pub struct DistBeliefJobSpec {
     /// operator's own image (its --image flag).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Kubernetes only: node labels every pod of the job must match. Default: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Where the trained model goes when the job succeeds: `model.safetensors`
+    /// and `summary.json`. Default: the local runtime's run directory; on
+    /// Kubernetes nothing is kept unless volumeClaimName is set.
+    #[serde(default)]
+    pub output: OutputSpec,
+}
+
+/// Where a finished job leaves its model.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutputSpec {
+    /// Kubernetes only: an existing PersistentVolumeClaim, mounted into the
+    /// coordinator, that receives `<job name>/model.safetensors` and
+    /// `<job name>/summary.json` when the job succeeds. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_claim_name: Option<String>,
 }
 
 /// A multi-layer perceptron: dense hidden layers, then a dense output layer
@@ -398,9 +415,11 @@ pub struct CheckpointSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_seconds: Option<u64>,
     /// Kubernetes only: keep shard checkpoints on a PersistentVolumeClaim per
-    /// shard, so that they outlive the shard's pod (and a suspended job).
-    /// Default: none; checkpoints live in the pod's emptyDir and survive
-    /// container restarts only.
+    /// shard, so that they outlive the shard's pod, a drained node and a
+    /// suspension. Default: a 1Gi claim in the default StorageClass when the
+    /// cluster has one; without one, checkpoints live in the pod's emptyDir,
+    /// survive container restarts only, and the job says so in its
+    /// DurableCheckpoints condition and a warning event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<CheckpointVolume>,
 }

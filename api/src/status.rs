@@ -85,6 +85,10 @@ pub struct DistBeliefJobStatus {
     /// The operator's record of each replica's pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaState>,
+    /// Where the shards keep their checkpoints, decided once when the job
+    /// starts: PersistentVolumeClaim (durable) or EmptyDir (lost with the pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_storage: Option<CheckpointStorage>,
     /// When the job's pods were first created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -94,6 +98,15 @@ pub struct DistBeliefJobStatus {
     /// Training progress, written by the job's coordinator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+}
+
+/// Where shard checkpoints live.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum CheckpointStorage {
+    /// A claim per shard: checkpoints outlive pods, nodes and suspensions.
+    PersistentVolumeClaim,
+    /// The pod's emptyDir: checkpoints survive container restarts only.
+    EmptyDir,
 }
 
 /// One replica's pods, as the operator tracks them.
@@ -160,6 +173,25 @@ pub struct Progress {
     /// Each shard's version and checkpoint restore.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardProgress>,
+    /// The trained model, once the job has succeeded and saved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<SavedModel>,
+}
+
+/// A saved model: `model.safetensors` beside `summary.json`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SavedModel {
+    /// Path of model.safetensors as the coordinator wrote it (inside its pod
+    /// on Kubernetes, under the claim's mount /var/lib/distbelief/output).
+    pub path: String,
+    /// The claim holding it, on Kubernetes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_claim_name: Option<String>,
+    /// Test accuracy of exactly these parameters.
+    pub test_accuracy: f64,
+    /// The parameter versions summed over shards when they were saved.
+    pub version: u64,
 }
 
 /// Staleness quantiles: how many updates landed between a replica's fetch and its push.
@@ -187,6 +219,10 @@ pub struct ReplicaProgress {
     pub epoch: u64,
     /// Processes that have reported as this replica (restarts and backups add one each).
     pub incarnations: u32,
+    /// Whole seconds since the replica last reported, once it has been
+    /// silent for 10 s or more: a replica that stops reporting is a straggler.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent_seconds: Option<u64>,
 }
 
 /// One shard's state.

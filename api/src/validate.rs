@@ -1,6 +1,7 @@
 //! Validate, then use: the raw resource becomes a [`Job`] once, with every
 //! rule checked and one message per broken rule.
 
+use crate::admission;
 use crate::error::{ApiError, ValidationError};
 use crate::layout::Layout;
 use crate::spec::{DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec};
@@ -34,39 +35,32 @@ const MAX_PARAMETERS: usize = 1 << 31;
 /// Checks every rule and returns all broken ones together.
 pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     let mut errors = Vec::new();
-    let mut fail = |field: &str, message: String| {
+    // A rule that CEL also checks at admission gives CEL's message.
+    let mut fail = |field: &str, message: Option<String>| {
         errors.push(ValidationError {
             field: field.to_string(),
-            message,
+            message: message.unwrap_or_else(|| admission::message(field).to_string()),
         })
     };
     let name = job.metadata.name.clone().unwrap_or_default();
     if !is_dns_label(&name) {
         fail(
             "metadata.name",
-            format!(
+            Some(format!(
                 "{name:?} must be 1-63 lowercase letters, digits or '-', starting and ending with a letter or digit"
-            ),
+            )),
         );
     }
     let s = &job.spec;
 
     if s.model.input_size == 0 {
-        fail("spec.model.inputSize", "must be at least 1".into());
+        fail("spec.model.inputSize", None);
     }
-    for (i, l) in s.model.hidden.iter().enumerate() {
-        if l.units == 0 {
-            fail(
-                &format!("spec.model.hidden[{i}].units"),
-                "must be at least 1".into(),
-            );
-        }
+    if s.model.hidden.iter().any(|l| l.units == 0) {
+        fail("spec.model.hidden", None);
     }
     if s.model.output.units < 2 {
-        fail(
-            "spec.model.output.units",
-            format!("must be at least 2 classes, got {}", s.model.output.units),
-        );
+        fail("spec.model.output.units", None);
     }
 
     let d = &s.data;
@@ -79,80 +73,50 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
                 ("testLabels", &d.test_labels),
             ] {
                 if v.trim().is_empty() {
-                    fail(
-                        &format!("spec.data.{field}"),
-                        "must name an idx file".into(),
-                    );
+                    fail(&format!("spec.data.{field}"), None);
                 }
             }
         }
         DataFormat::Csv => {
             for (field, v) in [("trainCsv", &d.train_csv), ("testCsv", &d.test_csv)] {
                 if v.as_deref().is_none_or(|p| p.trim().is_empty()) {
-                    fail(
-                        &format!("spec.data.{field}"),
-                        "is required when format is csv".into(),
-                    );
+                    fail(&format!("spec.data.{field}"), None);
                 }
             }
         }
     }
     if !(d.input_scale.is_finite() && d.input_scale > 0.0) {
-        fail(
-            "spec.data.inputScale",
-            format!("must be a positive number, got {}", d.input_scale),
-        );
+        fail("spec.data.inputScale", None);
     }
     if d.train_limit == Some(0) {
-        fail("spec.data.trainLimit", "must be at least 1 when set".into());
+        fail("spec.data.trainLimit", None);
     }
     if d.test_limit == Some(0) {
-        fail("spec.data.testLimit", "must be at least 1 when set".into());
+        fail("spec.data.testLimit", None);
     }
 
     let downpour = s.algorithm.downpour.clone();
     match &downpour {
-        None => fail(
-            "spec.algorithm",
-            "exactly one algorithm must be set; downpour is the one available".into(),
-        ),
+        None => fail("spec.algorithm", None),
         Some(p) => {
             if !(p.learning_rate.is_finite() && p.learning_rate > 0.0) {
-                fail(
-                    "spec.algorithm.downpour.learningRate",
-                    format!("must be a positive number, got {}", p.learning_rate),
-                );
+                fail("spec.algorithm.downpour.learningRate", None);
             }
             let a = &p.adagrad;
             if !(a.initial_accumulator.is_finite() && a.initial_accumulator >= 0.0) {
-                fail(
-                    "spec.algorithm.downpour.adagrad.initialAccumulator",
-                    format!("must be zero or positive, got {}", a.initial_accumulator),
-                );
+                fail("spec.algorithm.downpour.adagrad.initialAccumulator", None);
             }
             if !(a.epsilon.is_finite() && a.epsilon > 0.0) {
-                fail(
-                    "spec.algorithm.downpour.adagrad.epsilon",
-                    format!("must be a positive number, got {}", a.epsilon),
-                );
+                fail("spec.algorithm.downpour.adagrad.epsilon", None);
             }
             if p.n_fetch == 0 {
-                fail(
-                    "spec.algorithm.downpour.nFetch",
-                    "must be at least 1".into(),
-                );
+                fail("spec.algorithm.downpour.nFetch", None);
             }
             if p.n_push == 0 || p.n_push > MAX_PUSH_STEPS {
-                fail(
-                    "spec.algorithm.downpour.nPush",
-                    format!("must be between 1 and {MAX_PUSH_STEPS}, got {}", p.n_push),
-                );
+                fail("spec.algorithm.downpour.nPush", None);
             }
             if p.batch_size == 0 || p.batch_size > MAX_BATCH {
-                fail(
-                    "spec.algorithm.downpour.batchSize",
-                    format!("must be between 1 and {MAX_BATCH}, got {}", p.batch_size),
-                );
+                fail("spec.algorithm.downpour.batchSize", None);
             }
         }
     }
@@ -162,7 +126,9 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     let layout = if parameters > MAX_PARAMETERS as u128 {
         fail(
             "spec.model",
-            format!("has {parameters} parameters; at most {MAX_PARAMETERS} are supported"),
+            Some(format!(
+                "has {parameters} parameters; at most {MAX_PARAMETERS} are supported"
+            )),
         );
         None
     } else {
@@ -170,85 +136,67 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     };
     let shards = s.parameter_servers.shards;
     if shards == 0 {
-        fail("spec.parameterServers.shards", "must be at least 1".into());
+        fail("spec.parameterServers.shards", None);
     } else if u128::from(shards) > parameters {
         fail(
             "spec.parameterServers.shards",
-            format!("{shards} shards for {parameters} parameters leaves some shard empty"),
+            Some(format!(
+                "{shards} shards for {parameters} parameters leaves some shard empty"
+            )),
         );
     }
     if s.replicas.count == 0 {
-        fail("spec.replicas.count", "must be at least 1".into());
+        fail("spec.replicas.count", None);
     }
 
     let st = &s.stop;
     if let Some(t) = st.target_test_accuracy
         && !(t > 0.0 && t <= 1.0)
     {
-        fail(
-            "spec.stop.targetTestAccuracy",
-            format!("must be in (0, 1], got {t}"),
-        );
+        fail("spec.stop.targetTestAccuracy", None);
     }
     if !(st.max_epochs.is_finite() && st.max_epochs > 0.0) {
-        fail(
-            "spec.stop.maxEpochs",
-            format!("must be a positive number, got {}", st.max_epochs),
-        );
+        fail("spec.stop.maxEpochs", None);
     }
     if st.max_seconds == 0 {
-        fail("spec.stop.maxSeconds", "must be at least 1".into());
+        fail("spec.stop.maxSeconds", None);
     }
     if !(st.eval_interval_seconds.is_finite()
         && (MIN_EVAL_INTERVAL..=MAX_EVAL_INTERVAL).contains(&st.eval_interval_seconds))
     {
-        fail(
-            "spec.stop.evalIntervalSeconds",
-            format!(
-                "must be between {MIN_EVAL_INTERVAL} and {MAX_EVAL_INTERVAL} seconds, got {}",
-                st.eval_interval_seconds
-            ),
-        );
+        fail("spec.stop.evalIntervalSeconds", None);
     }
     if s.checkpoint.interval_seconds == Some(0) {
-        fail(
-            "spec.checkpoint.intervalSeconds",
-            "must be at least 1".into(),
-        );
+        fail("spec.checkpoint.intervalSeconds", None);
     }
     if s.checkpoint
         .dir
         .as_deref()
         .is_some_and(|d| d.trim().is_empty())
     {
-        fail("spec.checkpoint.dir", "must not be empty when set".into());
+        fail("spec.checkpoint.dir", None);
     }
     if let Some(v) = &s.checkpoint.volume
         && !is_quantity(&v.size)
     {
-        fail(
-            "spec.checkpoint.volume.size",
-            format!(
-                "must be a Kubernetes quantity such as 1Gi, got {:?}",
-                v.size
-            ),
-        );
+        fail("spec.checkpoint.volume.size", None);
     }
     let st = &s.replicas.stragglers;
     if !(st.slow_fraction > 0.0 && st.slow_fraction < 1.0) {
-        fail(
-            "spec.replicas.stragglers.slowFraction",
-            format!("must be in (0, 1), got {}", st.slow_fraction),
-        );
+        fail("spec.replicas.stragglers.slowFraction", None);
     }
     if st.for_seconds == 0 {
-        fail(
-            "spec.replicas.stragglers.forSeconds",
-            "must be at least 1".into(),
-        );
+        fail("spec.replicas.stragglers.forSeconds", None);
     }
     if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
-        fail("spec.image", "must not be empty when set".into());
+        fail("spec.image", None);
+    }
+    if s.output
+        .volume_claim_name
+        .as_deref()
+        .is_some_and(|c| !is_dns_subdomain(c))
+    {
+        fail("spec.output.volumeClaimName", None);
     }
 
     match (downpour, layout) {
@@ -295,6 +243,10 @@ fn parameter_count(model: &ModelSpec) -> u128 {
         inputs = units;
     }
     count
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 fn is_dns_label(s: &str) -> bool {

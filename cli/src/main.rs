@@ -34,6 +34,20 @@ enum Command {
     Operator(OperatorArgs),
     /// Print the DistBeliefJob CustomResourceDefinition as YAML.
     Crd,
+    /// Evaluate a saved model (model.safetensors) on the job's test set.
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// The DistBeliefJob file whose model and test data to use.
+    pub job: String,
+    /// The saved model, as written when the job succeeded.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -109,6 +123,11 @@ pub struct WorkerArgs {
     /// Compute threads. Default: all cores.
     #[arg(long, env = "DISTBELIEF_THREADS")]
     pub threads: Option<usize>,
+    /// This process's number among the replica's processes; each new process
+    /// of a replica needs a larger one. The operator and `train` assign it.
+    /// Default: the start time.
+    #[arg(long, env = "DISTBELIEF_INCARNATION")]
+    pub incarnation: Option<u64>,
 }
 
 #[derive(Args)]
@@ -129,6 +148,15 @@ pub struct CoordinatorArgs {
     /// The job's namespace, for --publish-status.
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Write the finished job's model.safetensors here. Default: keep no model.
+    #[arg(long, env = "DISTBELIEF_OUTPUT_DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Also write summary.json beside the model.
+    #[arg(long, env = "DISTBELIEF_OUTPUT_SUMMARY", default_value_t = false, action = clap::ArgAction::Set)]
+    pub output_summary: bool,
+    /// The PersistentVolumeClaim holding --output-dir, reported in status.
+    #[arg(long, env = "DISTBELIEF_OUTPUT_CLAIM")]
+    pub output_claim: Option<String>,
 }
 
 #[derive(Args)]
@@ -222,6 +250,7 @@ fn main() -> ExitCode {
         Command::Coordinator(a) => roles::coordinator(a),
         Command::Operator(a) => roles::operator(a),
         Command::Crd => roles::crd(),
+        Command::Eval(a) => roles::eval(a),
     };
     match result {
         Ok(code) => code,

@@ -7,9 +7,8 @@ use std::time::Duration;
 use anyhow::Context;
 use distbelief_api::Job;
 use distbelief_net::terminated;
-use kube::CustomResourceExt;
 
-use crate::{Common, CoordinatorArgs, OperatorArgs, PsArgs, WorkerArgs};
+use crate::{Common, CoordinatorArgs, EvalArgs, OperatorArgs, PsArgs, WorkerArgs};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -34,9 +33,13 @@ fn role_index_label(role: &str) -> &'static str {
     if role == "ps" { "shard" } else { "replica" }
 }
 
-async fn start_metrics(c: &Common, registry: &prometheus::Registry) -> anyhow::Result<()> {
+async fn start_metrics(
+    c: &Common,
+    registry: &prometheus::Registry,
+    heartbeat: &distbelief_net::Heartbeat,
+) -> anyhow::Result<()> {
     if let Some(addr) = c.metrics_addr {
-        let bound = distbelief_net::serve_metrics(addr, registry.clone())
+        let bound = distbelief_net::serve_metrics(addr, registry.clone(), Some(heartbeat.clone()))
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         tracing::info!(%bound, "metrics on http://{bound}/metrics");
@@ -63,10 +66,11 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
         index: a.shard,
         checkpoint_dir,
         checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),
+        heartbeat: Default::default(),
     };
     runtime()?.block_on(async {
         let registry = registry("ps", Some(a.shard))?;
-        start_metrics(&a.common, &registry).await?;
+        start_metrics(&a.common, &registry, &opts.heartbeat).await?;
         let listener = bind(a.listen).await?;
         distbelief_ps::serve(&job, opts, listener, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
@@ -81,13 +85,23 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
     }
+    opts.incarnation = a.incarnation;
     runtime()?.block_on(async {
         let registry = registry("worker", Some(a.replica))?;
-        start_metrics(&a.common, &registry).await?;
+        start_metrics(&a.common, &registry, &opts.heartbeat).await?;
         // Exit 0 means "stopped by the coordinator": a replica stopped by a
         // signal says so (128 + SIGTERM), so that a supervisor restarts it.
         tokio::select! {
-            r = distbelief_worker::run_replica(job, opts, &registry) => { r?; Ok(ExitCode::SUCCESS) }
+            r = distbelief_worker::run_replica(job, opts, &registry) => match r {
+                Ok(_) => Ok(ExitCode::SUCCESS),
+                // Said apart from other failures: a supervisor replaces this
+                // replica without charging its restart budget.
+                Err(e) if e.is_unavailable() => {
+                    eprintln!("error: {e}");
+                    Ok(ExitCode::from(distbelief_api::EXIT_SERVERS_UNAVAILABLE as u8))
+                }
+                Err(e) => Err(e.into()),
+            },
             _ = terminated() => Ok(ExitCode::from(143)),
         }
     })
@@ -112,9 +126,18 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             shards: a.shards.clone(),
             rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
             publish,
+            output: a
+                .output_dir
+                .clone()
+                .map(|dir| distbelief_coordinator::output::OutputTarget {
+                    dir,
+                    summary: a.output_summary,
+                    volume_claim_name: a.output_claim.clone(),
+                }),
+            heartbeat: Default::default(),
         };
         let registry = registry("coordinator", None)?;
-        start_metrics(&a.common, &registry).await?;
+        start_metrics(&a.common, &registry, &opts.heartbeat).await?;
         let listener = bind(a.listen).await?;
         distbelief_coordinator::serve(&job, opts, listener, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
@@ -164,7 +187,34 @@ pub fn operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn crd() -> anyhow::Result<ExitCode> {
-    let crd = distbelief_api::DistBeliefJob::crd();
-    print!("{}", serde_yaml::to_string(&crd)?);
+    print!("{}", distbelief_api::crd_yaml());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn eval(a: EvalArgs) -> anyhow::Result<ExitCode> {
+    let job = distbelief_api::load_job(&a.job)?;
+    let params = distbelief_worker::saved::load(&a.model, &job.layout)?;
+    let test = distbelief_worker::data::load(&job.spec.data, false)?;
+    let mlp = distbelief_worker::model::Mlp::new(&job.layout);
+    test.check_fits("test data", mlp.layout().inputs(), mlp.layout().classes())?;
+    let (accuracy, loss) = mlp.evaluate(&params, &test);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "job": job.name,
+                "model": a.model.display().to_string(),
+                "testAccuracy": accuracy,
+                "testLoss": loss,
+                "testExamples": test.len(),
+            })
+        );
+    } else {
+        println!(
+            "{}: test accuracy {accuracy:.4}, loss {loss:.4} on {} examples",
+            a.model.display(),
+            test.len()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

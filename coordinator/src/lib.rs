@@ -3,6 +3,7 @@
 //! and applies the stopping rule.
 
 mod metrics;
+pub mod output;
 pub mod publish;
 pub mod tracker;
 
@@ -20,6 +21,7 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 pub use metrics::CoordinatorMetrics;
+use output::Saved;
 pub use tracker::{StopReason, Tracker};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +55,10 @@ pub struct CoordinatorOptions {
     pub rpc_timeout: Duration,
     /// On Kubernetes: the job whose status.progress this coordinator writes.
     pub publish: Option<publish::StatusTarget>,
+    /// Where the finished job's model goes; None keeps no model.
+    pub output: Option<output::OutputTarget>,
+    /// Beaten while the job's tracker can be locked.
+    pub heartbeat: distbelief_net::Heartbeat,
 }
 
 struct Shared {
@@ -60,6 +66,8 @@ struct Shared {
     /// Each shard's version and restore, from the last evaluation.
     shards: Mutex<Vec<ShardProgress>>,
     clock: Instant,
+    output: Option<output::OutputTarget>,
+    saved: Mutex<Saved>,
 }
 
 impl Shared {
@@ -68,6 +76,18 @@ impl Shared {
     }
     fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
         self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn saved(&self) -> std::sync::MutexGuard<'_, Saved> {
+        self.saved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// The tracker's status, except that a job with an output is done only
+    /// once its model is saved: whoever stops the shards waits for `done`.
+    fn status(&self, now: f64) -> JobStatus {
+        let mut s = self.tracker().status(now);
+        if self.output.is_some() && *self.saved() == Saved::Pending {
+            s.done = false;
+        }
+        s
     }
     fn shards(&self) -> Vec<ShardProgress> {
         self.shards
@@ -93,7 +113,7 @@ impl Coordinator for Service {
 
     async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
         let now = self.shared.now();
-        Ok(Response::new(self.shared.tracker().status(now)))
+        Ok(Response::new(self.shared.status(now)))
     }
 }
 
@@ -136,6 +156,8 @@ pub async fn serve(
         )),
         shards: Mutex::new(Vec::new()),
         clock: Instant::now(),
+        output: opts.output.clone(),
+        saved: Mutex::new(Saved::Pending),
     });
     let publisher = opts.publish.clone().map(|target| {
         tracing::info!(job = ?target, "writing progress to the job's status");
@@ -145,8 +167,19 @@ pub async fn serve(
             Duration::from_secs(5).min(every.max(Duration::from_secs(1))),
         ))
     });
+    let beating = {
+        let (shared, heartbeat) = (shared.clone(), opts.heartbeat.clone());
+        tokio::spawn(async move {
+            loop {
+                drop(shared.tracker());
+                heartbeat.beat();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    };
     let evaluator = tokio::spawn(eval_loop(
         shared.clone(),
+        job.name.clone(),
         clients,
         mlp,
         Arc::new(test),
@@ -161,6 +194,7 @@ pub async fn serve(
     .await
     .unwrap_or(Ok(()));
     evaluator.abort();
+    beating.abort();
     if let Some(p) = publisher {
         p.abort();
     }
@@ -169,8 +203,10 @@ pub async fn serve(
 
 /// Evaluates every interval once training has started; stops the job when a
 /// limit or the target is reached, with one last evaluation for the record.
+#[allow(clippy::too_many_arguments)]
 async fn eval_loop(
     shared: Arc<Shared>,
+    job: String,
     mut clients: Vec<ShardClient>,
     mlp: Mlp,
     test: Arc<Dataset>,
@@ -197,6 +233,7 @@ async fn eval_loop(
             tracing::warn!("evaluation skipped, parameters unavailable: {e}");
             if let Some(reason) = limit {
                 shared.tracker().finish(reason, shared.now());
+                no_model(&shared, "the shards did not answer at the end");
             }
             continue;
         }
@@ -233,6 +270,7 @@ async fn eval_loop(
             params = vec![0.0f32; mlp.layout().len()];
             if let Some(reason) = limit {
                 shared.tracker().finish(reason, shared.now());
+                no_model(&shared, "the last evaluation failed");
             }
             continue;
         };
@@ -241,13 +279,15 @@ async fn eval_loop(
             .eval_seconds
             .observe(started_eval.elapsed().as_secs_f64());
         let now = shared.now();
-        let mut t = shared.tracker();
-        t.set_staleness(staleness);
-        t.on_eval(now, accuracy, loss);
-        if let Some(reason) = limit {
-            t.finish(reason, now);
-        }
-        let status = t.status(now);
+        let status = {
+            let mut t = shared.tracker();
+            t.set_staleness(staleness);
+            t.on_eval(now, accuracy, loss);
+            if let Some(reason) = limit {
+                t.finish(reason, now);
+            }
+            t.status(now)
+        };
         metrics.observe(&status);
         tracing::info!(
             seconds = format!("{:.1}", status.train_seconds),
@@ -257,5 +297,64 @@ async fn eval_loop(
             done = status.done,
             "evaluated"
         );
+        if status.done {
+            let version = shared.shards().iter().map(|s| s.version).sum();
+            save(&shared, &job, &mlp, &params, accuracy, version, &status).await;
+        }
+    }
+}
+
+/// Saves the evaluated parameters as the job's model, if it keeps one.
+async fn save(
+    shared: &Arc<Shared>,
+    job: &str,
+    mlp: &Arc<Mlp>,
+    params: &[f32],
+    accuracy: f64,
+    version: u64,
+    status: &JobStatus,
+) {
+    let Some(target) = shared.output.clone() else {
+        return;
+    };
+    let (job, mlp, params, status) = (
+        job.to_string(),
+        mlp.clone(),
+        params.to_vec(),
+        status.clone(),
+    );
+    let written = tokio::task::spawn_blocking(move || {
+        output::write(
+            &target,
+            &job,
+            mlp.layout(),
+            &params,
+            accuracy,
+            version,
+            &status,
+        )
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match written {
+        Ok(model) => {
+            tracing::info!(
+                path = model.path,
+                test_accuracy = format!("{accuracy:.4}"),
+                "model saved"
+            );
+            *shared.saved() = Saved::Written(model);
+        }
+        Err(e) => {
+            tracing::error!("cannot save the model: {e}");
+            *shared.saved() = Saved::Failed;
+        }
+    }
+}
+
+fn no_model(shared: &Shared, why: &str) {
+    if shared.output.is_some() {
+        tracing::error!("no model saved: {why}");
+        *shared.saved() = Saved::Failed;
     }
 }

@@ -13,6 +13,8 @@ use serde_json::json;
 use crate::Shared;
 
 pub const FIELD_MANAGER: &str = "distbelief-coordinator";
+/// Seconds without a report after which a replica's silence is published.
+pub const SILENT_AFTER_SECONDS: f64 = 10.0;
 
 /// Where to publish: the job's name and namespace, and a client for its API server.
 #[derive(Clone)]
@@ -62,9 +64,14 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
                 loss: finite(r.loss),
                 epoch: r.epoch,
                 incarnations: r.incarnations,
+                // Reported only past a threshold, so that a healthy job's
+                // progress does not change (and get written) on every tick.
+                silent_seconds: (r.seconds_since_report >= SILENT_AFTER_SECONDS)
+                    .then(|| r.seconds_since_report as u64),
             })
             .collect(),
         shards: shards.to_vec(),
+        model: None,
     }
 }
 
@@ -94,8 +101,12 @@ pub(crate) async fn publish_loop(shared: Arc<Shared>, target: StatusTarget, ever
         tokio::time::sleep(every).await;
         let p = {
             let now = shared.now();
-            let status = shared.tracker().status(now);
-            progress(&status, &shared.shards())
+            let status = shared.status(now);
+            let mut p = progress(&status, &shared.shards());
+            if let crate::output::Saved::Written(m) = &*shared.saved() {
+                p.model = Some(m.clone());
+            }
+            p
         };
         if last.as_ref() == Some(&p) {
             continue;

@@ -1,6 +1,9 @@
 //! Network edges shared by every role: how gRPC servers and clients are set
 //! up, how calls are retried, and the Prometheus `/metrics` endpoint.
 
+mod heartbeat;
+pub use heartbeat::Heartbeat;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -124,14 +127,25 @@ pub fn register_all(
 
 /// Serves `registry` as Prometheus text on `http://addr/metrics`, and
 /// `/healthz` for liveness probes, until the process ends. Returns the bound address (useful when `addr` has port 0).
+/// With a heartbeat, `/healthz` answers 503 once it has been silent too long.
 pub async fn serve_metrics(
     addr: SocketAddr,
     registry: prometheus::Registry,
+    heartbeat: Option<Heartbeat>,
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let healthz = move || {
+        let stuck = heartbeat.as_ref().and_then(Heartbeat::stuck);
+        async move {
+            match stuck {
+                None => (axum::http::StatusCode::OK, "ok".to_string()),
+                Some(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why),
+            }
+        }
+    };
     let app = axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/healthz", axum::routing::get(healthz))
         .route(
             "/metrics",
             axum::routing::get(move || {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use distbelief_api::{DistBeliefJob, ValidationError};
+use distbelief_api::{CheckpointStorage, DistBeliefJob, ValidationError, admission};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -20,16 +20,45 @@ pub const COORDINATOR_PORT: u16 = 7100;
 pub const METRICS_PORT: u16 = 9090;
 pub const JOB_FILE: &str = "/etc/distbelief/job.yaml";
 pub const CHECKPOINT_DIR: &str = "/var/lib/distbelief/checkpoints";
+pub const OUTPUT_DIR: &str = "/var/lib/distbelief/output";
+/// Size of a shard's checkpoint claim when the spec names none.
+pub const DEFAULT_CHECKPOINT_SIZE: &str = "1Gi";
 
 pub const LABEL_JOB: &str = "distbelief.dev/job";
 pub const LABEL_ROLE: &str = "distbelief.dev/role";
 pub const LABEL_REPLICA: &str = "distbelief.dev/replica";
 pub const LABEL_ATTEMPT: &str = "distbelief.dev/attempt";
 pub const LABEL_BACKUP: &str = "distbelief.dev/backup";
+/// Why a replica pod was created: the durable record its job's restart and
+/// reschedule counts are derived from.
+pub const LABEL_CAUSE: &str = "distbelief.dev/cause";
 
-/// Longest job name whose children's names all stay valid: the StatefulSet
-/// `<job>-ps` must leave room for the revision hash in a 63-character label.
-pub const MAX_JOB_NAME: usize = 42;
+/// Why a replica pod exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The replica's first pod, or its first after a resume.
+    Start,
+    /// Replaces a pod that failed: uses restart budget.
+    Restart,
+    /// Replaces a pod Kubernetes took away (deleted, evicted, preempted) or
+    /// one that gave up waiting for the job's servers: no budget used.
+    Reschedule,
+    /// Runs beside a straggler.
+    Backup,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Start => "start",
+            Cause::Restart => "restart",
+            Cause::Reschedule => "reschedule",
+            Cause::Backup => "backup",
+        }
+    }
+}
+
+pub use distbelief_api::admission::MAX_JOB_NAME;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -67,12 +96,18 @@ pub struct Target<'a> {
     pub name: String,
     pub namespace: String,
     pub image: String,
+    /// Where shard checkpoints live, decided once per job.
+    pub checkpoint_storage: CheckpointStorage,
     cfg: &'a Config,
 }
 
 /// Checks the job for everything Kubernetes adds to the local rules:
 /// a namespace, a uid to own children, and a name short enough for them.
-pub fn target<'a>(job: &'a DistBeliefJob, cfg: &'a Config) -> Result<Target<'a>, BuildError> {
+pub fn target<'a>(
+    job: &'a DistBeliefJob,
+    cfg: &'a Config,
+    checkpoint_storage: CheckpointStorage,
+) -> Result<Target<'a>, BuildError> {
     let mut errors = match distbelief_api::validate(job) {
         Ok(_) => Vec::new(),
         Err(distbelief_api::ApiError::Invalid { errors, .. }) => errors,
@@ -82,20 +117,17 @@ pub fn target<'a>(job: &'a DistBeliefJob, cfg: &'a Config) -> Result<Target<'a>,
         }],
     };
     let name = job.name_any();
+    // The same rules and messages as at admission.
     if name.len() > MAX_JOB_NAME {
         errors.push(ValidationError {
             field: "metadata.name".into(),
-            message: format!(
-                "must be at most {MAX_JOB_NAME} characters on Kubernetes (its StatefulSet and Services are named after it), got {}",
-                name.len()
-            ),
+            message: admission::NAME_LENGTH.into(),
         });
     }
-    if name.starts_with(|c: char| c.is_ascii_digit()) {
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
         errors.push(ValidationError {
             field: "metadata.name".into(),
-            message: "must start with a letter on Kubernetes: Service names are DNS-1035 labels"
-                .into(),
+            message: admission::NAME_START.into(),
         });
     }
     let namespace = job.namespace().unwrap_or_default();
@@ -119,6 +151,7 @@ pub fn target<'a>(job: &'a DistBeliefJob, cfg: &'a Config) -> Result<Target<'a>,
         image: job.spec.image.clone().unwrap_or_else(|| cfg.image.clone()),
         name,
         namespace,
+        checkpoint_storage,
         cfg,
     })
 }
@@ -229,6 +262,16 @@ impl Target<'_> {
         if let Some(r) = resources {
             c["resources"] = r;
         }
+        // /healthz fails once the role's main loop has stopped beating, so a
+        // process that is alive but stuck is restarted (or, for a replica,
+        // fails and is replaced by the operator).
+        c["livenessProbe"] = json!({
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 5,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        });
         c
     }
 
@@ -249,6 +292,9 @@ impl Target<'_> {
         });
         if let Some(a) = account {
             spec["serviceAccountName"] = json!(a);
+        }
+        if !self.job.spec.node_selector.is_empty() {
+            spec["nodeSelector"] = json!(self.job.spec.node_selector);
         }
         spec
     }
@@ -355,16 +401,18 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
             "spec": Value::Null,
         },
     });
-    match &spec.checkpoint.volume {
-        Some(v) => {
+    match t.checkpoint_storage {
+        CheckpointStorage::PersistentVolumeClaim => {
+            let v = spec.checkpoint.volume.as_ref();
+            let size = v.map_or(DEFAULT_CHECKPOINT_SIZE, |v| v.size.as_str());
             let mut claim = json!({
                 "metadata": {"name": "checkpoints", "labels": t.labels("ps")},
                 "spec": {
                     "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": v.size}},
+                    "resources": {"requests": {"storage": size}},
                 },
             });
-            if let Some(class) = &v.storage_class_name {
+            if let Some(class) = v.and_then(|v| v.storage_class_name.as_ref()) {
                 claim["spec"]["storageClassName"] = json!(class);
             }
             sts_spec["volumeClaimTemplates"] = json!([claim]);
@@ -372,7 +420,7 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
             sts_spec["persistentVolumeClaimRetentionPolicy"] =
                 json!({"whenDeleted": "Delete", "whenScaled": "Retain"});
         }
-        None => {
+        CheckpointStorage::EmptyDir => {
             if let Some(v) = ps_pod_spec["volumes"].as_array_mut() {
                 v.push(json!({"name": "checkpoints", "emptyDir": {}}));
             }
@@ -406,21 +454,42 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
     let coordinator_pod = if spec.suspend {
         None
     } else {
-        let env = json!([
-            {"name": "DISTBELIEF_LISTEN", "value": format!("0.0.0.0:{COORDINATOR_PORT}")},
-            {"name": "DISTBELIEF_SHARDS", "value": t.shard_addresses()},
-            {"name": "DISTBELIEF_PUBLISH_STATUS", "value": t.name},
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        ]);
+        let mut env = vec![
+            json!({"name": "DISTBELIEF_LISTEN", "value": format!("0.0.0.0:{COORDINATOR_PORT}")}),
+            json!({"name": "DISTBELIEF_SHARDS", "value": t.shard_addresses()}),
+            json!({"name": "DISTBELIEF_PUBLISH_STATUS", "value": t.name}),
+            json!({"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}),
+        ];
+        let claim = spec.output.volume_claim_name.as_ref();
+        if let Some(claim) = claim {
+            env.extend([
+                json!({"name": "DISTBELIEF_OUTPUT_DIR", "value": format!("{OUTPUT_DIR}/{}", t.name)}),
+                json!({"name": "DISTBELIEF_OUTPUT_SUMMARY", "value": "true"}),
+                json!({"name": "DISTBELIEF_OUTPUT_CLAIM", "value": claim}),
+            ]);
+        }
+        let mut container = t.container("coordinator", json!(env), None);
+        // Replicas start once the coordinator answers: it loads the test set first.
+        container["readinessProbe"] = json!({
+            "tcpSocket": {"port": "grpc"},
+            "periodSeconds": 2,
+        });
+        let mut pod_spec = t.pod_spec(json!([container]), "OnFailure", Some(coordinator.clone()));
+        if let Some(claim) = claim {
+            pod_spec["containers"][0]["volumeMounts"]
+                .as_array_mut()
+                .expect("every container mounts the job file")
+                .push(json!({"name": "output", "mountPath": OUTPUT_DIR}));
+            pod_spec["volumes"]
+                .as_array_mut()
+                .expect("every pod has the job file volume")
+                .push(json!({"name": "output", "persistentVolumeClaim": {"claimName": claim}}));
+        }
         Some(typed(
             "Pod",
             json!({
                 "metadata": t.metadata(&coordinator, "coordinator"),
-                "spec": t.pod_spec(
-                    json!([t.container("coordinator", env, None)]),
-                    "OnFailure",
-                    Some(coordinator.clone()),
-                ),
+                "spec": pod_spec,
             }),
         )?)
     };
@@ -471,19 +540,17 @@ pub fn replica_pod_name(job: &str, replica: u32, attempt: u32) -> String {
 
 /// One replica process. A backup runs on the same replica index, and so on
 /// the same part of the data, as the straggler it backs up.
-pub fn replica_pod(
-    t: &Target,
-    replica: u32,
-    attempt: u32,
-    backup: bool,
-) -> Result<Pod, BuildError> {
+pub fn replica_pod(t: &Target, replica: u32, attempt: u32, cause: Cause) -> Result<Pod, BuildError> {
     let name = replica_pod_name(&t.name, replica, attempt);
     let mut meta = t.metadata(&name, "replica");
     meta["labels"][LABEL_REPLICA] = json!(replica.to_string());
     meta["labels"][LABEL_ATTEMPT] = json!(attempt.to_string());
-    meta["labels"][LABEL_BACKUP] = json!(backup.to_string());
+    meta["labels"][LABEL_BACKUP] = json!((cause == Cause::Backup).to_string());
+    meta["labels"][LABEL_CAUSE] = json!(cause.as_str());
+    // The attempt only grows, whatever the clocks of the nodes say.
     let env = json!([
         {"name": "DISTBELIEF_REPLICA", "value": replica.to_string()},
+        {"name": "DISTBELIEF_INCARNATION", "value": (u64::from(attempt) + 1).to_string()},
         {"name": "DISTBELIEF_SHARDS", "value": t.shard_addresses()},
         {"name": "DISTBELIEF_COORDINATOR", "value": t.coordinator_address()},
     ]);

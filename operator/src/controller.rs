@@ -62,7 +62,7 @@ where
 pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(), RunError> {
     let metrics = Metrics::new()?;
     if let Some(addr) = opts.metrics_addr {
-        let bound = distbelief_net::serve_metrics(addr, metrics.registry.clone())
+        let bound = distbelief_net::serve_metrics(addr, metrics.registry.clone(), None)
             .await
             .map_err(|source| RunError::Serve { addr, source })?;
         tracing::info!("metrics on http://{bound}/metrics");
@@ -106,6 +106,7 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
         config,
         metrics,
         recorder,
+        applied: Default::default(),
     });
     let owned =
         watcher::Config::default().labels("app.kubernetes.io/managed-by=distbelief-operator");

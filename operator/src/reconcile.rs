@@ -2,14 +2,16 @@
 //! do, then apply children with server-side apply, create and delete pods,
 //! write status and publish events, in that fixed order.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use distbelief_api::{DistBeliefJob, DistBeliefJobStatus};
+use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -28,6 +30,10 @@ use crate::{Config, FIELD_MANAGER};
 pub enum Error {
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// The job changed after the reconcile read it: its plan was made from
+    /// an old status and must not be written over a newer one.
+    #[error("the job changed while it was reconciled")]
+    Stale,
     #[error(transparent)]
     Build(#[from] BuildError),
     #[error("cannot encode status: {0}")]
@@ -39,6 +45,7 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Error::Kube(_) => "api",
+            Error::Stale => "stale",
             Error::Build(_) => "build",
             Error::Encode(_) => "encode",
         }
@@ -50,7 +57,13 @@ pub struct Context {
     pub config: Config,
     pub metrics: Metrics,
     pub recorder: Recorder,
+    /// Per job uid: a hash of the children last applied, and when.
+    pub applied: Mutex<HashMap<String, (u64, Instant)>>,
 }
+
+/// Children are re-applied at least this often even when unchanged, which
+/// repairs one deleted behind the operator's back.
+const REAPPLY_EVERY: Duration = Duration::from_secs(600);
 
 /// The API resource of DistBeliefJob. The controller reads jobs as dynamic
 /// objects so that one it cannot decode is reported on, not a stuck watch.
@@ -67,7 +80,17 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     if let Err(e) = &result {
         ctx.metrics.errors.with_label_values(&[e.kind()]).inc();
     }
-    result
+    match result {
+        // The watch brings the newer job; this one's plan is void.
+        Err(Error::Stale) => {
+            tracing::debug!(
+                job = obj.metadata.name.as_deref().unwrap_or(""),
+                "job changed during reconcile; planning again"
+            );
+            Ok(Action::requeue(Duration::from_millis(500)))
+        }
+        other => other,
+    }
 }
 
 async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, Error> {
@@ -90,7 +113,8 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
             return Ok(Action::await_change());
         }
     };
-    let target = match children::target(&job, &ctx.config) {
+    let storage = checkpoint_storage(&job, &ctx.client).await;
+    let target = match children::target(&job, &ctx.config, storage) {
         Ok(t) => t,
         Err(BuildError::Invalid(errors)) => {
             let message = errors
@@ -118,18 +142,25 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
 
     if plan.apply_children {
         let c = children::children(&target)?;
-        apply(&ctx.client, &namespace, &c.config_map).await?;
-        apply(&ctx.client, &namespace, &c.service_account).await?;
-        apply(&ctx.client, &namespace, &c.role).await?;
-        apply(&ctx.client, &namespace, &c.role_binding).await?;
-        apply(&ctx.client, &namespace, &c.ps_service).await?;
-        apply(&ctx.client, &namespace, &c.ps_stateful_set).await?;
-        apply(&ctx.client, &namespace, &c.ps_disruption_budget).await?;
-        apply(&ctx.client, &namespace, &c.coordinator_service).await?;
-        if let Some(np) = &c.network_policy {
-            apply(&ctx.client, &namespace, np).await?;
+        let uid = job.metadata.uid.clone().unwrap_or_default();
+        let hash = children_hash(&c);
+        let fresh = ctx
+            .applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&uid)
+            .is_some_and(|(h, at)| *h == hash && at.elapsed() < REAPPLY_EVERY);
+        // Progress writes trigger a reconcile every few seconds; unchanged
+        // children are not sent again unless something is missing.
+        if !fresh || plan.shards_missing {
+            apply_children(&ctx.client, &namespace, &c).await?;
+            ctx.applied
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(uid, (hash, Instant::now()));
         }
         if let Some(p) = &c.coordinator_pod
+            && plan.coordinator_missing
             && !plan
                 .delete_pods
                 .iter()
@@ -146,6 +177,62 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         Some(d) => Action::requeue(d.max(Duration::from_secs(1))),
         None => Action::await_change(),
     })
+}
+
+fn children_hash(c: &children::Children) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{c:?}").hash(&mut h);
+    h.finish()
+}
+
+/// Where the job's shards keep checkpoints: as decided before, else on
+/// claims when the spec asks or the cluster has a default StorageClass.
+async fn checkpoint_storage(job: &DistBeliefJob, client: &Client) -> CheckpointStorage {
+    if let Some(s) = job.status.as_ref().and_then(|s| s.checkpoint_storage) {
+        return s;
+    }
+    if job.spec.checkpoint.volume.is_some() {
+        return CheckpointStorage::PersistentVolumeClaim;
+    }
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    match classes.list(&ListParams::default()).await {
+        Ok(list) if list.items.iter().any(is_default_class) => {
+            CheckpointStorage::PersistentVolumeClaim
+        }
+        Ok(_) => CheckpointStorage::EmptyDir,
+        Err(e) => {
+            tracing::warn!("cannot list StorageClasses ({e}); shard checkpoints go to emptyDir");
+            CheckpointStorage::EmptyDir
+        }
+    }
+}
+
+fn is_default_class(c: &StorageClass) -> bool {
+    c.annotations().iter().any(|(k, v)| {
+        (k == "storageclass.kubernetes.io/is-default-class"
+            || k == "storageclass.beta.kubernetes.io/is-default-class")
+            && v == "true"
+    })
+}
+
+async fn apply_children(
+    client: &Client,
+    namespace: &str,
+    c: &children::Children,
+) -> Result<(), Error> {
+    apply(client, namespace, &c.config_map).await?;
+    apply(client, namespace, &c.service_account).await?;
+    apply(client, namespace, &c.role).await?;
+    apply(client, namespace, &c.role_binding).await?;
+    apply(client, namespace, &c.ps_service).await?;
+    apply(client, namespace, &c.ps_stateful_set).await?;
+    apply(client, namespace, &c.ps_disruption_budget).await?;
+    apply(client, namespace, &c.coordinator_service).await?;
+    if let Some(np) = &c.network_policy {
+        apply(client, namespace, np).await?;
+    }
+    Ok(())
 }
 
 /// Deletions, status, events and metrics: the steps every plan ends with.
@@ -171,12 +258,23 @@ async fn finish(
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &job_resource());
     if Some(&plan.status) != status_of(obj).as_ref() {
-        jobs.patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(status_patch(name, &plan.status)?),
-        )
-        .await?;
+        // Guarded by the resourceVersion the plan was made from, so that a
+        // plan from a stale cache never writes counts back or repeats events.
+        let mut patch = status_patch(name, &plan.status)?;
+        patch["metadata"]["resourceVersion"] = json!(obj.metadata.resource_version);
+        match jobs
+            .patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(patch),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 => return Err(Error::Stale),
+            r => {
+                r?;
+            }
+        }
     }
     let reference = obj.object_ref(&job_resource());
     for n in &plan.notes {

@@ -3,7 +3,8 @@
 
 mod common;
 
-use distbelief_operator::children::{self, BuildError};
+use distbelief_api::CheckpointStorage;
+use distbelief_operator::children::{self, BuildError, Cause};
 
 /// Regenerate with UPDATE_SNAPSHOTS=1 after an intended change, then review the diff.
 fn snapshot(name: &str, actual: &str) {
@@ -45,7 +46,7 @@ fn yaml<T: serde::Serialize>(docs: &[T]) -> String {
 fn two_shards_four_replicas_build_the_exact_objects() {
     let job = common::job("fmnist");
     let cfg = common::config();
-    let t = children::target(&job, &cfg).expect("valid job");
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
     let c = children::children(&t).expect("children");
     let mut docs: Vec<serde_json::Value> = vec![
         serde_json::to_value(&c.config_map).unwrap(),
@@ -59,7 +60,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
         serde_json::to_value(c.coordinator_pod.as_ref().expect("not suspended")).unwrap(),
     ];
     for r in 0..4 {
-        let p = children::replica_pod(&t, r, 0, false).expect("replica pod");
+        let p = children::replica_pod(&t, r, 0, Cause::Start).expect("replica pod");
         docs.push(serde_json::to_value(p).unwrap());
     }
     assert!(c.network_policy.is_none(), "off unless configured");
@@ -76,7 +77,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
         (owner.kind.as_str(), owner.controller),
         ("DistBeliefJob", Some(true))
     );
-    let replica = children::replica_pod(&t, 3, 0, false).unwrap();
+    let replica = children::replica_pod(&t, 3, 0, Cause::Start).unwrap();
     let env = &replica.spec.as_ref().unwrap().containers[0]
         .env
         .as_ref()
@@ -116,7 +117,7 @@ fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
     job.spec.suspend = true;
     let mut cfg = common::config();
     cfg.network_policy = true;
-    let t = children::target(&job, &cfg).expect("valid job");
+    let t = children::target(&job, &cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid job");
     let c = children::children(&t).expect("children");
     let spec = c.ps_stateful_set.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(0), "suspended: no shard pods");
@@ -203,7 +204,7 @@ fn each_validation_failure_is_reported_with_its_message() {
     for (case, breaks, field, hint) in cases {
         let mut job = common::job("fmnist");
         breaks(&mut job);
-        match children::target(&job, &cfg) {
+        match children::target(&job, &cfg, CheckpointStorage::EmptyDir) {
             Err(BuildError::Invalid(errors)) => {
                 assert_eq!(errors.len(), 1, "{case}: {errors:?}");
                 assert_eq!(errors[0].field, *field, "{case}");

@@ -89,6 +89,7 @@ async fn run_reconcile(
     });
     let client = kube::Client::new(service, NS);
     let ctx = Arc::new(Context {
+        applied: Default::default(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {

@@ -32,6 +32,8 @@ pub struct ShardOptions {
     /// Where checkpoints are written and restored from; none disables them.
     pub checkpoint_dir: Option<PathBuf>,
     pub checkpoint_interval: Duration,
+    /// Beaten while the shard's state can be locked.
+    pub heartbeat: distbelief_net::Heartbeat,
 }
 
 /// Builds shard `index` of `job`: from its checkpoint when one exists,
@@ -107,6 +109,7 @@ pub async fn serve(
             metrics,
         ))
     });
+    let beating = tokio::spawn(beat_while_unlocked(state.clone(), opts.heartbeat.clone()));
     let svc = ShardService::new(state.clone(), metrics.clone());
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let router = distbelief_net::server().add_service(
@@ -122,8 +125,25 @@ pub async fn serve(
     if let Some(handle) = checkpointer {
         handle.abort();
     }
+    beating.abort();
     if let Some(dir) = &opts.checkpoint_dir {
         service::checkpoint_now(&state, dir, &metrics).await;
     }
     result.map_err(ServeError::from)
+}
+
+/// A shard is alive while its state can be read: a push or checkpoint that
+/// never lets go of it stops the beat.
+async fn beat_while_unlocked(state: Arc<RwLock<Shard>>, heartbeat: distbelief_net::Heartbeat) {
+    loop {
+        let state = state.clone();
+        let readable = tokio::task::spawn_blocking(move || {
+            drop(state.read().unwrap_or_else(|p| p.into_inner()));
+        })
+        .await;
+        if readable.is_ok() {
+            heartbeat.beat();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Cluster end-to-end suite for the operator and its Helm chart (see README.md
-# beside this file). It builds the image, installs the chart, runs the
-# Fashion-MNIST example to its accuracy target, kills a replica of a second
-# job while it trains, and checks that `helm uninstall` leaves nothing behind.
+# beside this file). It gets a cluster and the image, installs the chart, runs
+# the Fashion-MNIST example to its accuracy target, puts a second, longer job
+# through the failures it must survive (a deleted replica pod, a deleted shard
+# pod, a suspension), checks the model that job leaves on its output volume,
+# and checks that `helm uninstall` leaves no pods behind and keeps the CRD.
 #
-# Where it cannot run (no Docker engine or no kind, and no cluster it was
-# told to use) it says why and skips, counted as skipped, never as passed.
-# Last line: "e2e: N passed, N failed, N skipped"; exit 1 on any failure.
+# Modes, in this order: an existing cluster (only when asked for), kind (Docker
+# engine + kind), the single-node Kubernetes kit (scripts/kit.sh; no Docker).
+# Where none can run it says why and skips, counted as skipped, never as
+# passed. Last line: "e2e: N passed, N failed, N skipped"; exit 1 on any
+# failure.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
@@ -16,8 +20,15 @@ RELEASE=distbelief
 RELEASE_NS=distbelief-system
 JOB_NS=${E2E_NAMESPACE:-distbelief-e2e}    # where the test jobs run
 EXAMPLE=examples/fashion-mnist-downpour.yaml
-JOB_TIMEOUT=${E2E_JOB_TIMEOUT:-1200}       # seconds a job may take to finish
-STEP_TIMEOUT=${E2E_STEP_TIMEOUT:-300}      # seconds for the other waits
+LONG=fashion-mnist-long                    # the job of the failure steps
+BINARY=target/release/distbelief           # kit: a copy of it, see below
+LONG_MAX_SECONDS=150                       # its spec.stop.maxSeconds
+OUTPUT_CLAIM=e2e-output                    # its spec.output.volumeClaimName
+OUTPUT_MOUNT=/var/lib/distbelief/output    # where the coordinator mounts that claim
+JOB_TIMEOUT=${E2E_JOB_TIMEOUT:-420}        # seconds a job may take to finish
+STEP_TIMEOUT=${E2E_STEP_TIMEOUT:-180}      # seconds for the other waits
+RESTORE_TIMEOUT=${E2E_RESTORE_TIMEOUT:-90} # seconds for a deleted shard to come back restored
+TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-870}    # the whole suite (kind: not counting cluster and image)
 BUILD_TIMEOUT=${E2E_BUILD_TIMEOUT:-3600}   # a cold release build of the workspace is slow
 
 passed=0 failed=0 skipped=0
@@ -33,13 +44,13 @@ KUBECTL=(kubectl --request-timeout=30s)
 
 # --- where to run ------------------------------------------------------------
 have() { command -v "$1" >/dev/null 2>&1; }
+have_helm() { [ -x "$HELM" ] || have helm; }
 docker_ok() { have docker && timeout 20 docker info >/dev/null 2>&1; }
 cluster_reachable() { have kubectl && timeout 30 kubectl --request-timeout=10s version >/dev/null 2>&1; }
 
 # An existing cluster is used only when asked for explicitly, because the
-# suite installs cluster-wide objects (a CRD, a ClusterRole) and would remove
-# a CRD of the same name: E2E_USE_CURRENT_CONTEXT=1, or KUBECONFIG together
-# with E2E_IMAGE (an image that cluster can pull).
+# suite installs cluster-wide objects (a CRD, a ClusterRole): E2E_USE_CURRENT_CONTEXT=1,
+# or KUBECONFIG together with E2E_IMAGE (an image that cluster can pull).
 mode=""
 reasons=()
 if [ "${E2E_USE_CURRENT_CONTEXT:-}" = 1 ] || { [ -n "${KUBECONFIG:-}" ] && [ -n "${E2E_IMAGE:-}" ]; }; then
@@ -58,50 +69,93 @@ if [ -z "$mode" ]; then
   docker_ok || reasons+=("no Docker engine ('docker info' fails)")
   have kind || reasons+=("no 'kind' binary on PATH")
   have kubectl || reasons+=("no 'kubectl' binary on PATH")
-  [ -x "$HELM" ] || have helm || reasons+=("no helm (run scripts/setup.sh)")
-  if docker_ok && have kind && have kubectl && { [ -x "$HELM" ] || have helm; }; then
+  have_helm || reasons+=("no helm (run scripts/setup.sh)")
+  if docker_ok && have kind && have kubectl && have_helm; then
     mode=kind
+  fi
+fi
+# The kit brings its own kubectl; it needs root and helm.
+if [ -z "$mode" ]; then
+  if [ "${E2E_SKIP_KIT:-}" = 1 ]; then
+    reasons+=("E2E_SKIP_KIT=1, so the Kubernetes kit is not used")
+  elif ! kit_err=$(scripts/kit.sh path 2>&1 >/dev/null); then
+    reasons+=("${kit_err#kit.sh: }")
+  elif [ "$(id -u)" -ne 0 ]; then
+    reasons+=("the Kubernetes kit ($(scripts/kit.sh path)) needs root")
+  elif have_helm; then
+    mode=kit
   fi
 fi
 if [ -z "$mode" ]; then
   why=$(printf '%s; ' "${reasons[@]}")
-  skip "cluster end-to-end tests need Docker + kind, or an existing cluster: ${why%; }"
+  skip "cluster end-to-end tests need Docker + kind, the Kubernetes kit (scripts/kit.sh), or an existing cluster: ${why%; }"
   summary
   exit 0
-fi
-
-if [ "$mode" = existing ]; then
-  if [ -z "${E2E_IMAGE:-}" ]; then
-    echo "FAIL: an existing cluster needs E2E_IMAGE=<repository>:<tag>, an image it can pull"
-    failed=1; summary; exit 1
-  fi
-  case "$E2E_IMAGE" in
-    *@*) echo "FAIL: E2E_IMAGE must be repository:tag, not a digest"; failed=1; summary; exit 1 ;;
-  esac
-  last=${E2E_IMAGE##*/}
-  if [[ "$last" == *:* ]]; then
-    IMAGE_REPO=${E2E_IMAGE%:*} IMAGE_TAG=${E2E_IMAGE##*:}
-  else
-    IMAGE_REPO=$E2E_IMAGE IMAGE_TAG=latest
-  fi
-else
-  IMAGE_REPO=distbelief IMAGE_TAG=e2e
 fi
 
 work=$(mktemp -d)
 created_cluster=""
 created_release_ns=""
+release_installed=""
 cleanup() {
   if [ -n "$created_cluster" ] && [ "${E2E_KEEP:-}" != 1 ]; then
     log "deleting kind cluster $CLUSTER"
     timeout 300 kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
   elif [ -n "$created_cluster" ]; then
     log "E2E_KEEP=1: kind cluster $CLUSTER kept (kind export kubeconfig --name $CLUSTER; kind delete cluster --name $CLUSTER)"
+  elif [ -n "$release_installed" ] && [ "${E2E_KEEP:-}" != 1 ]; then
+    # Interrupted, or the uninstall step did not get that far: leave no jobs
+    # or operator running. (The kit itself stays up.)
+    log "removing the jobs, release $RELEASE and namespace $JOB_NS"
+    timeout 60 "${KUBECTL[@]}" delete dbj --all -n "$JOB_NS" --wait=false >/dev/null 2>&1 || true
+    timeout 120 "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1 || true
+    timeout 60 "${KUBECTL[@]}" delete namespace "$JOB_NS" --wait=false >/dev/null 2>&1 || true
+    [ -z "$created_release_ns" ] || timeout 60 "${KUBECTL[@]}" delete namespace "$RELEASE_NS" --wait=false >/dev/null 2>&1 || true
+  elif [ -n "$release_installed" ]; then
+    log "E2E_KEEP=1: release $RELEASE and namespace $JOB_NS kept"
   fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 130' INT TERM
+
+helm_mode_args=()
+case "$mode" in
+  existing)
+    if [ -z "${E2E_IMAGE:-}" ]; then
+      echo "FAIL: an existing cluster needs E2E_IMAGE=<repository>:<tag>, an image it can pull"
+      failed=1; summary; exit 1
+    fi
+    case "$E2E_IMAGE" in
+      *@*) echo "FAIL: E2E_IMAGE must be repository:tag, not a digest"; failed=1; summary; exit 1 ;;
+    esac
+    last=${E2E_IMAGE##*/}
+    if [[ "$last" == *:* ]]; then
+      IMAGE_REPO=${E2E_IMAGE%:*} IMAGE_TAG=${E2E_IMAGE##*:}
+    else
+      IMAGE_REPO=$E2E_IMAGE IMAGE_TAG=latest
+    fi
+    ;;
+  kind)
+    IMAGE_REPO=distbelief IMAGE_TAG=e2e
+    ;;
+  kit)
+    # The tag names the binary's contents: a new binary gets a new tag, so
+    # pods (pull policy Never) can never run an older image under it.
+    # The image and step 5 use a copy, in case a build replaces the binary
+    # while the suite runs.
+    IMAGE_REPO=localhost/distbelief
+    BINARY=$work/distbelief
+    if [ -f target/release/distbelief ] && cp target/release/distbelief "$BINARY"; then
+      IMAGE_TAG=e2e-$(sha256sum "$BINARY" | cut -c1-12)
+    else
+      IMAGE_TAG=e2e-$(date +%Y%m%d%H%M%S)
+    fi
+    helm_mode_args=(--set image.pullPolicy=Never)
+    ;;
+esac
+log "mode: $mode"
+
 
 # Dumped once, at the first failure once a cluster is up, while the objects
 # still exist.
@@ -113,9 +167,13 @@ dump_state() {
   echo "---- diagnostics -------------------------------------------------------"
   "${KUBECTL[@]}" get dbj -n "$JOB_NS" -o yaml 2>&1 | sed 's/^/    /'
   "${KUBECTL[@]}" get pods -n "$JOB_NS" -o wide 2>&1 | sed 's/^/    /'
+  "${KUBECTL[@]}" get statefulsets,pvc -n "$JOB_NS" -o wide 2>&1 | sed 's/^/    /'
   "${KUBECTL[@]}" get pods -n "$RELEASE_NS" -o wide 2>&1 | sed 's/^/    /'
   "${KUBECTL[@]}" get events -n "$JOB_NS" --sort-by=.lastTimestamp 2>&1 | tail -n 60 | sed 's/^/    /'
   "${KUBECTL[@]}" get events -n "$RELEASE_NS" --sort-by=.lastTimestamp 2>&1 | tail -n 30 | sed 's/^/    /'
+  echo "    -- job pod logs (last 30 lines each)"
+  "${KUBECTL[@]}" logs -n "$JOB_NS" -l distbelief.dev/job --all-containers --prefix --tail=30 \
+    --max-log-requests=20 2>&1 | sed 's/^/    /'
   echo "    -- operator logs"
   "${KUBECTL[@]}" logs -n "$RELEASE_NS" -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=operator" \
     --all-containers --prefix --tail=300 2>&1 | sed 's/^/    /'
@@ -124,13 +182,104 @@ dump_state() {
 
 # jp OBJECT JSONPATH: one field of one object in the job namespace ("" if absent).
 jp() { "${KUBECTL[@]}" get -n "$JOB_NS" "$1" -o "jsonpath=$2" 2>/dev/null; }
+# Float comparisons (awk): ge A B is A >= B; near A B TOL is |A - B| <= TOL.
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "" && a + 0 >= b + 0) }'; }
+near() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= t) }'; }
+
+# --- time ------------------------------------------------------------------------
+# Every wait ends at its own limit or at the suite's, whichever comes first.
+budget_end=$TOTAL_TIMEOUT   # a value of SECONDS; kind mode moves it past the image build
+until_time() {
+  local t=$((SECONDS + $1))
+  [ "$t" -le "$budget_end" ] || t=$budget_end
+  echo "$t"
+}
+timed_out() { # timed_out SECONDS WHAT
+  if [ "$SECONDS" -ge "$budget_end" ]; then
+    echo "the suite's time budget (E2E_TOTAL_TIMEOUT=${TOTAL_TIMEOUT}s) ran out waiting for $2"
+  else
+    echo "no $2 within $1s"
+  fi
+}
+
+# until_empty SECONDS CMD...: waits until CMD prints nothing (and succeeds).
+until_empty() {
+  local end out
+  end=$(until_time "$1")
+  shift
+  while :; do
+    out=$("$@" 2>&1) && [ -z "$out" ] && return 0
+    [ "$SECONDS" -lt "$end" ] || { printf 'still there:\n%s\n' "$out"; return 1; }
+    sleep 3
+  done
+}
+
+# --- a job's fields ---------------------------------------------------------------
+# snap NAME reads the fields below into J_* with one request and prints them
+# when the phase, a counter or a restore changes, or every 15 s.
+J_FIELDS='{.status.phase}|{.status.progress.step}|{.status.progress.testAccuracy}|{.status.replicaRestarts}|{.status.replicaReschedules}|{.status.shardRestarts}|{.status.progress.shards[?(@.shard==0)].restoredVersion}|{.status.progress.shards[?(@.shard==1)].restoredVersion}|{.status.progress.done}'
+J_PHASE="" J_STEP="" J_ACC="" J_RESTARTS="" J_RESCHED="" J_SHARD_RESTARTS="" J_R0="" J_R1="" J_DONE=""
+snap_key="" snap_at=-100
+snap() {
+  local out key
+  out=$(jp "dbj/$1" "$J_FIELDS") || out=""
+  IFS='|' read -r J_PHASE J_STEP J_ACC J_RESTARTS J_RESCHED J_SHARD_RESTARTS J_R0 J_R1 J_DONE <<<"$out"
+  key="$1 phase=${J_PHASE:-?} replicaRestarts=${J_RESTARTS:-0} replicaReschedules=${J_RESCHED:-0} shardRestarts=${J_SHARD_RESTARTS:-0} restoredVersion=[${J_R0:--},${J_R1:--}]"
+  if [ "$key" != "$snap_key" ] || [ $((SECONDS - snap_at)) -ge 15 ]; then
+    log "$1: phase=${J_PHASE:-?} step=${J_STEP:-0} testAccuracy=${J_ACC:--} replicaRestarts=${J_RESTARTS:-0} replicaReschedules=${J_RESCHED:-0} shardRestarts=${J_SHARD_RESTARTS:-0} restoredVersion[shard0,shard1]=[${J_R0:--},${J_R1:--}]"
+    snap_key=$key snap_at=$SECONDS
+  fi
+}
+
+# job_wait NAME SECONDS WHAT TEST: refreshes the job's fields every 2 s until
+# the function TEST succeeds. Fails after SECONDS, as soon as the job ends
+# (Succeeded or Failed) without TEST being true, or when the coordinator has
+# said it is done (.status.progress.done) for DONE_GRACE seconds and the
+# operator has still not given the job a final phase.
+DONE_GRACE=90
+job_wait() {
+  local name=$1 secs=$2 what=$3 test=$4 end done_since=""
+  end=$(until_time "$secs")
+  log "$name: waiting up to $((end - SECONDS))s for $what"
+  while :; do
+    snap "$name"
+    "$test" && return 0
+    case "$J_PHASE" in
+      Succeeded | Failed) echo "$name ended (phase $J_PHASE) before $what"; return 1 ;;
+    esac
+    if [ "$J_DONE" = true ]; then
+      done_since=${done_since:-$SECONDS}
+      if [ $((SECONDS - done_since)) -ge "$DONE_GRACE" ]; then
+        echo "$name: the coordinator reported .status.progress.done ${DONE_GRACE}s ago, but .status.phase is still '${J_PHASE}' (waiting for $what)"
+        return 1
+      fi
+    fi
+    [ "$SECONDS" -lt "$end" ] || { timed_out "$secs" "$what"; return 1; }
+    sleep 2
+  done
+}
+t_finished() { [ "$J_PHASE" = Succeeded ] || [ "$J_PHASE" = Failed ]; }
+t_training() { [ "$J_PHASE" = Running ] && [ "${J_STEP:-0}" -gt 0 ] 2>/dev/null; }
+
+# pods NAME SELECTOR [ARGS...]: names of the job's pods (pod/...) matching more labels.
+pods() {
+  local name=$1 sel=$2
+  shift 2
+  "${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name${sel:+,$sel}" -o name "$@" 2>/dev/null
+}
 
 # --- 1. cluster and image ------------------------------------------------------
 setup_cluster() {
-  if [ "$mode" = existing ]; then
-    log "using the current cluster ($(kubectl config current-context 2>/dev/null || echo '?')), image $E2E_IMAGE"
-    return 0
-  fi
+  case "$mode" in
+    existing)
+      log "using the current cluster ($(kubectl config current-context 2>/dev/null || echo '?')), image $E2E_IMAGE"
+      ;;
+    kind) setup_kind || return 1 ;;
+    kit) setup_kit || return 1 ;;
+  esac
+}
+
+setup_kind() {
   export KUBECONFIG="$work/kubeconfig"
   if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "reusing kind cluster $CLUSTER"
@@ -146,156 +295,373 @@ setup_cluster() {
   timeout 600 kind load docker-image "$IMAGE_REPO:$IMAGE_TAG" --name "$CLUSTER" || return 1
 }
 
-# --- 2. the chart ----------------------------------------------------------------
-install_chart() {
-  "${KUBECTL[@]}" get namespace "$RELEASE_NS" >/dev/null 2>&1 || created_release_ns=1
-  log "helm install $RELEASE ($IMAGE_REPO:$IMAGE_TAG) into $RELEASE_NS"
-  # shellcheck disable=SC2086  # E2E_HELM_ARGS is a list of extra flags
-  "$HELM" upgrade --install "$RELEASE" charts/distbelief -n "$RELEASE_NS" --create-namespace \
-    --set "image.repository=$IMAGE_REPO,image.tag=$IMAGE_TAG" ${E2E_HELM_ARGS:-} \
-    --wait --timeout "${STEP_TIMEOUT}s" || return 1
-  "${KUBECTL[@]}" get crd distbeliefjobs.distbelief.dev >/dev/null || return 1
-  "${KUBECTL[@]}" create namespace "$JOB_NS" >/dev/null 2>&1 || true
+# The kit runs on this machine: start it (or reuse it), build the image from
+# target/release/distbelief and import it into the node's containerd.
+setup_kit() {
+  local env kit
+  log "scripts/kit.sh up (starts the kit's control plane and node, or reuses them)"
+  env=$(scripts/kit.sh up) || return 1
+  eval "$env"
+  kit=$(scripts/kit.sh path) || return 1
+  log "kit: $kit, KUBECONFIG=$KUBECONFIG; node: $("${KUBECTL[@]}" get nodes --no-headers 2>&1 | head -n 1 | tr -s ' ')"
+  [ -f "$BINARY" ] || { echo "no target/release/distbelief: build it first (cargo build --release -p distbelief)"; return 1; }
+  log "binary: target/release/distbelief of $(stat -c '%y, %s bytes' "$BINARY")"
+  log "scripts/kit-image.sh -> $IMAGE_REPO:$IMAGE_TAG"
+  DISTBELIEF_BINARY=$BINARY timeout 900 scripts/kit-image.sh "$work/image.tar" "$IMAGE_REPO:$IMAGE_TAG" || return 1
+  log "$kit/load-image.sh ($(du -m "$work/image.tar" | cut -f1) MiB)"
+  timeout 300 "$kit/load-image.sh" "$work/image.tar" || return 1
+  rm -f "$work/image.tar"
+  prune_kit_images
 }
 
-# wait_job NAME: polls until the job's phase is Succeeded or Failed, bounded by
-# JOB_TIMEOUT. With KILL=1 it also deletes replica 1's pod once training has
-# started and checks that a new replica-1 pod comes up (sets kill_result).
-kill_result=""
-wait_job() {
-  local name=$1 deadline=$((SECONDS + JOB_TIMEOUT)) phase step acc restarts line last="" killed_at="" old_pods
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    phase=$(jp "dbj/$name" '{.status.phase}')
-    step=$(jp "dbj/$name" '{.status.progress.step}')
-    acc=$(jp "dbj/$name" '{.status.progress.testAccuracy}')
-    restarts=$(jp "dbj/$name" '{.status.replicaRestarts}')
-    line="phase=${phase:-?} step=${step:-0} testAccuracy=${acc:--} replicaRestarts=${restarts:-0}"
-    [ "$line" = "$last" ] || log "$name: $line"
-    last=$line
-    case "$phase" in Succeeded | Failed) return 0 ;; esac
-
-    if [ "${KILL:-}" = 1 ] && [ -z "$killed_at" ] && [ "$phase" = Running ] && [ "${step:-0}" -gt 0 ] 2>/dev/null; then
-      old_pods=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name,distbelief.dev/role=replica,distbelief.dev/replica=1" -o name 2>/dev/null | tr '\n' ' ')
-      log "$name: killing replica 1 ($old_pods)"
-      "${KUBECTL[@]}" delete pod -n "$JOB_NS" --wait=false \
-        -l "distbelief.dev/job=$name,distbelief.dev/role=replica,distbelief.dev/replica=1" >/dev/null || true
-      killed_at=$SECONDS
-    fi
-    if [ -n "$killed_at" ] && [ -z "$kill_result" ]; then
-      # A replacement is a Running replica-1 pod that is not one of the killed ones.
-      local running
-      running=$("${KUBECTL[@]}" get pods -n "$JOB_NS" \
-        -l "distbelief.dev/job=$name,distbelief.dev/role=replica,distbelief.dev/replica=1" \
-        --field-selector=status.phase=Running -o name 2>/dev/null)
-      for p in $running; do
-        [[ " $old_pods " == *" $p "* ]] || { kill_result="replaced by ${p#pod/} after $((SECONDS - killed_at))s"; log "$name: replica 1 $kill_result"; }
-      done
-      if [ -z "$kill_result" ] && [ $((SECONDS - killed_at)) -gt "$STEP_TIMEOUT" ]; then
-        kill_result="timeout"
-      fi
-    fi
-    sleep 3
+# Image garbage collection is off on the kit's node, so the images of older
+# binaries would pile up: drop the earlier e2e tags (only those).
+prune_kit_images() {
+  local sock ref
+  sock="$(dirname "$KUBECONFIG")/containerd/containerd.sock"   # $K8S_STATE/containerd/...
+  { [ -S "$sock" ] && have ctr; } || return 0
+  for ref in $(timeout 30 ctr --address "$sock" -n k8s.io images ls -q 2>/dev/null | grep "^$IMAGE_REPO:e2e-"); do
+    [ "$ref" = "$IMAGE_REPO:$IMAGE_TAG" ] && continue
+    timeout 30 ctr --address "$sock" -n k8s.io images rm "$ref" >/dev/null 2>&1 && log "removed older image $ref"
   done
-  log "$name: no final phase after ${JOB_TIMEOUT}s"
-  return 1
+  return 0
+}
+
+# --- 2. the chart ----------------------------------------------------------------
+install_chart() {
+  local ns_end
+  # A previous run's jobs would get in the way of this one's.
+  if "${KUBECTL[@]}" get namespace "$JOB_NS" >/dev/null 2>&1; then
+    log "deleting namespace $JOB_NS left by a previous run"
+    "${KUBECTL[@]}" delete namespace "$JOB_NS" --wait=false >/dev/null 2>&1 || true
+    ns_end=$(until_time "$STEP_TIMEOUT")
+    while "${KUBECTL[@]}" get namespace "$JOB_NS" >/dev/null 2>&1; do
+      [ "$SECONDS" -lt "$ns_end" ] || { timed_out "$STEP_TIMEOUT" "deletion of namespace $JOB_NS"; return 1; }
+      sleep 3
+    done
+  fi
+  "${KUBECTL[@]}" get namespace "$RELEASE_NS" >/dev/null 2>&1 || created_release_ns=1
+  log "helm upgrade --install $RELEASE ($IMAGE_REPO:$IMAGE_TAG${helm_mode_args[*]:+ ${helm_mode_args[*]}}) into $RELEASE_NS"
+  release_installed=1
+  # shellcheck disable=SC2086  # E2E_HELM_ARGS is a list of extra flags
+  "$HELM" upgrade --install "$RELEASE" charts/distbelief -n "$RELEASE_NS" --create-namespace \
+    --set "image.repository=$IMAGE_REPO,image.tag=$IMAGE_TAG" "${helm_mode_args[@]}" ${E2E_HELM_ARGS:-} \
+    --wait --timeout "${STEP_TIMEOUT}s" || return 1
+  "${KUBECTL[@]}" wait pods -n "$RELEASE_NS" --for=condition=Ready --timeout=60s \
+    -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=operator" || return 1
+  "${KUBECTL[@]}" get crd distbeliefjobs.distbelief.dev >/dev/null || return 1
+  "${KUBECTL[@]}" create namespace "$JOB_NS" >/dev/null || return 1
 }
 
 # --- 3. the example reaches its target -------------------------------------------
+# Also checks that job pods run the image just installed (with pull policy
+# Never on the kit, handed down by the chart) and the `kubectl get dbj` columns.
+pod_images=""
+t_example() {
+  [ -n "$pod_images" ] || pod_images=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$EXAMPLE_NAME" \
+    -o 'jsonpath={range .items[*]}{range .spec.containers[*]}{.image} {.imagePullPolicy}{"\n"}{end}{end}' 2>/dev/null | sort -u)
+  t_finished
+}
 run_example() {
-  local name phase acc
-  name=$("${KUBECTL[@]}" apply -n "$JOB_NS" -f "$EXAMPLE" -o name) || return 1
-  name=${name##*/}
-  log "applied $EXAMPLE as $JOB_NS/$name"
-  wait_job "$name" || return 1
-  phase=$(jp "dbj/$name" '{.status.phase}')
-  acc=$(jp "dbj/$name" '{.status.progress.testAccuracy}')
-  log "$name: final phase $phase, testAccuracy $acc"
+  local phase acc table want_policy col
+  EXAMPLE_NAME=$("${KUBECTL[@]}" apply -n "$JOB_NS" -f "$EXAMPLE" -o name) || return 1
+  EXAMPLE_NAME=${EXAMPLE_NAME##*/}
+  log "applied $EXAMPLE as $JOB_NS/$EXAMPLE_NAME"
+  job_wait "$EXAMPLE_NAME" "$JOB_TIMEOUT" "a final phase" t_example || return 1
+  phase=$J_PHASE acc=$J_ACC
+  log "$EXAMPLE_NAME: final phase $phase, testAccuracy $acc, stopReason $(jp "dbj/$EXAMPLE_NAME" '{.status.progress.stopReason}')"
   [ "$phase" = Succeeded ] || { echo "phase $phase, expected Succeeded"; return 1; }
-  awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.85) }' || { echo "testAccuracy $acc < 0.85"; return 1; }
-}
+  ge "$acc" 0.85 || { echo "testAccuracy $acc < 0.85"; return 1; }
 
-# --- 4. a replica killed while it trains is replaced ------------------------------
-# The example stops within seconds of reaching 85%, too soon to be sure of
-# catching it mid-training. So this runs the same job under another name, with
-# a target it cannot reach: it trains for its full maxSeconds, during which
-# replica 1 is killed. It must be replaced, counted, and the job must still end
-# Succeeded (stopped by maxSeconds) with a good model.
-run_replica_kill() {
-  local name=fashion-mnist-replica-kill phase acc restarts
-  sed -e "s/^  name: .*/  name: $name/" \
-      -e 's/targetTestAccuracy: .*/targetTestAccuracy: 0.999/' \
-      -e 's/maxSeconds: .*/maxSeconds: 120/' "$EXAMPLE" >"$work/replica-kill.yaml"
-  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/replica-kill.yaml" >/dev/null || return 1
-  log "applied $JOB_NS/$name (the example with targetTestAccuracy 0.999, maxSeconds 120)"
-  kill_result=""
-  KILL=1 wait_job "$name" || return 1
-  phase=$(jp "dbj/$name" '{.status.phase}')
-  acc=$(jp "dbj/$name" '{.status.progress.testAccuracy}')
-  # A deleted pod is replaced without using restart budget: it counts as a reschedule.
-  restarts=$(jp "dbj/$name" '{.status.replicaReschedules}')
-  case "$kill_result" in
-    "") echo "the job ended (phase $phase) before training was seen to start; nothing was killed"; return 1 ;;
-    timeout) echo "no new Running replica-1 pod within ${STEP_TIMEOUT}s of the kill"; return 1 ;;
-  esac
-  [ "${restarts:-0}" -ge 1 ] 2>/dev/null || { echo ".status.replicaReschedules is '${restarts}', expected >= 1"; return 1; }
-  [ "$phase" = Succeeded ] || { echo "phase $phase, expected Succeeded"; return 1; }
-  awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.85) }' || { echo "testAccuracy $acc < 0.85"; return 1; }
-}
-
-# --- 5. uninstall leaves nothing ------------------------------------------------------
-# until_empty SECONDS CMD...: waits until CMD prints nothing (and succeeds).
-until_empty() {
-  local deadline=$((SECONDS + $1)) out
-  shift
-  while :; do
-    out=$("$@" 2>&1) && [ -z "$out" ] && return 0
-    [ "$SECONDS" -lt "$deadline" ] || { printf 'still there:\n%s\n' "$out"; return 1; }
-    sleep 3
+  table=$("${KUBECTL[@]}" get dbj -n "$JOB_NS" "$EXAMPLE_NAME" 2>&1) || { echo "kubectl get dbj failed: $table"; return 1; }
+  printf '%s\n' "$table" | sed 's/^/    /'
+  [[ "$table" == *Succeeded* ]] || { echo "'kubectl get dbj' does not show the phase Succeeded"; return 1; }
+  # The value under the ACCURACY and STEP headers (columns are aligned).
+  for col in ACCURACY STEP; do
+    local v
+    v=$(printf '%s\n' "$table" | awk -v h="$col" 'NR == 1 { p = index($0, h) } NR == 2 && p { split(substr($0, p), f, " "); print f[1] }')
+    case "$col" in
+      ACCURACY) near "$v" "$acc" 1e-6 || { echo "'kubectl get dbj' shows ACCURACY '$v', the status says $acc"; return 1; } ;;
+      STEP) [ "${v:-0}" -gt 0 ] 2>/dev/null || { echo "'kubectl get dbj' shows STEP '$v'"; return 1; } ;;
+    esac
   done
+
+  [ -n "$pod_images" ] || { echo "never saw a pod of the job"; return 1; }
+  want_policy=""
+  [ "$mode" = kit ] && want_policy=Never
+  log "job pod images: $(printf '%s' "$pod_images" | tr '\n' ';')"
+  if [[ "${E2E_HELM_ARGS:-}" != *jobImage* ]]; then
+    while read -r image policy; do
+      [ "$image" = "$IMAGE_REPO:$IMAGE_TAG" ] || { echo "a job pod runs $image, not $IMAGE_REPO:$IMAGE_TAG"; return 1; }
+      [ -z "$want_policy" ] || [ "$policy" = "$want_policy" ] ||
+        { echo "a job pod has imagePullPolicy $policy, not $want_policy (chart image.pullPolicy)"; return 1; }
+    done <<<"$pod_images"
+  fi
 }
-crd_gone() { "${KUBECTL[@]}" get crd distbeliefjobs.distbelief.dev -o name --ignore-not-found; }
+
+# --- 4. the long job: failures it must survive --------------------------------
+# The example stops within seconds of reaching 85%, too soon to be sure of
+# catching it mid-training. So the same job runs under another name with a
+# target it cannot reach: it trains for its full maxSeconds, and writes its
+# model to a claim of the suite's (when the cluster has a default
+# StorageClass).
+long_applied="" with_output=""
+default_storage_class() {
+  "${KUBECTL[@]}" get storageclass -o \
+    'jsonpath={range .items[*]}{.metadata.annotations.storageclass\.kubernetes\.io/is-default-class}{"\n"}{end}' 2>/dev/null | grep -qx true
+}
+apply_long() {
+  if default_storage_class; then
+    with_output=1
+  else
+    log "no default StorageClass: $LONG runs without spec.output (and shards checkpoint to emptyDir)"
+  fi
+  sed -e "s/^  name: .*/  name: $LONG/" \
+      -e 's/^\(    targetTestAccuracy:\) .*/\1 0.999/' \
+      -e "s/^\(    maxSeconds:\) .*/\1 $LONG_MAX_SECONDS/" "$EXAMPLE" >"$work/long.yaml"
+  if [ -n "$with_output" ]; then
+    grep -q '^  output:' "$work/long.yaml" && { echo "$EXAMPLE already has spec.output; update the suite"; return 1; }
+    [ -z "$(tail -c 1 "$work/long.yaml")" ] || echo >>"$work/long.yaml"
+    printf '  output:\n    volumeClaimName: %s\n' "$OUTPUT_CLAIM" >>"$work/long.yaml"
+  fi
+  [ "$(grep -c -e "^  name: $LONG\$" -e '^    targetTestAccuracy: 0.999$' -e "^    maxSeconds: $LONG_MAX_SECONDS\$" "$work/long.yaml")" = 3 ] ||
+    { echo "could not derive $LONG from $EXAMPLE (metadata.name, stop.targetTestAccuracy, stop.maxSeconds)"; return 1; }
+  if [ -n "$with_output" ]; then
+    "${KUBECTL[@]}" apply -n "$JOB_NS" -f - >/dev/null <<EOF || return 1
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: $OUTPUT_CLAIM
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 100Mi
+EOF
+    log "created claim $JOB_NS/$OUTPUT_CLAIM (ReadWriteOnce, 100Mi, default StorageClass)"
+  fi
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/long.yaml" >/dev/null || return 1
+  long_applied=1
+  log "applied $JOB_NS/$LONG (the example with targetTestAccuracy 0.999, maxSeconds $LONG_MAX_SECONDS${with_output:+, output.volumeClaimName $OUTPUT_CLAIM})"
+}
+
+# 4a. A deleted replica pod is replaced, and counted as a reschedule.
+old_replica_pods=""
+t_replica_replaced() {
+  local p
+  for p in $(pods "$LONG" "distbelief.dev/role=replica,distbelief.dev/replica=1" --field-selector=status.phase=Running); do
+    [[ " $old_replica_pods " == *" $p "* ]] || { log "$LONG: replica 1 is back as ${p#pod/}"; return 0; }
+  done
+  return 1
+}
+t_rescheduled() { [ "${J_RESCHED:-0}" -ge 1 ] 2>/dev/null; }
+long_replica() {
+  apply_long || return 1
+  job_wait "$LONG" "$STEP_TIMEOUT" "phase Running with step > 0" t_training || return 1
+  old_replica_pods=$(pods "$LONG" "distbelief.dev/role=replica,distbelief.dev/replica=1" | tr '\n' ' ')
+  [ -n "${old_replica_pods// /}" ] || { echo "no pod of replica 1"; return 1; }
+  log "$LONG: deleting replica 1 (${old_replica_pods% })"
+  # shellcheck disable=SC2086  # one or more pod/NAME words
+  "${KUBECTL[@]}" delete -n "$JOB_NS" --wait=false $old_replica_pods >/dev/null || return 1
+  job_wait "$LONG" "$STEP_TIMEOUT" "a new Running pod of replica 1" t_replica_replaced || return 1
+  job_wait "$LONG" 30 ".status.replicaReschedules >= 1" t_rescheduled || return 1
+  [ "${J_RESTARTS:-0}" = 0 ] || { echo ".status.replicaRestarts is $J_RESTARTS, expected 0 (a deleted pod is not a failure)"; return 1; }
+}
+
+# 4b. A deleted shard pod comes back from its durable checkpoint, and the
+# model does not lose what it had learnt.
+shard0_restored=0 shard1_restored=0
+long_shard() {
+  local step0 since acc_before uid_before samples=() min s end
+  snap "$LONG"
+  [ "$J_PHASE" = Running ] || { echo "$LONG is $J_PHASE, not Running"; return 1; }
+  step0=${J_STEP:-0} since=$SECONDS
+  # shellcheck disable=SC2317  # called through job_wait
+  t_trained_more() { [ "${J_STEP:-0}" -gt "$step0" ] 2>/dev/null && [ $((SECONDS - since)) -ge 10 ]; }
+  job_wait "$LONG" 60 "more steps and 10 s of training (checkpoint.intervalSeconds 5)" t_trained_more || return 1
+  acc_before=$J_ACC
+  [ -n "$acc_before" ] || { echo "no testAccuracy reported yet"; return 1; }
+  uid_before=$(jp "pod/$LONG-ps-0" '{.metadata.uid}')
+  [ -n "$uid_before" ] || { echo "no pod $LONG-ps-0"; return 1; }
+  log "$LONG: testAccuracy before $acc_before at step $J_STEP; deleting pod $LONG-ps-0"
+  "${KUBECTL[@]}" delete pod -n "$JOB_NS" "$LONG-ps-0" --wait=false >/dev/null || return 1
+  # shellcheck disable=SC2317
+  t_shard0_restored() {
+    [ "${J_R0:-0}" -gt 0 ] 2>/dev/null || return 1
+    local uid
+    uid=$(jp "pod/$LONG-ps-0" '{.metadata.uid}')
+    [ -n "$uid" ] && [ "$uid" != "$uid_before" ]
+  }
+  job_wait "$LONG" "$RESTORE_TIMEOUT" "shard 0 back in a new pod with .status.progress.shards[shard 0].restoredVersion > 0" t_shard0_restored || return 1
+  shard0_restored=$J_R0 shard1_restored=${J_R1:-0}
+  log "$LONG: shard 0 restored checkpoint version $J_R0"
+  # The accuracies reported after the restore, over about 12 s (evalIntervalSeconds 1).
+  end=$((SECONDS + 12))
+  while [ "$SECONDS" -lt "$end" ]; do
+    snap "$LONG"
+    [ -z "$J_ACC" ] || samples+=("$J_ACC")
+    t_finished && break
+    sleep 2
+  done
+  [ "${#samples[@]}" -gt 0 ] || { echo "no testAccuracy after the restore"; return 1; }
+  min=${samples[0]}
+  for s in "${samples[@]}"; do ge "$min" "$s" && min=$s; done
+  log "$LONG: testAccuracy after the restore: ${samples[*]} (lowest $min, before $acc_before)"
+  ge "$min" "$(awk -v a="$acc_before" 'BEGIN { print a - 0.02 }')" ||
+    { echo "testAccuracy fell to $min after the restore, from $acc_before (allowed: 0.02)"; return 1; }
+}
+
+# 4c. Suspend stops the pods; resume continues from the checkpoints.
+long_suspend() {
+  local step_suspended
+  snap "$LONG"
+  case "$J_PHASE" in
+    Running | Restarting) ;;
+    *) echo "$LONG is ${J_PHASE:-?} before the suspension, expected Running"; return 1 ;;
+  esac
+  log "$LONG: suspending"
+  "${KUBECTL[@]}" patch dbj -n "$JOB_NS" "$LONG" --type=merge -p '{"spec":{"suspend":true}}' >/dev/null || return 1
+  # shellcheck disable=SC2317
+  t_suspended() { [ "$J_PHASE" = Suspended ]; }
+  job_wait "$LONG" "$STEP_TIMEOUT" "phase Suspended" t_suspended || return 1
+  until_empty "$STEP_TIMEOUT" pods "$LONG" "distbelief.dev/role in (replica,coordinator)" || return 1
+  step_suspended=$J_STEP
+  log "$LONG: suspended at step ${step_suspended:-?}; replica and coordinator pods gone; shard pods: $(pods "$LONG" distbelief.dev/role=ps | wc -l)"
+  log "$LONG: resuming"
+  "${KUBECTL[@]}" patch dbj -n "$JOB_NS" "$LONG" --type=merge -p '{"spec":{"suspend":false}}' >/dev/null || return 1
+  # Fresh restores only: shard 0 restores a newer checkpoint than the one it
+  # restored in 4b, and shard 1 one newer than any it restored before.
+  # shellcheck disable=SC2317
+  t_resumed() {
+    [ "$J_PHASE" = Running ] && [ "${J_R0:-0}" -gt "$shard0_restored" ] 2>/dev/null && [ "${J_R1:-0}" -gt "$shard1_restored" ] 2>/dev/null
+  }
+  job_wait "$LONG" "$STEP_TIMEOUT" "phase Running with both shards restored from their checkpoints (restoredVersion > $shard0_restored and > $shard1_restored)" t_resumed || return 1
+  log "$LONG: resumed; shards restored versions $J_R0 and $J_R1; step ${step_suspended:-?} when suspended, now ${J_STEP:-?}"
+}
+
+# 4d. The job still ends well, with each failure counted as what it was.
+long_finish() {
+  local stop
+  job_wait "$LONG" "$JOB_TIMEOUT" "a final phase (maxSeconds $LONG_MAX_SECONDS)" t_finished || return 1
+  stop=$(jp "dbj/$LONG" '{.status.progress.stopReason}')
+  log "$LONG: final phase $J_PHASE, testAccuracy $J_ACC, stopReason ${stop:--}, replicaReschedules ${J_RESCHED:-0}, replicaRestarts ${J_RESTARTS:-0}"
+  [ "$J_PHASE" = Succeeded ] || { echo "phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$J_ACC" 0.85 || { echo "testAccuracy $J_ACC < 0.85"; return 1; }
+  [ "${J_RESCHED:-0}" = 1 ] || { echo ".status.replicaReschedules is ${J_RESCHED:-0}, expected exactly 1 (the deleted replica pod)"; return 1; }
+  [ "${J_RESTARTS:-0}" = 0 ] || { echo ".status.replicaRestarts is $J_RESTARTS, expected 0"; return 1; }
+}
+
+# --- 5. the model on the output volume -------------------------------------------
+# On the kit the claim is a directory on this machine: read the model there
+# and evaluate it with the binary the image was built from.
+long_model() {
+  local path macc pv host rel dir out eacc
+  path=$(jp "dbj/$LONG" '{.status.progress.model.path}')
+  macc=$(jp "dbj/$LONG" '{.status.progress.model.testAccuracy}')
+  log "$LONG: .status.progress.model: path ${path:--}, testAccuracy ${macc:--}"
+  [ -n "$path" ] || { echo "no .status.progress.model.path"; return 1; }
+  [ -n "$macc" ] || { echo "no .status.progress.model.testAccuracy"; return 1; }
+  case "$path" in
+    "$OUTPUT_MOUNT" | "$OUTPUT_MOUNT"/*) ;;
+    *) echo "model.path $path is not under $OUTPUT_MOUNT, where the claim is mounted"; return 1 ;;
+  esac
+  pv=$(jp "pvc/$OUTPUT_CLAIM" '{.spec.volumeName}')
+  [ -n "$pv" ] || { echo "claim $OUTPUT_CLAIM is not bound"; return 1; }
+  host=$("${KUBECTL[@]}" get pv "$pv" -o 'jsonpath={.spec.hostPath.path}' 2>/dev/null)
+  [ -n "$host" ] || { echo "PersistentVolume $pv has no hostPath"; return 1; }
+  rel=${path#"$OUTPUT_MOUNT"}
+  dir=$host$rel
+  [[ "$dir" == *.safetensors ]] && dir=$(dirname "$dir")   # a path to the file itself
+  log "$LONG: the model on this machine: $dir (PersistentVolume $pv)"
+  # shellcheck disable=SC2012  # for the log only
+  ls -la "$dir" 2>&1 | sed 's/^/    /'
+  [ -f "$dir/model.safetensors" ] || { echo "no $dir/model.safetensors"; return 1; }
+  [ -f "$dir/summary.json" ] || { echo "no $dir/summary.json"; return 1; }
+  log "distbelief eval $work/long.yaml --model $dir/model.safetensors --json (the binary in the image)"
+  out=$(timeout 300 "$BINARY" eval "$work/long.yaml" --model "$dir/model.safetensors" --json) ||
+    { echo "distbelief eval failed: $out"; return 1; }
+  eacc=$(printf '%s' "$out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["testAccuracy"])') ||
+    { echo "distbelief eval did not print one JSON object with testAccuracy: $out"; return 1; }
+  log "$LONG: distbelief eval testAccuracy $eacc; status says $macc"
+  near "$eacc" "$macc" 1e-4 || { echo "distbelief eval gives testAccuracy $eacc, .status.progress.model.testAccuracy is $macc"; return 1; }
+}
+
+# --- 6. uninstall leaves nothing running ------------------------------------------
+# The chart keeps the CRD on uninstall (crds.keep), so jobs are deleted first.
 uninstall_clean() {
   log "kubectl delete dbj --all -n $JOB_NS"
   "${KUBECTL[@]}" delete dbj --all -n "$JOB_NS" --wait=true --timeout="${STEP_TIMEOUT}s" || return 1
   until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -n "$JOB_NS" -l distbelief.dev/job -o name || return 1
   log "helm uninstall $RELEASE"
   "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" --wait --timeout "${STEP_TIMEOUT}s" || return 1
-  until_empty 120 crd_gone || return 1
+  release_installed=""
+  until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -A \
+    -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=operator" -o name || return 1
   until_empty 60 "${KUBECTL[@]}" get clusterrole,clusterrolebinding -l "app.kubernetes.io/instance=$RELEASE" -o name || return 1
   until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get \
     deployments,replicasets,statefulsets,pods,services,serviceaccounts,configmaps,roles,rolebindings,networkpolicies,poddisruptionbudgets \
     -A -l "app.kubernetes.io/instance=$RELEASE" -o name || return 1
   until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -A -l app.kubernetes.io/name=distbelief -o name || return 1
+  "${KUBECTL[@]}" get crd distbeliefjobs.distbelief.dev -o name >/dev/null ||
+    { echo "the CRD distbeliefjobs.distbelief.dev is gone; the chart should keep it (crds.keep)"; return 1; }
+  log "the CRD distbeliefjobs.distbelief.dev is still there, as it should be (delete it by hand if wanted)"
 }
 
-# step NAME FUNCTION: runs one step and counts it. The function runs in this
-# shell, not a subshell, so its progress shows as it happens and what it sets
-# (KUBECONFIG, created_cluster, ...) stays set.
+# step NAME FUNCTION: runs one step and counts it, with its duration. The
+# function runs in this shell, not a subshell, so its progress shows as it
+# happens and what it sets (KUBECONFIG, created_cluster, ...) stays set.
 step() {
-  local what=$1 rc
+  local what=$1 rc t0=$SECONDS
   shift
   log "== $what"
   "$@"
   rc=$?
-  if [ "$rc" -eq 0 ]; then pass "$what"; else fail "$what"; fi
+  if [ "$rc" -eq 0 ]; then pass "$what ($((SECONDS - t0))s)"; else fail "$what ($((SECONDS - t0))s)"; fi
   return "$rc"
 }
 
+LONG_STEPS=(
+  "$LONG: a replica pod deleted mid-training is replaced, counted as a reschedule"
+  "$LONG: a deleted shard pod comes back from its durable checkpoint, test accuracy kept"
+  "$LONG: suspend stops its pods, resume continues from the checkpoints"
+  "$LONG: ends Succeeded with testAccuracy >= 0.85, 1 reschedule, 0 replica restarts"
+)
 if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; then
   cluster_up=1
+  # kind: the suite's budget starts once the cluster and the image are there.
+  [ "$mode" != kind ] || budget_end=$((SECONDS + TOTAL_TIMEOUT))
   if step "helm install (chart, CRD, operator Ready)" install_chart; then
-    step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85" run_example
-    step "a replica pod deleted mid-training is replaced and the job still succeeds" run_replica_kill
-    step "helm uninstall leaves no CRD, RBAC, operator or job objects behind" uninstall_clean
+    step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj" run_example
+    step "${LONG_STEPS[0]}" long_replica
+    if [ -n "$long_applied" ]; then
+      step "${LONG_STEPS[1]}" long_shard
+      step "${LONG_STEPS[2]}" long_suspend
+      step "${LONG_STEPS[3]}" long_finish
+      if [ "$mode" != kit ]; then
+        skip "$LONG: model on the output volume (only on the kit can this machine read the volume)"
+      elif [ -z "$with_output" ]; then
+        skip "$LONG: model on the output volume (the cluster has no default StorageClass)"
+      elif [ "$J_PHASE" != Succeeded ]; then
+        skip "$LONG: model on the output volume (the job did not succeed)"
+      else
+        step "$LONG: its model on the output volume evaluates to .status.progress.model.testAccuracy" long_model
+      fi
+    else
+      for s in "${LONG_STEPS[@]:1}"; do skip "$s ($LONG could not be created)"; done
+      skip "$LONG: model on the output volume ($LONG could not be created)"
+    fi
+    step "helm uninstall leaves no operator or job pods and keeps the CRD" uninstall_clean
     "${KUBECTL[@]}" delete namespace "$JOB_NS" --wait=false >/dev/null 2>&1 || true
     [ -z "$created_release_ns" ] || "${KUBECTL[@]}" delete namespace "$RELEASE_NS" --wait=false >/dev/null 2>&1 || true
   else
     skip "job and uninstall steps (the chart did not install)"
     "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1 || true
+    release_installed=""
   fi
 else
   skip "chart, job and uninstall steps (no cluster or image)"
 fi
 
+log "total ${SECONDS}s"
 summary
 [ "$failed" -eq 0 ]

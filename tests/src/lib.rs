@@ -55,6 +55,7 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
             index: i as u32,
             checkpoint_dir: checkpoint_dir.clone(),
             checkpoint_interval: Duration::from_secs(1),
+            heartbeat: Default::default(),
         };
         let (job, rx) = (job.clone(), rx.clone());
         tokio::spawn(async move {
@@ -70,6 +71,8 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
             shards: shards.clone(),
             rpc_timeout: Duration::from_secs(10),
             publish: None,
+            output: None,
+            heartbeat: Default::default(),
         };
         let (job, rx) = (job.clone(), rx.clone());
         tokio::spawn(async move {

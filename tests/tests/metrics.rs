@@ -47,12 +47,13 @@ spec:
         index: 0,
         checkpoint_dir: None,
         checkpoint_interval: Duration::from_secs(60),
+        heartbeat: Default::default(),
     };
     let (j, r) = (job.clone(), registry.clone());
     tokio::spawn(async move {
         distbelief_ps::serve(&j, opts, listener, &r, std::future::pending()).await
     });
-    let metrics = distbelief_net::serve_metrics("127.0.0.1:0".parse().expect("addr"), registry)
+    let metrics = distbelief_net::serve_metrics("127.0.0.1:0".parse().expect("addr"), registry, None)
         .await
         .expect("metrics endpoint");
 

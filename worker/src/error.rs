@@ -45,6 +45,19 @@ impl WorkerError {
         ))
     }
 
+    /// A shard or the coordinator did not answer for the replica's whole
+    /// patience: the job's servers are missing, not this replica broken.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            WorkerError::CoordinatorLost { .. } => true,
+            WorkerError::Rpc { status, .. } => matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+            ),
+            _ => false,
+        }
+    }
+
     /// Bounded label for metrics and logs.
     pub fn category(&self) -> &'static str {
         match self {

@@ -7,6 +7,7 @@ mod metrics;
 pub mod model;
 pub mod ps_client;
 mod replica;
+pub mod saved;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;

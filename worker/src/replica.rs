@@ -32,6 +32,13 @@ pub struct ReplicaOptions {
     pub report_interval: Duration,
     /// How long the coordinator may stay silent before the replica gives up.
     pub coordinator_patience: Duration,
+    /// This process's number among the replica's processes, assigned by
+    /// whoever starts it (the operator's attempt, the local runtime's start
+    /// count) and growing with each: shards and coordinator refuse a lower
+    /// one. None falls back to the start time, for processes started by hand.
+    pub incarnation: Option<u64>,
+    /// Beaten while the replica makes progress (or waits to be let in).
+    pub heartbeat: distbelief_net::Heartbeat,
 }
 
 impl ReplicaOptions {
@@ -44,6 +51,8 @@ impl ReplicaOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             report_interval: Duration::from_millis(500),
             coordinator_patience: Duration::from_secs(60),
+            incarnation: None,
+            heartbeat: distbelief_net::Heartbeat::default(),
         }
     }
 }
@@ -103,10 +112,9 @@ impl Coordinator {
     }
 }
 
-/// The process's start time in nanoseconds: a later start of the same
-/// replica has a larger incarnation, so shards and coordinator can tell a
-/// replaced process that is still running from its replacement.
-fn incarnation() -> u64 {
+/// Without an assigned incarnation: the start time in nanoseconds, which
+/// grows only as far as the clocks of the machines involved agree.
+fn start_time_incarnation() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -167,7 +175,7 @@ pub async fn run_replica(
         "training data loaded"
     );
 
-    let incarnation = incarnation();
+    let incarnation = opts.incarnation.unwrap_or_else(start_time_incarnation);
     let report = |p: &Progress, eps: f64| {
         let mut loss = p.loss.lock().unwrap_or_else(|e| e.into_inner());
         let (sum, n) = std::mem::take(&mut *loss);
@@ -185,6 +193,7 @@ pub async fn run_replica(
 
     // Warm start: wait until the coordinator lets this replica train.
     loop {
+        opts.heartbeat.beat();
         match coordinator.report(report(&progress, 0.0)).await? {
             Some(Action::Train) => break,
             Some(Action::Stop) => {
@@ -261,6 +270,10 @@ pub async fn run_replica(
             ));
         }
         let examples = progress.examples.load(Ordering::Relaxed);
+        if examples != last.1 {
+            // Only compute that moves counts as alive: a stuck step stops the beat.
+            opts.heartbeat.beat();
+        }
         let dt = last.0.elapsed().as_secs_f64();
         if dt > 0.0 {
             let now = (examples - last.1) as f64 / dt;

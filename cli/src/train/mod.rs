@@ -135,6 +135,8 @@ impl Runtime {
             format!("127.0.0.1:{coordinator_port}"),
             "--shards".into(),
             shard_addrs.join(","),
+            "--output-dir".into(),
+            out.display().to_string(),
         ]);
         let coordinator = Proc::new(Role::Coordinator, 0, a, &logs);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -375,6 +377,18 @@ impl Runtime {
             if let Some(status) = p.exited() {
                 if status.success() {
                     // Stopped by the coordinator: the job is done.
+                    continue;
+                }
+                if status.code() == Some(distbelief_api::EXIT_SERVERS_UNAVAILABLE) {
+                    // The replica waited too long for shards or coordinator:
+                    // their fault, not its own, so no budget is used.
+                    eprintln!(
+                        "\ndistbelief: {} gave up waiting for the job's servers; starting it again",
+                        p.label()
+                    );
+                    p.spawn(&self.exe)
+                        .with_context(|| format!("cannot restart {}", p.label()))?;
+                    restarted = true;
                     continue;
                 }
                 let budget = Budget {

@@ -71,7 +71,13 @@ impl Proc {
             .open(&self.log)?;
         let err = out.try_clone()?;
         let mut cmd = Command::new(exe);
-        cmd.args(&self.args)
+        cmd.args(&self.args);
+        if self.role == Role::Replica {
+            // Each process of a replica gets a larger number than the last,
+            // so shards and coordinator refuse the one it replaced.
+            cmd.args(["--incarnation".to_string(), (self.starts + 1).to_string()]);
+        }
+        cmd
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -1,0 +1,221 @@
+//! The rules the API server checks at admission, as CEL, with the same
+//! messages [`validate`](crate::validate) gives. A rule lives here when CEL
+//! can say it, so that `kubectl apply` refuses a bad job up front instead of
+//! admitting one that then fails with fields that can no longer change.
+
+/// One rule: the field it concerns, its CEL form (over `self`, the spec, or
+/// the whole object when `on_object`), and the message both paths give.
+#[derive(Debug, Clone, Copy)]
+pub struct AdmissionRule {
+    pub field: &'static str,
+    pub message: &'static str,
+    pub cel: &'static str,
+    /// True for rules on `metadata.name`, which only the object's root sees.
+    pub on_object: bool,
+}
+
+const fn spec(field: &'static str, cel: &'static str, message: &'static str) -> AdmissionRule {
+    AdmissionRule {
+        field,
+        message,
+        cel,
+        on_object: false,
+    }
+}
+
+/// Downpour's fields are checked only when downpour is set; a missing
+/// algorithm has a rule of its own.
+macro_rules! downpour {
+    ($field:literal, $cond:literal, $message:literal) => {
+        spec(
+            concat!("spec.algorithm.downpour.", $field),
+            concat!("!has(self.algorithm.downpour) || ", $cond),
+            $message,
+        )
+    };
+}
+
+pub const MSG_AT_LEAST_1: &str = "must be at least 1";
+pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
+pub const MSG_POSITIVE: &str = "must be a positive number";
+
+/// Every rule CEL enforces. [`validate`](crate::validate) checks each of
+/// these with the same field and message, and some more that need Rust
+/// (parameter counts, shards against parameters).
+pub const RULES: &[AdmissionRule] = &[
+    spec(
+        "spec.model.inputSize",
+        "self.model.inputSize >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.model.hidden",
+        "self.model.hidden.all(l, l.units >= 1)",
+        "every layer must have at least 1 unit",
+    ),
+    spec(
+        "spec.model.output.units",
+        "self.model.output.units >= 2",
+        "must be at least 2 classes",
+    ),
+    spec(
+        "spec.data.trainImages",
+        "self.data.format != 'idx' || size(self.data.trainImages.trim()) > 0",
+        "must name an idx file",
+    ),
+    spec(
+        "spec.data.trainLabels",
+        "self.data.format != 'idx' || size(self.data.trainLabels.trim()) > 0",
+        "must name an idx file",
+    ),
+    spec(
+        "spec.data.testImages",
+        "self.data.format != 'idx' || size(self.data.testImages.trim()) > 0",
+        "must name an idx file",
+    ),
+    spec(
+        "spec.data.testLabels",
+        "self.data.format != 'idx' || size(self.data.testLabels.trim()) > 0",
+        "must name an idx file",
+    ),
+    spec(
+        "spec.data.trainCsv",
+        "self.data.format != 'csv' || (has(self.data.trainCsv) && size(self.data.trainCsv.trim()) > 0)",
+        "is required when format is csv",
+    ),
+    spec(
+        "spec.data.testCsv",
+        "self.data.format != 'csv' || (has(self.data.testCsv) && size(self.data.testCsv.trim()) > 0)",
+        "is required when format is csv",
+    ),
+    spec(
+        "spec.data.inputScale",
+        "self.data.inputScale > 0.0",
+        MSG_POSITIVE,
+    ),
+    spec(
+        "spec.data.trainLimit",
+        "!has(self.data.trainLimit) || self.data.trainLimit >= 1",
+        "must be at least 1 when set",
+    ),
+    spec(
+        "spec.data.testLimit",
+        "!has(self.data.testLimit) || self.data.testLimit >= 1",
+        "must be at least 1 when set",
+    ),
+    spec(
+        "spec.algorithm",
+        "has(self.algorithm.downpour)",
+        "exactly one algorithm must be set; downpour is the one available",
+    ),
+    downpour!("learningRate", "self.algorithm.downpour.learningRate > 0.0", "must be a positive number"),
+    downpour!(
+        "adagrad.initialAccumulator",
+        "self.algorithm.downpour.adagrad.initialAccumulator >= 0.0",
+        "must be zero or positive"
+    ),
+    downpour!("adagrad.epsilon", "self.algorithm.downpour.adagrad.epsilon > 0.0", "must be a positive number"),
+    downpour!("nFetch", "self.algorithm.downpour.nFetch >= 1", "must be at least 1"),
+    downpour!(
+        "nPush",
+        "self.algorithm.downpour.nPush >= 1 && self.algorithm.downpour.nPush <= 64",
+        "must be between 1 and 64"
+    ),
+    downpour!(
+        "batchSize",
+        "self.algorithm.downpour.batchSize >= 1 && self.algorithm.downpour.batchSize <= 65536",
+        "must be between 1 and 65536"
+    ),
+    spec(
+        "spec.parameterServers.shards",
+        "self.parameterServers.shards >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.replicas.count",
+        "self.replicas.count >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.stop.targetTestAccuracy",
+        "!has(self.stop.targetTestAccuracy) || (self.stop.targetTestAccuracy > 0.0 && self.stop.targetTestAccuracy <= 1.0)",
+        "must be in (0, 1]",
+    ),
+    spec(
+        "spec.stop.maxEpochs",
+        "self.stop.maxEpochs > 0.0",
+        MSG_POSITIVE,
+    ),
+    spec(
+        "spec.stop.maxSeconds",
+        "self.stop.maxSeconds >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.stop.evalIntervalSeconds",
+        "self.stop.evalIntervalSeconds >= 0.05 && self.stop.evalIntervalSeconds <= 86400.0",
+        "must be between 0.05 and 86400 seconds",
+    ),
+    spec(
+        "spec.checkpoint.intervalSeconds",
+        "!has(self.checkpoint.intervalSeconds) || self.checkpoint.intervalSeconds >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.checkpoint.dir",
+        "!has(self.checkpoint.dir) || size(self.checkpoint.dir.trim()) > 0",
+        MSG_NOT_EMPTY,
+    ),
+    spec(
+        "spec.checkpoint.volume.size",
+        "!has(self.checkpoint.volume) || self.checkpoint.volume.size.matches('^[0-9]+(\\\\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$')",
+        "must be a Kubernetes quantity such as 1Gi",
+    ),
+    spec(
+        "spec.replicas.stragglers.slowFraction",
+        "self.replicas.stragglers.slowFraction > 0.0 && self.replicas.stragglers.slowFraction < 1.0",
+        "must be in (0, 1)",
+    ),
+    spec(
+        "spec.replicas.stragglers.forSeconds",
+        "self.replicas.stragglers.forSeconds >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.image",
+        "!has(self.image) || size(self.image.trim()) > 0",
+        MSG_NOT_EMPTY,
+    ),
+    spec(
+        "spec.output.volumeClaimName",
+        "!has(self.output.volumeClaimName) || self.output.volumeClaimName.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",
+        "must be the name of a PersistentVolumeClaim (lowercase letters, digits, '-' and '.')",
+    ),
+    AdmissionRule {
+        field: "metadata.name",
+        cel: "size(self.metadata.name) <= 42",
+        message: NAME_LENGTH,
+        on_object: true,
+    },
+    AdmissionRule {
+        field: "metadata.name",
+        cel: "self.metadata.name.matches('^[a-z]')",
+        message: NAME_START,
+        on_object: true,
+    },
+];
+
+/// Kubernetes only: the StatefulSet `<job>-ps` must leave room for the
+/// revision hash in a 63-character label.
+pub const MAX_JOB_NAME: usize = 42;
+pub const NAME_LENGTH: &str = "must be at most 42 characters on Kubernetes (its StatefulSet and Services are named after it)";
+pub const NAME_START: &str =
+    "must start with a letter on Kubernetes: Service names are DNS-1035 labels";
+
+/// The rule of `field`, for the validator to give its message.
+pub fn message(field: &str) -> &'static str {
+    RULES
+        .iter()
+        .find(|r| r.field == field)
+        .map_or("is invalid", |r| r.message)
+}

@@ -1,0 +1,78 @@
+//! The finished job's model: the parameters of the last evaluation, written
+//! before the job is reported done, so that nothing stops the shards first.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use distbelief_api::{Layout, SavedModel};
+use distbelief_proto::v1::JobStatus;
+use distbelief_worker::saved::{self, MODEL_FILE};
+use serde_json::json;
+
+/// Where the model goes.
+#[derive(Debug, Clone)]
+pub struct OutputTarget {
+    /// Directory that receives model.safetensors (created if missing).
+    pub dir: PathBuf,
+    /// Also write summary.json beside it (the local runtime writes its own).
+    pub summary: bool,
+    /// On Kubernetes: the claim mounted at (a parent of) `dir`.
+    pub volume_claim_name: Option<String>,
+}
+
+/// The save's outcome, once the job is done.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Saved {
+    Pending,
+    Written(SavedModel),
+    /// Saving failed or there were no parameters; the job ends without a model.
+    Failed,
+}
+
+/// Writes `params` (which scored `accuracy`) and, if asked, the summary.
+pub fn write(
+    target: &OutputTarget,
+    job: &str,
+    layout: &Layout,
+    params: &[f32],
+    accuracy: f64,
+    version: u64,
+    status: &JobStatus,
+) -> Result<SavedModel, String> {
+    std::fs::create_dir_all(&target.dir)
+        .map_err(|e| format!("cannot create {}: {e}", target.dir.display()))?;
+    let path = target.dir.join(MODEL_FILE);
+    let metadata = HashMap::from([
+        ("job".to_string(), job.to_string()),
+        ("test_accuracy".to_string(), format!("{accuracy}")),
+        ("version".to_string(), version.to_string()),
+    ]);
+    saved::save(&path, layout, params, metadata).map_err(|e| e.to_string())?;
+    let model = SavedModel {
+        path: path.display().to_string(),
+        volume_claim_name: target.volume_claim_name.clone(),
+        test_accuracy: accuracy,
+        version,
+    };
+    if target.summary {
+        let summary = json!({
+            "job": job,
+            "stopReason": status.stop_reason,
+            "testAccuracy": accuracy,
+            "bestTestAccuracy": status.best_test_accuracy,
+            "timeToTargetSeconds": status.time_to_target_seconds,
+            "trainSeconds": status.train_seconds,
+            "examples": status.examples,
+            "steps": status.steps,
+            "epochs": status.epochs,
+            "version": version,
+            "model": MODEL_FILE,
+            "tensors": layout.tensors.iter().map(|t| json!({"name": t.name, "shape": t.shape})).collect::<Vec<_>>(),
+        });
+        let file = target.dir.join("summary.json");
+        let text = serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?;
+        std::fs::write(&file, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    }
+    Ok(model)
+}

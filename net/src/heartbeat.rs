@@ -1,0 +1,71 @@
+//! Liveness: a role's main loop beats, and `/healthz` fails once the last
+//! beat is older than the limit, so that a process that is alive but stuck
+//! is restarted instead of holding its job up.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    start: Instant,
+    last_ms: Arc<AtomicU64>,
+    limit: Duration,
+}
+
+impl Heartbeat {
+    /// A heartbeat that counts as beaten now.
+    pub fn new(limit: Duration) -> Self {
+        Heartbeat {
+            start: Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+            limit,
+        }
+    }
+
+    pub fn beat(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    pub fn silent_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last)
+    }
+
+    /// None while healthy; otherwise what `/healthz` answers.
+    pub fn stuck(&self) -> Option<String> {
+        let silent = self.silent_for();
+        (silent > self.limit).then(|| {
+            format!(
+                "main loop has not made progress for {:.0} s (limit {} s)",
+                silent.as_secs_f64(),
+                self.limit.as_secs()
+            )
+        })
+    }
+}
+
+impl Default for Heartbeat {
+    /// The limit a liveness probe gives roles: long enough for a large
+    /// model's step or a shard's checkpoint restore.
+    fn default() -> Self {
+        Heartbeat::new(Duration::from_secs(60))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stuck_once_silent_past_the_limit() {
+        let h = Heartbeat::new(Duration::from_millis(30));
+        assert!(h.stuck().is_none());
+        std::thread::sleep(Duration::from_millis(60));
+        let why = h.stuck().expect("silent past the limit");
+        assert!(why.contains("limit"), "{why}");
+        h.clone().beat();
+        assert!(h.stuck().is_none(), "a clone beats the same heart");
+    }
+}

@@ -1,0 +1,475 @@
+//! The decision step: from a job, its pods and the time, what to create,
+//! delete and write. Pure, so that every fault-handling rule is tested
+//! without an API server.
+
+mod pods;
+mod replica;
+
+use std::time::Duration;
+
+use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, Phase};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::children::{Cause, Target};
+use pods::{is_ready, name, phase_of, restart_count, role};
+use replica::{Outcome, Scene, count_cause};
+
+/// A Kubernetes Event to publish: one per transition or action.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What one reconcile does.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Apply the long-lived children (ConfigMap, RBAC, Services, StatefulSet, ...).
+    pub apply_children: bool,
+    pub create_pods: Vec<Pod>,
+    pub delete_pods: Vec<String>,
+    pub delete_stateful_set: bool,
+    pub delete_job: bool,
+    /// The operator's part of status (progress is the coordinator's).
+    pub status: DistBeliefJobStatus,
+    pub notes: Vec<Note>,
+    pub requeue_after: Option<Duration>,
+    pub restarts: u32,
+    pub backups: u32,
+    /// The coordinator pod must be (re)created.
+    pub coordinator_missing: bool,
+    /// Fewer shard pods exist than the job has shards.
+    pub shards_missing: bool,
+}
+
+impl Plan {
+    fn requeue(&mut self, after: Duration) {
+        self.requeue_after = Some(self.requeue_after.map_or(after, |d| d.min(after)));
+    }
+    fn note(&mut self, warning: bool, reason: &'static str, message: String) {
+        self.notes.push(Note {
+            warning,
+            reason,
+            message,
+        });
+    }
+}
+
+/// Restart backoff: `initial` doubled per earlier failure of the same
+/// replica, capped at `max`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    pub fn delay(&self, failures: u32) -> Duration {
+        self.initial
+            .saturating_mul(1u32 << failures.min(20))
+            .min(self.max)
+    }
+}
+
+/// A job that cannot be built, given its status and generation: it fails
+/// with the reason, and nothing is created.
+pub fn invalid(
+    status: Option<DistBeliefJobStatus>,
+    generation: Option<i64>,
+    reason: &'static str,
+    message: String,
+    now: Timestamp,
+) -> Plan {
+    let mut plan = Plan {
+        status: status.unwrap_or_default(),
+        ..Plan::default()
+    };
+    plan.status.progress = None;
+    plan.status.observed_generation = generation;
+    finish(&mut plan, generation, Phase::Failed, reason, &message, now);
+    plan
+}
+
+/// Decides the reconcile of a valid job.
+pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan {
+    let job = t.job;
+    let old = job.status.clone().unwrap_or_default();
+    let mut plan = Plan {
+        status: DistBeliefJobStatus {
+            progress: None,
+            ..old.clone()
+        },
+        ..Plan::default()
+    };
+    let generation = job.metadata.generation;
+    plan.status.observed_generation = generation;
+    let live: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+
+    let was_unusable = old
+        .conditions
+        .iter()
+        .any(|c| c.status == "True" && (c.reason == "InvalidSpec" || c.reason == "MalformedSpec"));
+    let finished = old.phase.is_some_and(Phase::is_finished) && !was_unusable;
+    if was_unusable {
+        // The spec was fixed: the job starts now, not when it was refused.
+        plan.status.completion_time = None;
+        plan.status.start_time = None;
+    }
+    if finished {
+        cleanup(&mut plan, job, &live);
+        expire(&mut plan, job, now);
+        return plan;
+    }
+    checkpoint_storage(&mut plan, t, generation, now);
+    let progress = old.progress.clone().unwrap_or_default();
+    if progress.done {
+        let reason = match progress.stop_reason.as_deref() {
+            Some("target_reached") => "TargetReached",
+            Some("max_epochs") => "MaxEpochs",
+            Some("max_seconds") => "MaxSeconds",
+            _ => "Done",
+        };
+        let model = match &progress.model {
+            Some(m) => format!("; model saved to {}", m.path),
+            None if job.spec.output.volume_claim_name.is_some() => {
+                "; the model could not be saved (see the coordinator's log)".into()
+            }
+            None => String::new(),
+        };
+        let message = format!(
+            "training stopped ({}) at step {}, test accuracy {}{model}",
+            progress.stop_reason.as_deref().unwrap_or("done"),
+            progress.step,
+            progress
+                .test_accuracy
+                .map_or("unknown".into(), |a| format!("{a:.4}"))
+        );
+        finish(
+            &mut plan,
+            generation,
+            Phase::Succeeded,
+            reason,
+            &message,
+            now,
+        );
+        cleanup(&mut plan, job, &live);
+        expire(&mut plan, job, now);
+        return plan;
+    }
+
+    plan.apply_children = true;
+    if plan.status.start_time.is_none() {
+        plan.status.start_time = Some(Time(now));
+    }
+    if job.spec.suspend {
+        // The StatefulSet is applied with 0 replicas; the other pods go.
+        plan.delete_pods = live
+            .iter()
+            .filter(|p| role(p) != Some("ps"))
+            .map(|p| name(p))
+            .collect();
+        plan.status.replicas_ready = Some(0);
+        plan.status.shards_ready = Some(0);
+        // Resuming starts every replica afresh: not a replacement, not a restart.
+        plan.status.replicas.clear();
+        let message = match t.checkpoint_storage {
+            CheckpointStorage::PersistentVolumeClaim => {
+                "spec.suspend is true; shard checkpoints are kept on their claims"
+            }
+            CheckpointStorage::EmptyDir => {
+                "spec.suspend is true; shard checkpoints were in emptyDir volumes and are lost: resuming starts from scratch"
+            }
+        };
+        transition(
+            &mut plan,
+            generation,
+            Phase::Suspended,
+            "Suspended",
+            message,
+            now,
+        );
+        return plan;
+    }
+
+    let ps_pods: Vec<&Pod> = live
+        .iter()
+        .copied()
+        .filter(|p| role(p) == Some("ps"))
+        .collect();
+    let shards_ready = ps_pods.iter().filter(|p| is_ready(p)).count() as u32;
+    let shard_restarts: u32 = ps_pods.iter().map(|p| restart_count(p)).sum();
+    plan.status.shards_ready = Some(shards_ready);
+    plan.status.shard_restarts = old.shard_restarts.max(shard_restarts);
+    if plan.status.shard_restarts > job.spec.parameter_servers.max_restarts {
+        let message = format!(
+            "parameter-server shards restarted {} times, over spec.parameterServers.maxRestarts ({})",
+            plan.status.shard_restarts, job.spec.parameter_servers.max_restarts
+        );
+        finish(
+            &mut plan,
+            generation,
+            Phase::Failed,
+            "ShardRestartBudgetExhausted",
+            &message,
+            now,
+        );
+        cleanup(&mut plan, job, &live);
+        return plan;
+    }
+
+    let coordinator = live.iter().find(|p| role(p) == Some("coordinator"));
+    // An evicted coordinator stays Failed; it must go before it can be re-applied.
+    if let Some(c) = coordinator
+        && phase_of(c) == "Failed"
+    {
+        plan.delete_pods.push(name(c));
+        plan.note(
+            true,
+            "CoordinatorReplaced",
+            format!("coordinator pod failed ({}); recreating it", pods::failure(c)),
+        );
+    }
+    plan.coordinator_missing = coordinator.is_none_or(|c| phase_of(c) == "Failed");
+    plan.shards_missing = (ps_pods.len() as u32) < job.spec.parameter_servers.shards;
+    let coordinator_ready = coordinator.is_some_and(|c| phase_of(c) == "Running" && is_ready(c));
+    let servers_ready = shards_ready == job.spec.parameter_servers.shards && coordinator_ready;
+
+    // Counts from the pods themselves, which a stale cache cannot undo.
+    plan.status.replica_restarts = old
+        .replica_restarts
+        .max(count_cause(pods, Cause::Restart, None));
+    plan.status.replica_reschedules = old
+        .replica_reschedules
+        .max(count_cause(pods, Cause::Reschedule, None));
+    plan.status.backups_launched = old
+        .backups_launched
+        .max(count_cause(pods, Cause::Backup, None));
+
+    let scene = Scene {
+        t,
+        live: &live,
+        all: pods,
+        progress: &progress,
+        backoff,
+        now,
+        servers_ready,
+    };
+    let mut waiting = false;
+    let mut failed: Option<String> = None;
+    for r in 0..job.spec.replicas.count {
+        let prev = old.replicas.iter().find(|s| s.replica == r).cloned();
+        match replica::replica(&scene, r, prev, &mut plan) {
+            Outcome::Waiting => waiting = true,
+            Outcome::OverBudget(m) => failed = failed.or(Some(m)),
+            Outcome::Fine => {}
+        }
+    }
+    plan.status.replicas.sort_by_key(|s| s.replica);
+    plan.status
+        .replicas
+        .retain(|s| s.replica < job.spec.replicas.count);
+    plan.status.replicas_ready = Some(
+        live.iter()
+            .filter(|p| role(p) == Some("replica") && phase_of(p) == "Running")
+            .count() as u32,
+    );
+    if let Some(message) = failed {
+        finish(
+            &mut plan,
+            generation,
+            Phase::Failed,
+            "RestartBudgetExhausted",
+            &message,
+            now,
+        );
+        plan.create_pods.clear();
+        cleanup(&mut plan, job, &live);
+        return plan;
+    }
+    let (phase, reason, message) = if waiting && servers_ready {
+        (
+            Phase::Restarting,
+            "BackingOff",
+            "a failed replica is waiting out its restart backoff".to_string(),
+        )
+    } else if servers_ready && plan.status.replicas_ready.unwrap_or(0) > 0 {
+        (
+            Phase::Running,
+            "Training",
+            "shards, coordinator and replicas are running".to_string(),
+        )
+    } else {
+        (
+            Phase::Pending,
+            "Starting",
+            format!(
+                "waiting for the job's servers before starting replicas: {shards_ready}/{} shards ready, coordinator {}",
+                job.spec.parameter_servers.shards,
+                if coordinator_ready { "ready" } else { "not ready" }
+            ),
+        )
+    };
+    transition(&mut plan, generation, phase, reason, &message, now);
+    plan
+}
+
+/// Records where checkpoints live, once, and says loudly when they are not durable.
+fn checkpoint_storage(plan: &mut Plan, t: &Target, generation: Option<i64>, now: Timestamp) {
+    let first = plan.status.checkpoint_storage.is_none();
+    plan.status.checkpoint_storage = Some(t.checkpoint_storage);
+    let (on, reason, message) = match t.checkpoint_storage {
+        CheckpointStorage::PersistentVolumeClaim => (
+            true,
+            "PersistentVolumeClaim",
+            "shard checkpoints are on a PersistentVolumeClaim per shard".to_string(),
+        ),
+        CheckpointStorage::EmptyDir => (
+            false,
+            "EmptyDir",
+            "shard checkpoints are in emptyDir volumes: a deleted or drained shard pod, a suspension or a change of image loses the trained parameters; set spec.checkpoint.volume or give the cluster a default StorageClass".to_string(),
+        ),
+    };
+    if first && !on {
+        plan.note(true, "CheckpointsNotDurable", message.clone());
+    }
+    set_condition(
+        &mut plan.status.conditions,
+        "DurableCheckpoints",
+        on,
+        reason.to_string(),
+        message,
+        generation,
+        now,
+    );
+}
+
+/// Removes the pods of a finished job, unless the user keeps them.
+fn cleanup(plan: &mut Plan, job: &DistBeliefJob, live: &[&Pod]) {
+    if job.spec.keep_pods_after_finish {
+        return;
+    }
+    for p in live {
+        match role(p) {
+            Some("ps") => plan.delete_stateful_set = true,
+            Some(_) => plan.delete_pods.push(name(p)),
+            None => {}
+        }
+    }
+    if !live.is_empty() {
+        plan.note(
+            false,
+            "CleanedUp",
+            format!("removed {} pods of the finished job", live.len()),
+        );
+    }
+}
+
+/// ttlSecondsAfterFinished: delete the job once it has been finished that long.
+fn expire(plan: &mut Plan, job: &DistBeliefJob, now: Timestamp) {
+    let (Some(ttl), Some(done)) = (
+        job.spec.ttl_seconds_after_finished,
+        plan.status.completion_time.as_ref(),
+    ) else {
+        return;
+    };
+    let age = now.duration_since(done.0).unsigned_abs();
+    let ttl = Duration::from_secs(u64::from(ttl));
+    if age >= ttl {
+        plan.delete_job = true;
+    } else {
+        plan.requeue(ttl - age);
+    }
+}
+
+fn finish(
+    plan: &mut Plan,
+    generation: Option<i64>,
+    phase: Phase,
+    reason: &'static str,
+    message: &str,
+    now: Timestamp,
+) {
+    if plan.status.completion_time.is_none() {
+        plan.status.completion_time = Some(Time(now));
+    }
+    transition(plan, generation, phase, reason, message, now);
+}
+
+/// Sets the phase and the six conditions; notes an event only when the phase changes.
+fn transition(
+    plan: &mut Plan,
+    generation: Option<i64>,
+    phase: Phase,
+    reason: &'static str,
+    message: &str,
+    now: Timestamp,
+) {
+    let before = plan.status.phase;
+    plan.status.phase = Some(phase);
+    let created = phase != Phase::Failed || before.is_some();
+    for (kind, on) in [
+        ("Created", created),
+        ("Running", phase == Phase::Running),
+        ("Restarting", phase == Phase::Restarting),
+        ("Succeeded", phase == Phase::Succeeded),
+        ("Failed", phase == Phase::Failed),
+        ("Suspended", phase == Phase::Suspended),
+    ] {
+        let (r, m) = if kind == phase.as_str() {
+            (reason.to_string(), message.to_string())
+        } else if kind == "Created" {
+            (
+                "ChildrenCreated".to_string(),
+                if on {
+                    "the job's objects were created".into()
+                } else {
+                    "no objects were created".into()
+                },
+            )
+        } else {
+            (format!("Not{kind}"), String::new())
+        };
+        set_condition(&mut plan.status.conditions, kind, on, r, m, generation, now);
+    }
+    if before != Some(phase) {
+        let warning = phase == Phase::Failed || phase == Phase::Restarting;
+        plan.note(warning, phase.as_str(), message.to_string());
+    }
+}
+
+fn set_condition(
+    conditions: &mut Vec<Condition>,
+    kind: &str,
+    on: bool,
+    reason: String,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let status = if on { "True" } else { "False" }.to_string();
+    match conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = Time(now);
+            }
+            c.status = status;
+            c.reason = reason;
+            c.message = message;
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: kind.to_string(),
+            status,
+            reason,
+            message,
+            observed_generation: generation,
+            last_transition_time: Time(now),
+        }),
+    }
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the distbelief image (the operator's and the job pods') for the
+# Kubernetes kit, from host files and without Docker, with the kit's
+# mkimage.py:
+#
+#   scripts/kit-image.sh OUT.tar REF       e.g. REF=localhost/distbelief:dev
+#   "$(scripts/kit.sh path)/load-image.sh" OUT.tar
+#   # then: --set image.repository=localhost/distbelief,image.tag=dev,image.pullPolicy=Never
+#
+# Like the Dockerfile's image: /usr/local/bin/distbelief (from
+# target/release/distbelief, or $DISTBELIEF_BINARY) is the entrypoint, the
+# Fashion-MNIST files are at /usr/share/datasets/fashion-mnist, the user is
+# 65532:65532, and /etc/ssl/certs/ca-certificates.crt is copied when the host
+# has it. The binary's shared libraries and dynamic loader come from the host
+# (ldd), so the image runs the binary exactly as built here.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+die() { printf 'kit-image.sh: %s\n' "$*" >&2; exit 1; }
+
+[ $# -eq 2 ] || die "usage: scripts/kit-image.sh OUT.tar REF   (REF e.g. localhost/distbelief:dev)"
+OUT=$1 REF=$2
+BIN=${DISTBELIEF_BINARY:-$ROOT/target/release/distbelief}
+DATA=/usr/share/datasets/fashion-mnist
+CA=/etc/ssl/certs/ca-certificates.crt
+
+[ -f "$BIN" ] || die "no binary at $BIN: build it first (cargo build --release -p distbelief)"
+[ -x "$BIN" ] || die "$BIN is not executable"
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+  [ -f "$DATA/$f" ] || die "no $DATA/$f: run scripts/setup.sh (it installs dataset-fashion-mnist)"
+done
+KIT=$("$ROOT/scripts/kit.sh" path) || exit 1
+PYTHON=$(command -v python3) || die "mkimage.py needs python3"
+
+args=(
+  --out "$OUT.tmp" --ref "$REF" --user 65532:65532
+  --add "$BIN:/usr/local/bin/distbelief" --libs-of "$BIN"
+  --add "$DATA:$DATA"
+  --entrypoint '["/usr/local/bin/distbelief"]'
+)
+[ -f "$CA" ] && args+=(--add "$CA:$CA")
+
+rm -f "$OUT.tmp"
+timeout 600 "$PYTHON" "$KIT/mkimage.py" "${args[@]}" >&2 || { rm -f "$OUT.tmp"; die "mkimage.py failed"; }
+mv -f "$OUT.tmp" "$OUT"
