@@ -124,6 +124,7 @@ RULES = {
     ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    ("storage.k8s.io", "storageclasses"): {"list"},
 }
 if "rbac" in expect:
     want = dict(RULES)
@@ -180,16 +181,16 @@ check "helm lint $CHART (default values)" "$HELM" lint --strict "$CHART"
 check "helm lint $CHART ($ALL_ON)" "$HELM" lint --strict "$CHART" --set "$ALL_ON"
 check "helm template (default values)" render_to "$tmp/default.yaml"
 check "helm template ($ALL_ON)" render_to "$tmp/all-on.yaml" --set "$ALL_ON"
-check "helm template (crds.keep, jobImage, watchNamespace, 3 replicas)" render_to "$tmp/variant.yaml" \
-  --set crds.keep=true,jobImage=example.org/distbelief:9.9,watchNamespace=ml,replicaCount=3
+check "helm template (crds.keep=false, jobImage, watchNamespace, 3 replicas)" render_to "$tmp/variant.yaml" \
+  --set crds.keep=false,jobImage=example.org/distbelief:9.9,watchNamespace=ml,replicaCount=3
 check "helm template (crds.install=false, leader election off)" render_to "$tmp/no-crd.yaml" \
   --set crds.install=false,leaderElection.enabled=false
-check "default render: exact RBAC, no network policy, CRD verbatim, job image = operator image" \
-  assert_render "$tmp/default.yaml" rbac=exact,np=false,crd=plain,jobimage=distbelief:0.1.0
+check "default render: exact RBAC, no network policy, CRD kept on uninstall, job image = operator image" \
+  assert_render "$tmp/default.yaml" rbac=exact,np=false,crd=keep,jobimage=distbelief:0.1.0
 check "all-options render: RBAC + networkpolicies patch, --network-policy on, operator NetworkPolicy" \
-  assert_render "$tmp/all-on.yaml" rbac=exact+np,np=true,crd=plain
-check "crds.keep render: CRD annotated helm.sh/resource-policy=keep; jobImage passed on" \
-  assert_render "$tmp/variant.yaml" crd=keep,jobimage=example.org/distbelief:9.9
+  assert_render "$tmp/all-on.yaml" rbac=exact+np,np=true,crd=keep
+check "crds.keep=false render: CRD without the keep annotation; jobImage passed on" \
+  assert_render "$tmp/variant.yaml" crd=plain,jobimage=example.org/distbelief:9.9
 check "crds.install=false render: no CRD" assert_render "$tmp/no-crd.yaml" crd=none
 # Two operators without a leader would both reconcile every job: the chart refuses.
 refuses_leaderless() {
@@ -212,7 +213,7 @@ check "deploy/install.yaml equals a fresh render (scripts/render-install.sh)" in
 # --- schemas -------------------------------------------------------------------
 check "kubernetes-validate --strict (k8s $K8S_VERSION): deploy/install.yaml" validate deploy/install.yaml
 check "kubernetes-validate --strict (k8s $K8S_VERSION): all-options render" validate "$tmp/all-on.yaml"
-check "kubernetes-validate --strict (k8s $K8S_VERSION): crds.keep/jobImage render" validate "$tmp/variant.yaml"
+check "kubernetes-validate --strict (k8s $K8S_VERSION): crds.keep=false/jobImage render" validate "$tmp/variant.yaml"
 
 shopt -s nullglob
 job_files=(examples/*.yaml examples/*.yml deploy/examples/*.yaml deploy/examples/*.yml)

@@ -108,14 +108,26 @@ pub const RULES: &[AdmissionRule] = &[
         "has(self.algorithm.downpour)",
         "exactly one algorithm must be set; downpour is the one available",
     ),
-    downpour!("learningRate", "self.algorithm.downpour.learningRate > 0.0", "must be a positive number"),
+    downpour!(
+        "learningRate",
+        "self.algorithm.downpour.learningRate > 0.0",
+        "must be a positive number"
+    ),
     downpour!(
         "adagrad.initialAccumulator",
         "self.algorithm.downpour.adagrad.initialAccumulator >= 0.0",
         "must be zero or positive"
     ),
-    downpour!("adagrad.epsilon", "self.algorithm.downpour.adagrad.epsilon > 0.0", "must be a positive number"),
-    downpour!("nFetch", "self.algorithm.downpour.nFetch >= 1", "must be at least 1"),
+    downpour!(
+        "adagrad.epsilon",
+        "self.algorithm.downpour.adagrad.epsilon > 0.0",
+        "must be a positive number"
+    ),
+    downpour!(
+        "nFetch",
+        "self.algorithm.downpour.nFetch >= 1",
+        "must be at least 1"
+    ),
     downpour!(
         "nPush",
         "self.algorithm.downpour.nPush >= 1 && self.algorithm.downpour.nPush <= 64",
@@ -208,7 +220,8 @@ pub const RULES: &[AdmissionRule] = &[
 /// Kubernetes only: the StatefulSet `<job>-ps` must leave room for the
 /// revision hash in a 63-character label.
 pub const MAX_JOB_NAME: usize = 42;
-pub const NAME_LENGTH: &str = "must be at most 42 characters on Kubernetes (its StatefulSet and Services are named after it)";
+pub const NAME_LENGTH: &str =
+    "must be at most 42 characters on Kubernetes (its StatefulSet and Services are named after it)";
 pub const NAME_START: &str =
     "must start with a letter on Kubernetes: Service names are DNS-1035 labels";
 

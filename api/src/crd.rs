@@ -57,7 +57,7 @@ fn yaml11_number(line: &str) -> Option<String> {
 
 /// Kubernetes knows int32 and int64; schemars' uint32/uint64 make the API
 /// server warn and say nothing of the bounds. Unsigned integers become
-/// int64 with their real range, and integer bounds are written as integers.
+/// int64 with their real range.
 fn fix_numbers(v: &mut Value) {
     match v {
         Value::Object(map) => {
@@ -71,11 +71,6 @@ fn fix_numbers(v: &mut Value) {
                         map.insert("format".into(), json!("int64"));
                     }
                     _ => {}
-                }
-                for bound in ["minimum", "maximum"] {
-                    if let Some(f) = map.get(bound).and_then(Value::as_f64) {
-                        map.insert(bound.into(), json!(f as i64));
-                    }
                 }
             }
             map.values_mut().for_each(fix_numbers);
@@ -156,7 +151,8 @@ mod tests {
         let yaml = crd_yaml();
         assert!(!yaml.contains("uint"), "unsigned formats left");
         assert!(!yaml.contains("Auto-generated"));
-        assert!(!yaml.contains("1e-8"));
+        assert!(yaml.contains("default: 1.0e-8"));
+        assert!(!yaml.contains("default: 1e-8"));
         let v = serde_json::to_value(crd()).unwrap();
         let root = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let text = root.to_string();
@@ -169,10 +165,10 @@ mod tests {
         }
         let conditions = &root["properties"]["status"]["properties"]["conditions"];
         assert_eq!(conditions["x-kubernetes-list-map-keys"], json!(["type"]));
-        let batch = &root["properties"]["spec"]["properties"]["algorithm"]["properties"]
-            ["downpour"]["properties"]["batchSize"];
+        let batch = &root["properties"]["spec"]["properties"]["algorithm"]["properties"]["downpour"]
+            ["properties"]["batchSize"];
         assert_eq!(batch["format"], "int64");
-        assert_eq!(batch["minimum"], json!(0));
-        assert_eq!(batch["maximum"], json!(u32::MAX));
+        assert_eq!(batch["minimum"].as_f64(), Some(0.0));
+        assert_eq!(batch["maximum"].as_f64(), Some(f64::from(u32::MAX)));
     }
 }

@@ -94,8 +94,14 @@ pub struct DistBeliefJobSpec {
     /// Where the trained model goes when the job succeeds: `model.safetensors`
     /// and `summary.json`. Default: the local runtime's run directory; on
     /// Kubernetes nothing is kept unless volumeClaimName is set.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "OutputSpec::is_empty")]
     pub output: OutputSpec,
+}
+
+impl OutputSpec {
+    pub fn is_empty(&self) -> bool {
+        self.volume_claim_name.is_none()
+    }
 }
 
 /// Where a finished job leaves its model.

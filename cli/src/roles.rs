@@ -155,19 +155,15 @@ pub fn operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
         },
     };
     let lease = if a.leader_elect {
-        Some(distbelief_operator::lease::LeaseConfig {
-            name: a.lease_name,
-            namespace: a
-                .pod_namespace
+        Some(distbelief_operator::lease::LeaseConfig::new(
+            a.lease_name,
+            a.pod_namespace
                 .clone()
                 .context("leader election needs the operator's namespace (POD_NAMESPACE)")?,
-            identity: a
-                .pod_name
+            a.pod_name
                 .clone()
                 .context("leader election needs an identity (POD_NAME)")?,
-            duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
-        })
+        ))
     } else {
         None
     };

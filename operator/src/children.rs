@@ -540,7 +540,12 @@ pub fn replica_pod_name(job: &str, replica: u32, attempt: u32) -> String {
 
 /// One replica process. A backup runs on the same replica index, and so on
 /// the same part of the data, as the straggler it backs up.
-pub fn replica_pod(t: &Target, replica: u32, attempt: u32, cause: Cause) -> Result<Pod, BuildError> {
+pub fn replica_pod(
+    t: &Target,
+    replica: u32,
+    attempt: u32,
+    cause: Cause,
+) -> Result<Pod, BuildError> {
     let name = replica_pod_name(&t.name, replica, attempt);
     let mut meta = t.metadata(&name, "replica");
     meta["labels"][LABEL_REPLICA] = json!(replica.to_string());

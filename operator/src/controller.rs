@@ -79,9 +79,10 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
     if let Some(cfg) = opts.lease.clone() {
         let leases: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
-        lease::acquire(&leases, &cfg).await;
+        let mut seen = lease::Observed::default();
+        lease::acquire(&leases, &cfg, &mut seen).await;
         tokio::spawn(async move {
-            lease::hold(&leases, &cfg).await;
+            lease::hold(&leases, &cfg, &mut seen).await;
             let _ = lost_tx.send(());
         });
     } else {

@@ -58,7 +58,7 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     /// Per job uid: a hash of the children last applied, and when.
-    pub applied: Mutex<HashMap<String, (u64, Instant)>>,
+    pub applied: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
 }
 
 /// Children are re-applied at least this often even when unchanged, which
@@ -189,8 +189,16 @@ fn children_hash(c: &children::Children) -> u64 {
 /// Where the job's shards keep checkpoints: as decided before, else on
 /// claims when the spec asks or the cluster has a default StorageClass.
 async fn checkpoint_storage(job: &DistBeliefJob, client: &Client) -> CheckpointStorage {
-    if let Some(s) = job.status.as_ref().and_then(|s| s.checkpoint_storage) {
+    let status = job.status.as_ref();
+    if let Some(s) = status.and_then(|s| s.checkpoint_storage) {
         return s;
+    }
+    if status
+        .and_then(|s| s.phase)
+        .is_some_and(|p| p.is_finished())
+    {
+        // Nothing will be created; a lookup would be wasted.
+        return CheckpointStorage::EmptyDir;
     }
     if job.spec.checkpoint.volume.is_some() {
         return CheckpointStorage::PersistentVolumeClaim;

@@ -117,7 +117,8 @@ fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
     job.spec.suspend = true;
     let mut cfg = common::config();
     cfg.network_policy = true;
-    let t = children::target(&job, &cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid job");
+    let t =
+        children::target(&job, &cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid job");
     let c = children::children(&t).expect("children");
     let spec = c.ps_stateful_set.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(0), "suspended: no shard pods");

@@ -41,6 +41,23 @@ async fn run_reconcile(
     job: Value,
     pods: Vec<Pod>,
 ) -> (Result<Action, reconcile::Error>, Vec<Call>) {
+    run_with(job, pods, Mock::default()).await
+}
+
+/// How the fake API server differs from a plain one.
+#[derive(Default, Clone)]
+struct Mock {
+    /// Answer status writes with 409 Conflict (the job changed meanwhile).
+    status_conflict: bool,
+    /// The operator's memory of applied children, shared across reconciles.
+    applied: Arc<Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>>,
+}
+
+async fn run_with(
+    job: Value,
+    pods: Vec<Pod>,
+    mock: Mock,
+) -> (Result<Action, reconcile::Error>, Vec<Call>) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let recorded = calls.clone();
@@ -59,7 +76,20 @@ async fn run_reconcile(
                 query: parts.uri.query().unwrap_or("").to_string(),
                 body: body.clone(),
             };
+            let conflict = mock.status_conflict && call.path.ends_with("/status");
             let reply = match (call.method.as_str(), call.path.ends_with("/pods")) {
+                _ if conflict => json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "Conflict", "code": 409, "message": "the object has been modified",
+                }),
+                ("GET", false) if call.path.ends_with("/storageclasses") => json!({
+                    "apiVersion": "storage.k8s.io/v1", "kind": "StorageClassList",
+                    "metadata": {"resourceVersion": "1"},
+                    "items": [{
+                        "metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                        "provisioner": "example.org/disk",
+                    }],
+                }),
                 ("GET", true) => json!({
                     "apiVersion": "v1", "kind": "PodList",
                     "metadata": {"resourceVersion": "1"}, "items": pods,
@@ -81,7 +111,7 @@ async fn run_reconcile(
             recorded.lock().unwrap().push(call);
             send.send_response(
                 Response::builder()
-                    .status(200)
+                    .status(if conflict { 409 } else { 200 })
                     .body(Body::from(serde_json::to_vec(&reply).unwrap()))
                     .unwrap(),
             );
@@ -89,7 +119,7 @@ async fn run_reconcile(
     });
     let client = kube::Client::new(service, NS);
     let ctx = Arc::new(Context {
-        applied: Default::default(),
+        applied: mock.applied.clone(),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -154,6 +184,10 @@ fn children_applied(job: &str) -> Vec<String> {
     .collect()
 }
 
+fn list_classes() -> String {
+    "GET /apis/storage.k8s.io/v1/storageclasses".to_string()
+}
+
 fn list_pods() -> String {
     format!("GET /api/v1/namespaces/{NS}/pods")
 }
@@ -184,16 +218,15 @@ fn condition<'a>(status: &'a Value, kind: &str) -> &'a Value {
 async fn creates_the_children_of_a_new_job() {
     let (result, calls) = run_reconcile(job_with_status("fm", Value::Null), vec![]).await;
     assert_eq!(result.expect("reconciled"), Action::await_change());
-    let mut expected = vec![list_pods()];
+    // Replicas wait until the shards and the coordinator are ready.
+    let mut expected = vec![list_classes(), list_pods()];
     expected.extend(children_applied("fm"));
-    expected
-        .extend((0..4).map(|r| format!("PATCH {}", path("pods", &format!("fm-replica-{r}-0")))));
     expected.push(format!("PATCH {}/status", path("job", "fm")));
     expected.push(format!("POST {}", path("events", "")));
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert_eq!(lines, expected);
 
-    assert_eq!(calls[0].query, "&labelSelector=distbelief.dev%2Fjob%3Dfm");
+    assert_eq!(calls[1].query, "&labelSelector=distbelief.dev%2Fjob%3Dfm");
     for c in calls.iter().filter(|c| c.method == "PATCH") {
         assert!(
             c.query.contains("fieldManager=distbelief-operator"),
@@ -212,18 +245,20 @@ async fn creates_the_children_of_a_new_job() {
         sts.body["metadata"]["ownerReferences"][0]["kind"],
         "DistBeliefJob"
     );
-    let replica = calls
-        .iter()
-        .find(|c| c.path.ends_with("/pods/fm-replica-2-0"))
-        .unwrap();
-    assert_eq!(replica.body["spec"]["restartPolicy"], "Never");
+    // The cluster has a default StorageClass: checkpoints go on claims.
     assert_eq!(
-        replica.body["metadata"]["labels"]["distbelief.dev/replica"],
-        "2"
+        sts.body["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"],
+        "1Gi"
     );
 
     let status = &status_call(&calls).body["status"];
     assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["checkpointStorage"], "PersistentVolumeClaim");
+    assert_eq!(condition(status, "DurableCheckpoints")["status"], "True");
+    assert!(
+        status["replicas"].as_array().is_none_or(Vec::is_empty),
+        "no replica started: {status}"
+    );
     assert_eq!(status["observedGeneration"], 1);
     assert_eq!(condition(status, "Created")["status"], "True");
     assert_eq!(condition(status, "Running")["status"], "False");
@@ -595,12 +630,16 @@ async fn suspend_removes_pods_but_keeps_the_shards_state() {
 
 #[tokio::test]
 async fn resuming_starts_replicas_past_pods_still_terminating_without_counting_them() {
-    let status = json!({"phase": "Suspended", "observedGeneration": 1});
+    let status = json!({"phase": "Suspended", "observedGeneration": 1, "checkpointStorage": "PersistentVolumeClaim"});
     let mut terminating = common::replica_pod("fm", 0, 0, "Running");
     terminating.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
     );
-    let (result, calls) = run_reconcile(job_with_status("fm", status), vec![terminating]).await;
+    // The shards and coordinator are back and ready.
+    let mut pods = common::running_pods("fm");
+    pods.truncate(3);
+    pods.push(terminating);
+    let (result, calls) = run_reconcile(job_with_status("fm", status), pods).await;
     result.expect("reconciled");
     let created: Vec<String> = calls
         .iter()
@@ -621,4 +660,241 @@ async fn resuming_starts_replicas_past_pods_still_terminating_without_counting_t
     assert_eq!(status["replicaRestarts"], 0);
     assert_eq!(status["phase"], "Pending");
     assert_eq!(condition(status, "Suspended")["status"], "False");
+}
+
+#[tokio::test]
+async fn replicas_start_once_shards_and_coordinator_are_ready() {
+    let status = json!({"phase": "Pending", "checkpointStorage": "PersistentVolumeClaim"});
+    let mut pods = common::running_pods("fm");
+    pods.truncate(3);
+    // The coordinator runs but is not ready yet (still loading the test set).
+    pods[2].status = serde_json::from_value(json!({"phase": "Running"})).unwrap();
+    let (result, calls) = run_reconcile(job_with_status("fm", status.clone()), pods.clone()).await;
+    result.expect("reconciled");
+    assert!(
+        !calls.iter().any(|c| c.path.contains("/pods/fm-replica-")),
+        "no replica before the coordinator is ready"
+    );
+
+    let pods = common::running_pods("fm")[..3].to_vec();
+    let (result, calls) = run_reconcile(job_with_status("fm", status), pods).await;
+    result.expect("reconciled");
+    let created: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.method == "PATCH" && c.path.contains("/pods/fm-replica-"))
+        .collect();
+    assert_eq!(created.len(), 4);
+    for (r, c) in created.iter().enumerate() {
+        assert_eq!(c.path, path("pods", &format!("fm-replica-{r}-0")));
+        assert_eq!(
+            c.body["metadata"]["labels"]["distbelief.dev/cause"],
+            "start"
+        );
+        let env = c.body["spec"]["containers"][0]["env"].as_array().unwrap();
+        let incarnation = env
+            .iter()
+            .find(|e| e["name"] == "DISTBELIEF_INCARNATION")
+            .expect("an assigned incarnation");
+        assert_eq!(incarnation["value"], "1", "attempt 0 is incarnation 1");
+    }
+}
+
+#[tokio::test]
+async fn counts_come_from_the_pods_when_the_cached_status_is_behind() {
+    // The cache still shows no restart, but the pods show one was made:
+    // replica 1's attempt 0 failed and attempt 1 was created as its restart.
+    let now = Timestamp::now();
+    let mut pods = common::running_pods("fm");
+    pods[4] = common::failed_replica("fm", 1, 0, 1, now - SignedDuration::from_secs(30));
+    pods.push(common::replica_pod_for("fm", 1, 1, "Running", "restart"));
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", common::running_status()), pods).await;
+    result.expect("reconciled");
+    assert!(
+        !calls.iter().any(|c| c.path.ends_with("fm-replica-1-2")),
+        "the restart already made is not made again"
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["replicaRestarts"], 1);
+    assert_eq!(status["replicas"][1]["attempt"], 1);
+    assert_eq!(status["replicas"][1]["restarts"], 1);
+    assert!(
+        !events(&calls).contains(&"ReplicaRestarted".to_string()),
+        "no event repeated"
+    );
+
+    // With three restart pods behind a stale status of 0, a fourth failure
+    // fails the job (maxRestarts 3) instead of restarting past the budget.
+    let mut pods = common::running_pods("fm");
+    for a in 0..3 {
+        pods.push(common::replica_pod_for("fm", 0, a + 1, "Failed", "restart"));
+    }
+    pods.push(common::failed_replica(
+        "fm",
+        0,
+        4,
+        1,
+        now - SignedDuration::from_secs(900),
+    ));
+    let mut status = common::running_status();
+    status["replicas"][0]["attempt"] = json!(4);
+    let (result, calls) = run_reconcile(job_with_status("fm", status), pods).await;
+    result.expect("reconciled");
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["replicaRestarts"], 3);
+}
+
+#[tokio::test]
+async fn a_plan_from_a_stale_job_is_not_written_and_publishes_nothing() {
+    let mut pods = common::running_pods("fm");
+    pods[5].status =
+        serde_json::from_value(json!({"phase": "Failed", "reason": "Evicted"})).unwrap();
+    let mut job = job_with_status("fm", common::running_status());
+    job["metadata"]["resourceVersion"] = json!("41");
+    let mock = Mock {
+        status_conflict: true,
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(job, pods, mock).await;
+    let action = result.expect("a conflict is not an error");
+    assert_ne!(action, Action::await_change(), "planned again soon");
+    let write = status_call(&calls);
+    assert_eq!(
+        write.body["metadata"]["resourceVersion"], "41",
+        "the write is guarded by the version it was planned from"
+    );
+    assert!(events(&calls).is_empty(), "no event for a plan not written");
+}
+
+#[tokio::test]
+async fn progress_alone_does_not_reapply_unchanged_children() {
+    let mock = Mock::default();
+    let mut status = common::running_status();
+    let (first, calls) = run_with(
+        job_with_status("fm", status.clone()),
+        common::running_pods("fm"),
+        mock.clone(),
+    )
+    .await;
+    first.expect("reconciled");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path == path("statefulsets", "fm-ps"))
+    );
+
+    // The coordinator wrote progress: the job changed, its children did not.
+    status["progress"] = json!({"step": 100, "examples": 12800, "examplesPerSecond": 9000.0, "epochs": 0.2, "trainSeconds": 2.0});
+    let (second, calls) = run_with(
+        job_with_status("fm", status),
+        common::running_pods("fm"),
+        mock.clone(),
+    )
+    .await;
+    second.expect("reconciled");
+    let writes: Vec<String> = calls
+        .iter()
+        .filter(|c| c.method != "GET" && !c.path.ends_with("/status"))
+        .map(Call::line)
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+
+    // A shard pod gone (its StatefulSet may be too): the children are applied again.
+    let mut pods = common::running_pods("fm");
+    pods.remove(1);
+    let (third, calls) =
+        run_with(job_with_status("fm", common::running_status()), pods, mock).await;
+    third.expect("reconciled");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path == path("statefulsets", "fm-ps"))
+    );
+}
+
+#[tokio::test]
+async fn a_replica_that_gave_up_on_its_servers_is_replaced_without_budget() {
+    let now = Timestamp::now();
+    let mut pods = common::running_pods("fm");
+    pods[3] = common::failed_replica("fm", 0, 0, distbelief_api::EXIT_SERVERS_UNAVAILABLE, now);
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", common::running_status()), pods).await;
+    result.expect("reconciled");
+    let created = calls
+        .iter()
+        .find(|c| c.method == "PATCH" && c.path == path("pods", "fm-replica-0-1"))
+        .expect("replaced at once");
+    assert_eq!(
+        created.body["metadata"]["labels"]["distbelief.dev/cause"],
+        "reschedule"
+    );
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["replicaRestarts"], 0);
+    assert_eq!(status["replicaReschedules"], 1);
+}
+
+#[tokio::test]
+async fn a_silent_replica_gets_a_backup() {
+    let mut status = common::running_status();
+    status["progress"] = json!({
+        "step": 5000, "examples": 640000, "examplesPerSecond": 30000.0, "epochs": 2.0, "trainSeconds": 90.0,
+        "replicas": (0..4).map(|r| json!({
+            "replica": r, "steps": 1000, "examplesPerSecond": 9000.0, "epoch": 1, "incarnations": 1,
+            "silentSeconds": if r == 3 { Some(61) } else { None },
+        })).collect::<Vec<_>>(),
+    });
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
+    result.expect("reconciled");
+    let backup = calls
+        .iter()
+        .find(|c| c.method == "PATCH" && c.path == path("pods", "fm-replica-3-1"))
+        .expect("a backup for the silent replica");
+    assert_eq!(
+        backup.body["metadata"]["labels"]["distbelief.dev/cause"],
+        "backup"
+    );
+    let note = calls
+        .iter()
+        .find(|c| c.body["reason"] == "BackupLaunched")
+        .expect("an event");
+    assert!(
+        note.body["note"]
+            .as_str()
+            .unwrap()
+            .contains("has not reported for 61s"),
+        "{}",
+        note.body
+    );
+}
+
+#[tokio::test]
+async fn without_durable_storage_the_job_says_so() {
+    let mut status = common::running_status();
+    status["checkpointStorage"] = json!("EmptyDir");
+    status.as_object_mut().unwrap().remove("phase");
+    let (result, calls) =
+        run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
+    result.expect("reconciled");
+    let sts = calls
+        .iter()
+        .find(|c| c.path == path("statefulsets", "fm-ps"))
+        .unwrap();
+    assert!(sts.body["spec"]["volumeClaimTemplates"].is_null());
+    let status = &status_call(&calls).body["status"];
+    let durable = condition(status, "DurableCheckpoints");
+    assert_eq!(durable["status"], "False");
+    assert!(durable["message"].as_str().unwrap().contains("emptyDir"));
+
+    let mut suspended = job_with_status("fm", status.clone());
+    suspended["spec"]["suspend"] = json!(true);
+    let (result, calls) = run_reconcile(suspended, common::running_pods("fm")).await;
+    result.expect("reconciled");
+    let status = &status_call(&calls).body["status"];
+    let message = condition(status, "Suspended")["message"].as_str().unwrap();
+    assert!(
+        message.contains("lost"),
+        "never claims state is kept: {message}"
+    );
 }

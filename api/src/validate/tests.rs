@@ -160,14 +160,14 @@ const RULES: &[Rule] = &[
                 activation: Activation::Tanh,
             })
         },
-        "spec.model.hidden[1].units",
-        "at least 1",
+        "spec.model.hidden",
+        "at least 1 unit",
     ),
     (
         "output units at least 2",
         |j| j.spec.model.output.units = 1,
         "spec.model.output.units",
-        "got 1",
+        "at least 2 classes",
     ),
     (
         "idx trainImages set",
@@ -216,13 +216,13 @@ const RULES: &[Rule] = &[
         "inputScale positive",
         |j| j.spec.data.input_scale = 0.0,
         "spec.data.inputScale",
-        "got 0",
+        "positive",
     ),
     (
         "inputScale finite",
         |j| j.spec.data.input_scale = f64::NAN,
         "spec.data.inputScale",
-        "NaN",
+        "positive number",
     ),
     (
         "trainLimit at least 1",
@@ -246,19 +246,19 @@ const RULES: &[Rule] = &[
         "learningRate positive",
         |j| downpour(j).learning_rate = -0.5,
         "spec.algorithm.downpour.learningRate",
-        "got -0.5",
+        "positive",
     ),
     (
         "initialAccumulator non-negative",
         |j| downpour(j).adagrad.initial_accumulator = -1.0,
         "spec.algorithm.downpour.adagrad.initialAccumulator",
-        "got -1",
+        "zero or positive",
     ),
     (
         "epsilon positive",
         |j| downpour(j).adagrad.epsilon = 0.0,
         "spec.algorithm.downpour.adagrad.epsilon",
-        "got 0",
+        "positive",
     ),
     (
         "nFetch at least 1",
@@ -270,7 +270,7 @@ const RULES: &[Rule] = &[
         "nPush at least 1",
         |j| downpour(j).n_push = 0,
         "spec.algorithm.downpour.nPush",
-        "got 0",
+        "between 1 and 64",
     ),
     (
         "nPush at most 64",
@@ -282,7 +282,7 @@ const RULES: &[Rule] = &[
         "batchSize at least 1",
         |j| downpour(j).batch_size = 0,
         "spec.algorithm.downpour.batchSize",
-        "got 0",
+        "between 1 and",
     ),
     (
         "batchSize at most 65536",
@@ -330,7 +330,7 @@ const RULES: &[Rule] = &[
         "targetTestAccuracy in (0, 1]",
         |j| j.spec.stop.target_test_accuracy = Some(1.5),
         "spec.stop.targetTestAccuracy",
-        "got 1.5",
+        "(0, 1]",
     ),
     (
         "targetTestAccuracy above 0",
@@ -342,13 +342,13 @@ const RULES: &[Rule] = &[
         "maxEpochs positive",
         |j| j.spec.stop.max_epochs = 0.0,
         "spec.stop.maxEpochs",
-        "got 0",
+        "positive",
     ),
     (
         "maxEpochs finite",
         |j| j.spec.stop.max_epochs = f64::INFINITY,
         "spec.stop.maxEpochs",
-        "inf",
+        "positive number",
     ),
     (
         "maxSeconds at least 1",
@@ -360,7 +360,7 @@ const RULES: &[Rule] = &[
         "evalIntervalSeconds positive",
         |j| j.spec.stop.eval_interval_seconds = -2.0,
         "spec.stop.evalIntervalSeconds",
-        "got -2",
+        "between 0.05 and 86400",
     ),
     (
         "evalIntervalSeconds not vanishingly small",
@@ -415,7 +415,35 @@ const RULES: &[Rule] = &[
         "spec.image",
         "empty",
     ),
+    (
+        "output claim is a resource name",
+        |j| j.spec.output.volume_claim_name = Some("Models!".into()),
+        "spec.output.volumeClaimName",
+        "PersistentVolumeClaim",
+    ),
 ];
+
+#[test]
+fn each_admission_rule_gives_the_validators_message() {
+    // Every CEL rule on the spec has a row above that breaks it, and the
+    // validator's error for that row is exactly the admission message.
+    for rule in crate::admission::RULES.iter().filter(|r| !r.on_object) {
+        let row = RULES
+            .iter()
+            .find(|r| r.2 == rule.field)
+            .unwrap_or_else(|| panic!("no row breaks the admission rule on {}", rule.field));
+        let mut raw = minimal_resource();
+        (row.1)(&mut raw);
+        let (_, errors) = invalid(validate(&raw));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == rule.field && e.message == rule.message),
+            "{}: {errors:?}",
+            rule.field
+        );
+    }
+}
 
 #[test]
 fn each_rule_reports_exactly_its_own_field() {
@@ -454,7 +482,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 33, "{fields:#?}");
+    assert_eq!(fields.len(), 34, "{fields:#?}");
 }
 
 #[test]
@@ -582,7 +610,7 @@ spec:
         [
             "metadata.name",
             "spec.model.inputSize",
-            "spec.model.hidden[1].units",
+            "spec.model.hidden",
             "spec.model.output.units",
             "spec.data.inputScale",
             "spec.data.trainLimit",

@@ -77,8 +77,7 @@ impl Proc {
             // so shards and coordinator refuse the one it replaced.
             cmd.args(["--incarnation".to_string(), (self.starts + 1).to_string()]);
         }
-        cmd
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             // Own process group: a Ctrl-C at the terminal reaches the runtime,

@@ -232,7 +232,10 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
         plan.note(
             true,
             "CoordinatorReplaced",
-            format!("coordinator pod failed ({}); recreating it", pods::failure(c)),
+            format!(
+                "coordinator pod failed ({}); recreating it",
+                pods::failure(c)
+            ),
         );
     }
     plan.coordinator_missing = coordinator.is_none_or(|c| phase_of(c) == "Failed");
@@ -241,12 +244,12 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
     let servers_ready = shards_ready == job.spec.parameter_servers.shards && coordinator_ready;
 
     // Counts from the pods themselves, which a stale cache cannot undo.
-    plan.status.replica_restarts = old
-        .replica_restarts
-        .max(count_cause(pods, Cause::Restart, None));
-    plan.status.replica_reschedules = old
-        .replica_reschedules
-        .max(count_cause(pods, Cause::Reschedule, None));
+    plan.status.replica_restarts =
+        old.replica_restarts
+            .max(count_cause(pods, Cause::Restart, None));
+    plan.status.replica_reschedules =
+        old.replica_reschedules
+            .max(count_cause(pods, Cause::Reschedule, None));
     plan.status.backups_launched = old
         .backups_launched
         .max(count_cause(pods, Cause::Backup, None));
@@ -311,7 +314,11 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
             format!(
                 "waiting for the job's servers before starting replicas: {shards_ready}/{} shards ready, coordinator {}",
                 job.spec.parameter_servers.shards,
-                if coordinator_ready { "ready" } else { "not ready" }
+                if coordinator_ready {
+                    "ready"
+                } else {
+                    "not ready"
+                }
             ),
         )
     };

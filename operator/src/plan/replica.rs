@@ -36,10 +36,7 @@ pub(super) enum Outcome {
     OverBudget(String),
 }
 
-fn replica_pods<'p>(
-    pods: impl Iterator<Item = &'p Pod>,
-    r: u32,
-) -> impl Iterator<Item = &'p Pod> {
+fn replica_pods<'p>(pods: impl Iterator<Item = &'p Pod>, r: u32) -> impl Iterator<Item = &'p Pod> {
     pods.filter(move |p| role(p) == Some("replica") && label_u32(p, LABEL_REPLICA) == Some(r))
 }
 

@@ -102,11 +102,27 @@ pub fn ready_ps_pod(job: &str, shard: u32) -> Pod {
 }
 
 pub fn coordinator_pod(job: &str) -> Pod {
-    pod(
+    let mut p = pod(
         &format!("{job}-coordinator"),
         json!({"distbelief.dev/job": job, "distbelief.dev/role": "coordinator"}),
         "Running",
-    )
+    );
+    p.status = serde_json::from_value(json!({
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }))
+    .expect("fixture status");
+    p
+}
+
+/// A replica pod labelled with why it was created.
+pub fn replica_pod_for(job: &str, replica: u32, attempt: u32, phase: &str, cause: &str) -> Pod {
+    let mut p = replica_pod(job, replica, attempt, phase);
+    p.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("distbelief.dev/cause".into(), cause.into());
+    p
 }
 
 /// Every pod of a healthy running job.
@@ -124,6 +140,7 @@ pub fn running_pods(job: &str) -> Vec<Pod> {
 pub fn running_status() -> serde_json::Value {
     json!({
         "phase": "Running",
+        "checkpointStorage": "PersistentVolumeClaim",
         "replicas": (0..4).map(|r| json!({"replica": r, "attempt": 0})).collect::<Vec<_>>(),
     })
 }
