@@ -4,8 +4,9 @@
 #
 # After fmt and clippy (which stop the run at once when they fail) come three
 # suites that all run even if an earlier one failed: the manifest checks, the
-# cargo tests and the kind end-to-end suite (which skips where there is no
-# Docker engine or kind). The last line adds up all three:
+# cargo tests (with the control-plane tests against the Kubernetes kit) and
+# the end-to-end suite on kind or the kit's node (each skips, counted as
+# skipped, where it cannot run). The last line adds them all up:
 #   tests: N passed, N failed, N skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +23,33 @@ status=0
 echo "== manifests (scripts/check-manifests.sh)" >&2
 scripts/check-manifests.sh 2>&1 | tee -a "$log" || status=1
 
+# The control-plane tests (cli/tests/controlplane.rs, named kit_*) run
+# against the Kubernetes kit's real API server when ../shared/k8s is there;
+# the kit is started once here (or reused) and shared with tests/e2e/run.sh.
+kit_args=()
+if scripts/kit.sh path >/dev/null 2>&1; then
+  echo "== Kubernetes kit (scripts/kit.sh up)" >&2
+  if kit_env=$(scripts/kit.sh up); then
+    eval "$kit_env"
+    export DISTBELIEF_KIT_KUBECONFIG="$KUBECONFIG"
+  else
+    echo "FAIL: the Kubernetes kit is present but did not start" | tee -a "$log"
+    status=1
+  fi
+fi
+if [ -z "${DISTBELIEF_KIT_KUBECONFIG:-}" ]; then
+  kit_args=(-- --skip kit_)
+fi
+
 echo "== cargo test" >&2
 # --all-targets: unit, integration and binary tests (the crates have no doctests).
-cargo test --release --locked --workspace --all-targets 2>&1 | tee -a "$log" || status=1
+cargo test --release --locked --workspace --all-targets "${kit_args[@]}" 2>&1 | tee -a "$log" || status=1
+if [ ${#kit_args[@]} -gt 0 ]; then
+  # Counted as skipped, never as passed: say which and why.
+  n=$(cargo test --release --locked -p distbelief --test controlplane -- --list 2>/dev/null | grep -c '^kit_.*: test$' || true)
+  echo "SKIP: $n control-plane tests: no Kubernetes kit (scripts/kit.sh path: $(scripts/kit.sh path 2>&1 | tail -n 1))"
+  echo "controlplane: 0 passed, 0 failed, $n skipped" | tee -a "$log"
+fi
 
 echo "== e2e (tests/e2e/run.sh)" >&2
 tests/e2e/run.sh 2>&1 | tee -a "$log" || status=1
@@ -32,7 +57,7 @@ tests/e2e/run.sh 2>&1 | tee -a "$log" || status=1
 # cargo prints one "test result:" line per test binary; the two scripts print
 # one "<name>: N passed, N failed, N skipped" line each.
 awk '/^test result:/ { p += $4; f += $6; s += $8 }
-     /^(manifests|e2e): [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$/ { p += $2; f += $4; s += $6 }
+     /^(manifests|e2e|controlplane): [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$/ { p += $2; f += $4; s += $6 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s; exit (f > 0) }' "$log" || status=1
 # A suite can fail without a failed count (a compile error, a crashed script).
 exit "$status"

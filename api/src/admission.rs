@@ -200,7 +200,7 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.output.volumeClaimName",
-        "!has(self.output.volumeClaimName) || self.output.volumeClaimName.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",
+        "!has(self.output) || !has(self.output.volumeClaimName) || self.output.volumeClaimName.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",
         "must be the name of a PersistentVolumeClaim (lowercase letters, digits, '-' and '.')",
     ),
     AdmissionRule {

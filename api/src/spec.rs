@@ -48,7 +48,7 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
     validation = Rule::new("self.parameterServers.shards == oldSelf.parameterServers.shards").message("spec.parameterServers.shards cannot change after the job is created"),
     validation = Rule::new("self.replicas.count == oldSelf.replicas.count").message("spec.replicas.count cannot change after the job is created"),
     validation = Rule::new("self.checkpoint == oldSelf.checkpoint").message("spec.checkpoint cannot change after the job is created"),
-    validation = Rule::new("self.output == oldSelf.output").message("spec.output cannot change after the job is created"),
+    validation = Rule::new("has(self.output) == has(oldSelf.output) && (!has(self.output) || self.output == oldSelf.output)").message("spec.output cannot change after the job is created"),
 )]
 pub struct DistBeliefJobSpec {
     /// The network to train. Required.

@@ -15,6 +15,8 @@ pub struct Metrics {
     jobs: IntGaugeVec,
     pub reconcile_seconds: Histogram,
     pub errors: IntCounterVec,
+    /// Server-side applies sent, by object kind.
+    pub applies: IntCounterVec,
     replica_restarts: IntCounter,
     backups: IntCounter,
     /// Each job's last phase, from which the per-phase gauge is recounted.
@@ -33,6 +35,10 @@ impl Metrics {
             Opts::new("reconcile_errors_total", "Reconciles that failed, by kind"),
             &["kind"],
         )?;
+        let applies = IntCounterVec::new(
+            Opts::new("applies_total", "Server-side applies sent, by object kind"),
+            &["kind"],
+        )?;
         let replica_restarts = IntCounter::new(
             "replica_restarts_total",
             "Replica pods recreated after a failure",
@@ -47,6 +53,7 @@ impl Metrics {
                 Box::new(jobs.clone()) as Box<dyn prometheus::core::Collector>,
                 Box::new(reconcile_seconds.clone()),
                 Box::new(errors.clone()),
+                Box::new(applies.clone()),
                 Box::new(replica_restarts.clone()),
                 Box::new(backups.clone()),
             ],
@@ -59,6 +66,7 @@ impl Metrics {
             jobs,
             reconcile_seconds,
             errors,
+            applies,
             replica_restarts,
             backups,
             phases: Mutex::new(HashMap::new()),

@@ -153,7 +153,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         // Progress writes trigger a reconcile every few seconds; unchanged
         // children are not sent again unless something is missing.
         if !fresh || plan.shards_missing {
-            apply_children(&ctx.client, &namespace, &c).await?;
+            apply_children(ctx, &namespace, &c).await?;
             ctx.applied
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -166,11 +166,11 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 .iter()
                 .any(|d| Some(d) == p.metadata.name.as_ref())
         {
-            apply(&ctx.client, &namespace, p).await?;
+            apply(ctx, &namespace, p).await?;
         }
     }
     for p in &plan.create_pods {
-        apply(&ctx.client, &namespace, p).await?;
+        apply(ctx, &namespace, p).await?;
     }
     finish(obj, ctx, &namespace, &name, &plan).await?;
     Ok(match plan.requeue_after {
@@ -224,21 +224,17 @@ fn is_default_class(c: &StorageClass) -> bool {
     })
 }
 
-async fn apply_children(
-    client: &Client,
-    namespace: &str,
-    c: &children::Children,
-) -> Result<(), Error> {
-    apply(client, namespace, &c.config_map).await?;
-    apply(client, namespace, &c.service_account).await?;
-    apply(client, namespace, &c.role).await?;
-    apply(client, namespace, &c.role_binding).await?;
-    apply(client, namespace, &c.ps_service).await?;
-    apply(client, namespace, &c.ps_stateful_set).await?;
-    apply(client, namespace, &c.ps_disruption_budget).await?;
-    apply(client, namespace, &c.coordinator_service).await?;
+async fn apply_children(ctx: &Context, namespace: &str, c: &children::Children) -> Result<(), Error> {
+    apply(ctx, namespace, &c.config_map).await?;
+    apply(ctx, namespace, &c.service_account).await?;
+    apply(ctx, namespace, &c.role).await?;
+    apply(ctx, namespace, &c.role_binding).await?;
+    apply(ctx, namespace, &c.ps_service).await?;
+    apply(ctx, namespace, &c.ps_stateful_set).await?;
+    apply(ctx, namespace, &c.ps_disruption_budget).await?;
+    apply(ctx, namespace, &c.coordinator_service).await?;
     if let Some(np) = &c.network_policy {
-        apply(client, namespace, np).await?;
+        apply(ctx, namespace, np).await?;
     }
     Ok(())
 }
@@ -357,7 +353,7 @@ fn ignore_missing(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
     }
 }
 
-async fn apply<K>(client: &Client, namespace: &str, obj: &K) -> Result<K, kube::Error>
+async fn apply<K>(ctx: &Context, namespace: &str, obj: &K) -> Result<K, kube::Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Serialize
@@ -365,7 +361,11 @@ where
         + Clone
         + Debug,
 {
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    ctx.metrics
+        .applies
+        .with_label_values(&[K::kind(&()).as_ref()])
+        .inc();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     api.patch(
         &obj.name_any(),
         &PatchParams::apply(FIELD_MANAGER).force(),

@@ -28,7 +28,8 @@ OUTPUT_MOUNT=/var/lib/distbelief/output    # where the coordinator mounts that c
 JOB_TIMEOUT=${E2E_JOB_TIMEOUT:-420}        # seconds a job may take to finish
 STEP_TIMEOUT=${E2E_STEP_TIMEOUT:-180}      # seconds for the other waits
 RESTORE_TIMEOUT=${E2E_RESTORE_TIMEOUT:-90} # seconds for a deleted shard to come back restored
-TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-870}    # the whole suite (kind: not counting cluster and image)
+TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-750}    # everything before the uninstall step (kind: after cluster and image)
+UNINSTALL_TIMEOUT=120                      # the uninstall step, on top of that
 BUILD_TIMEOUT=${E2E_BUILD_TIMEOUT:-3600}   # a cold release build of the workspace is slow
 
 passed=0 failed=0 skipped=0
@@ -156,7 +157,6 @@ case "$mode" in
 esac
 log "mode: $mode"
 
-
 # Dumped once, at the first failure once a cluster is up, while the objects
 # still exist.
 dumped=""
@@ -192,11 +192,12 @@ budget_end=$TOTAL_TIMEOUT   # a value of SECONDS; kind mode moves it past the im
 until_time() {
   local t=$((SECONDS + $1))
   [ "$t" -le "$budget_end" ] || t=$budget_end
+  [ "$t" -ge "$SECONDS" ] || t=$SECONDS
   echo "$t"
 }
 timed_out() { # timed_out SECONDS WHAT
   if [ "$SECONDS" -ge "$budget_end" ]; then
-    echo "the suite's time budget (E2E_TOTAL_TIMEOUT=${TOTAL_TIMEOUT}s) ran out waiting for $2"
+    echo "the suite's time budget ran out waiting for $2 (E2E_TOTAL_TIMEOUT=${TOTAL_TIMEOUT}s before the uninstall step, ${UNINSTALL_TIMEOUT}s for it)"
   else
     echo "no $2 within $1s"
   fi
@@ -485,11 +486,11 @@ long_shard() {
     [ "${J_STEP:-0}" -gt "$step0" ] 2>/dev/null && [ $((SECONDS - since)) -ge 10 ] && ge "$J_ACC" 0.8
   }
   job_wait "$LONG" 90 "more steps, 10 s of training (checkpoint.intervalSeconds 5) and testAccuracy >= 0.8" t_trained_more || return 1
-  # One evaluation differs from the next by up to ~0.02 under asynchronous
-  # updates, so the bar is the lowest of the last three (about 6 s), not the
+  # One evaluation differs from the next by 0.02-0.05 under asynchronous
+  # updates, so the bar is the lowest of the last five (about 10 s), not the
   # last one alone.
   acc_before=$J_ACC
-  first=$((${#pre[@]} > 3 ? ${#pre[@]} - 3 : 0))
+  first=$((${#pre[@]} > 5 ? ${#pre[@]} - 5 : 0))
   for a in "${pre[@]:first}"; do ge "$acc_before" "$a" && acc_before=$a; done
   log "$LONG: testAccuracy before: ${pre[*]:first} (lowest $acc_before)"
   uid_before=$(jp "pod/$LONG-ps-0" '{.metadata.uid}')
@@ -554,9 +555,10 @@ long_suspend() {
   }
   job_wait "$LONG" "$STEP_TIMEOUT" "phase Running with both shards restored from their checkpoints (restoredVersion > $shard0_restored and > $shard1_restored)" t_resumed || return 1
   log "$LONG: resumed; shards restored versions $J_R0 and $J_R1; step ${step_suspended:-?} when suspended, now ${J_STEP:-?}"
-  # From scratch it would be near 0.1 again; noise between evaluations is ~0.015.
+  # From scratch the first evaluations would be far below 0.7 again; one
+  # evaluation differs from the next by up to ~0.05.
   if [ -n "$acc_suspended" ]; then
-    accuracy_kept "$acc_suspended" 0.05 "the resume" || return 1
+    accuracy_kept "$acc_suspended" 0.1 "the resume" || return 1
   fi
 }
 
@@ -610,12 +612,15 @@ long_model() {
 
 # --- 6. uninstall leaves nothing running ------------------------------------------
 # The chart keeps the CRD on uninstall (crds.keep), so jobs are deleted first.
+# This step has UNINSTALL_TIMEOUT seconds of its own, even when the earlier
+# steps used up the suite's budget.
 uninstall_clean() {
+  budget_end=$((SECONDS + UNINSTALL_TIMEOUT))
   log "kubectl delete dbj --all -n $JOB_NS"
-  "${KUBECTL[@]}" delete dbj --all -n "$JOB_NS" --wait=true --timeout="${STEP_TIMEOUT}s" || return 1
+  "${KUBECTL[@]}" delete dbj --all -n "$JOB_NS" --wait=true --timeout="$((budget_end - SECONDS))s" || return 1
   until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -n "$JOB_NS" -l distbelief.dev/job -o name || return 1
   log "helm uninstall $RELEASE"
-  "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" --wait --timeout "${STEP_TIMEOUT}s" || return 1
+  "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" --wait --timeout "$((budget_end - SECONDS > 10 ? budget_end - SECONDS : 10))s" || return 1
   release_installed=""
   until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -A \
     -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=operator" -o name || return 1
@@ -677,8 +682,9 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     [ -z "$created_release_ns" ] || "${KUBECTL[@]}" delete namespace "$RELEASE_NS" --wait=false >/dev/null 2>&1 || true
   else
     skip "job and uninstall steps (the chart did not install)"
-    "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1 || true
+    timeout 120 "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1 || true
     release_installed=""
+    [ -z "$created_release_ns" ] || "${KUBECTL[@]}" delete namespace "$RELEASE_NS" --wait=false >/dev/null 2>&1 || true
   fi
 else
   skip "chart, job and uninstall steps (no cluster or image)"

@@ -1,0 +1,590 @@
+//! The operator against a real API server (the kit's control plane): what a
+//! mock cannot show. Admission rules, owner references and garbage
+//! collection, server-side apply, resourceVersion races and leases behave
+//! here as they do on any cluster. The job's pods are kept off every node,
+//! so the tests play the kubelet by writing pod status.
+//!
+//! Every test is named `kit_*`: scripts/test.sh runs them with the kit up,
+//! and counts them as skipped when the kit is absent.
+
+mod kit;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Resource;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use kit::*;
+
+type Change = fn(&mut Value);
+
+/// One case per admission rule: a change that breaks it.
+const BROKEN: &[(&str, Change)] = &[
+    ("inputSize", |j| j["spec"]["model"]["inputSize"] = json!(0)),
+    ("hidden units", |j| j["spec"]["model"]["hidden"][0]["units"] = json!(0)),
+    ("output units", |j| j["spec"]["model"]["output"]["units"] = json!(1)),
+    ("trainImages", |j| j["spec"]["data"]["trainImages"] = json!(" ")),
+    ("trainLabels", |j| j["spec"]["data"]["trainLabels"] = json!("")),
+    ("testImages", |j| j["spec"]["data"]["testImages"] = json!("")),
+    ("testLabels", |j| j["spec"]["data"]["testLabels"] = json!(" ")),
+    ("csv without trainCsv", |j| {
+        j["spec"]["data"]["format"] = json!("csv");
+        j["spec"]["data"]["testCsv"] = json!("test.csv");
+    }),
+    ("csv with a blank testCsv", |j| {
+        j["spec"]["data"]["format"] = json!("csv");
+        j["spec"]["data"]["trainCsv"] = json!("train.csv");
+        j["spec"]["data"]["testCsv"] = json!(" ");
+    }),
+    ("inputScale", |j| j["spec"]["data"]["inputScale"] = json!(0.0)),
+    ("trainLimit", |j| j["spec"]["data"]["trainLimit"] = json!(0)),
+    ("testLimit", |j| j["spec"]["data"]["testLimit"] = json!(0)),
+    ("no algorithm", |j| j["spec"]["algorithm"] = json!({})),
+    ("learningRate", |j| j["spec"]["algorithm"]["downpour"]["learningRate"] = json!(0.0)),
+    ("initialAccumulator", |j| {
+        j["spec"]["algorithm"]["downpour"]["adagrad"]["initialAccumulator"] = json!(-1.0)
+    }),
+    ("epsilon", |j| j["spec"]["algorithm"]["downpour"]["adagrad"]["epsilon"] = json!(0.0)),
+    ("nFetch", |j| j["spec"]["algorithm"]["downpour"]["nFetch"] = json!(0)),
+    ("nPush", |j| j["spec"]["algorithm"]["downpour"]["nPush"] = json!(65)),
+    ("batchSize", |j| j["spec"]["algorithm"]["downpour"]["batchSize"] = json!(0)),
+    ("shards", |j| j["spec"]["parameterServers"]["shards"] = json!(0)),
+    ("replicas", |j| j["spec"]["replicas"]["count"] = json!(0)),
+    ("targetTestAccuracy", |j| j["spec"]["stop"]["targetTestAccuracy"] = json!(1.5)),
+    ("maxEpochs", |j| j["spec"]["stop"]["maxEpochs"] = json!(0.0)),
+    ("maxSeconds", |j| j["spec"]["stop"]["maxSeconds"] = json!(0)),
+    ("evalIntervalSeconds", |j| j["spec"]["stop"]["evalIntervalSeconds"] = json!(0.01)),
+    ("checkpoint intervalSeconds", |j| j["spec"]["checkpoint"]["intervalSeconds"] = json!(0)),
+    ("checkpoint dir", |j| j["spec"]["checkpoint"]["dir"] = json!(" ")),
+    ("checkpoint volume size", |j| {
+        j["spec"]["checkpoint"]["volume"] = json!({"size": "lots"})
+    }),
+    ("slowFraction", |j| j["spec"]["replicas"]["stragglers"] = json!({"slowFraction": 1.0})),
+    ("forSeconds", |j| j["spec"]["replicas"]["stragglers"] = json!({"forSeconds": 0})),
+    ("image", |j| j["spec"]["image"] = json!(" ")),
+    ("output claim", |j| j["spec"]["output"] = json!({"volumeClaimName": "Models!"})),
+];
+
+/// What `distbelief train` says of `job`: each broken rule as `field: message`.
+fn local_errors(job: &Value) -> Vec<String> {
+    let text = serde_json::to_string(job).unwrap();
+    match distbelief_api::parse_job("job.json", &text) {
+        Err(distbelief_api::ApiError::Invalid { errors, .. }) => {
+            errors.iter().map(ToString::to_string).collect()
+        }
+        Err(e) => panic!("expected validation errors, got {e}"),
+        Ok(_) => panic!("the local validator accepted {job}"),
+    }
+}
+
+async fn dry_run(kit: &Kit, ns: &str, job: &Value) -> Result<(), String> {
+    let obj: DynamicObject = serde_json::from_value(job.clone()).unwrap();
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    kit.jobs(ns)
+        .create(&pp, &obj)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test]
+async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
+    let Some(kit) = kit::kit("kit_admission").await else {
+        return;
+    };
+    let ns = kit.namespace("cp-admission").await;
+    // Every rule CEL checks has a case, and each case breaks one rule.
+    let spec_rules = distbelief_api::admission::RULES
+        .iter()
+        .filter(|r| !r.on_object)
+        .count();
+    assert_eq!(BROKEN.len(), spec_rules, "one case per spec rule");
+    let mut covered = std::collections::BTreeSet::new();
+    for (case, breaks) in BROKEN {
+        let mut job = example_job("bad");
+        breaks(&mut job);
+        let local = local_errors(&job);
+        assert_eq!(local.len(), 1, "{case}: {local:?}");
+        let server = dry_run(&kit, &ns, &job)
+            .await
+            .expect_err(&format!("{case}: the API server admitted it"));
+        assert!(
+            server.contains(&local[0]),
+            "{case}: the API server said {server:?}, distbelief train says {:?}",
+            local[0]
+        );
+        covered.insert(local[0].split(':').next().unwrap().to_string());
+    }
+    for r in distbelief_api::admission::RULES.iter().filter(|r| !r.on_object) {
+        assert!(covered.contains(r.field), "no case for {}", r.field);
+    }
+    // Kubernetes-only rules on the name, with the operator's messages.
+    for (name, message) in [
+        ("a".repeat(43), distbelief_api::admission::NAME_LENGTH),
+        ("9lives".to_string(), distbelief_api::admission::NAME_START),
+    ] {
+        let server = dry_run(&kit, &ns, &example_job(&name)).await.unwrap_err();
+        assert!(server.contains(message), "{name}: {server}");
+    }
+    // A null target is no target, on both paths.
+    let mut job = example_job("null-target");
+    job["spec"]["stop"]["targetTestAccuracy"] = Value::Null;
+    dry_run(&kit, &ns, &job).await.expect("a null target is admitted");
+    distbelief_api::parse_job("job.json", &serde_json::to_string(&job).unwrap())
+        .expect("and runs locally");
+    // Every shipped job is admitted.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for dir in ["examples", "deploy/examples"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let job: Value =
+                    serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                dry_run(&kit, &ns, &job)
+                    .await
+                    .unwrap_or_else(|e| panic!("{} is refused: {e}", path.display()));
+            }
+        }
+    }
+    kit.delete_namespace(&ns).await;
+}
+
+/// resourceVersions of the job's long-lived children, by kind/name.
+async fn child_versions(kit: &Kit, ns: &str, job: &str, uid: &str) -> BTreeMap<String, String> {
+    async fn one<K>(kit: &Kit, ns: &str, name: &str, uid: &str, out: &mut BTreeMap<String, String>)
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(kit.client.clone(), ns);
+        let obj = api
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{} {name}: {e}", K::kind(&())));
+        let meta = obj.meta();
+        let owner = &meta.owner_references.as_ref().expect("owned")[0];
+        assert_eq!(owner.uid, uid, "{} {name} is owned by its job", K::kind(&()));
+        assert_eq!(owner.controller, Some(true));
+        out.insert(
+            format!("{}/{name}", K::kind(&())),
+            meta.resource_version.clone().unwrap_or_default(),
+        );
+    }
+    let mut v = BTreeMap::new();
+    let coordinator = format!("{job}-coordinator");
+    let ps = format!("{job}-ps");
+    one::<ConfigMap>(kit, ns, &format!("{job}-job"), uid, &mut v).await;
+    one::<ServiceAccount>(kit, ns, &coordinator, uid, &mut v).await;
+    one::<Role>(kit, ns, &coordinator, uid, &mut v).await;
+    one::<RoleBinding>(kit, ns, &coordinator, uid, &mut v).await;
+    one::<Service>(kit, ns, &ps, uid, &mut v).await;
+    one::<Service>(kit, ns, &coordinator, uid, &mut v).await;
+    one::<StatefulSet>(kit, ns, &ps, uid, &mut v).await;
+    one::<PodDisruptionBudget>(kit, ns, &ps, uid, &mut v).await;
+    v
+}
+
+/// The operator's applies so far, from its metrics.
+async fn applies(port: u16) -> u64 {
+    metric_sum(port, "distbelief_operator_applies_total").await
+}
+
+async fn metric_sum(port: u16, name: &str) -> u64 {
+    let text = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        Some(body)
+    })
+    .await
+    .unwrap()
+    .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn kit_operator_creates_owned_children_then_writes_nothing_while_progress_flows() {
+    let Some(kit) = kit::kit("kit_children").await else {
+        return;
+    };
+    let ns = kit.namespace("cp-children").await;
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let _op = kit.operator(&ns, "solo", &["--metrics-addr", &metrics]);
+    let job = create_job(&kit, &ns, &example_job("fm")).await;
+    let uid = job.metadata.uid.clone().unwrap();
+
+    wait_for(Duration::from_secs(30), "the coordinator pod", || async {
+        (!pod_names(&kit, &ns, "distbelief.dev/role=coordinator").await.is_empty()).then_some(())
+    })
+    .await;
+    child_versions(&kit, &ns, "fm", &uid).await;
+    let sts: Api<StatefulSet> = Api::namespaced(kit.client.clone(), &ns);
+    let claims = sts.get("fm-ps").await.unwrap().spec.unwrap().volume_claim_templates;
+    assert!(
+        claims.is_some_and(|c| !c.is_empty()),
+        "the kit has a default StorageClass: checkpoints go on claims"
+    );
+    let st = status(&kit, &ns, "fm").await;
+    assert_eq!(st["checkpointStorage"], "PersistentVolumeClaim", "{st}");
+
+    // No replica before the shards and the coordinator are ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(pod_names(&kit, &ns, "distbelief.dev/role=replica").await.is_empty());
+    servers_ready(&kit, &ns, "fm", 2).await;
+    let replicas = wait_for(Duration::from_secs(30), "two replica pods", || async {
+        let n = pod_names(&kit, &ns, "distbelief.dev/role=replica").await;
+        (n.len() == 2).then_some(n)
+    })
+    .await;
+    for r in &replicas {
+        make_ready(&kit, &ns, r).await;
+    }
+    wait_for(Duration::from_secs(30), "phase Running", || async {
+        (status(&kit, &ns, "fm").await["phase"] == "Running").then_some(())
+    })
+    .await;
+
+    // A minute in which the coordinator writes progress every 5 s: each
+    // write triggers a reconcile, and none of them may write a child.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = child_versions(&kit, &ns, "fm", &uid).await;
+    let applied = applies(port).await;
+    let reconciles = metric_sum(port, "distbelief_operator_reconcile_duration_seconds_count").await;
+    let start = Instant::now();
+    let mut step = 0;
+    while start.elapsed() < Duration::from_secs(60) {
+        step += 500;
+        write_progress(&kit, &ns, "fm", progress(step, false)).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let after = child_versions(&kit, &ns, "fm", &uid).await;
+    let reconciled = metric_sum(port, "distbelief_operator_reconcile_duration_seconds_count").await;
+    assert!(
+        reconciled >= reconciles + 10,
+        "progress drove reconciles ({reconciles} -> {reconciled})"
+    );
+    assert_eq!(applies(port).await, applied, "no apply in a minute of progress");
+    // The StatefulSet's and the PDB's own controllers write their status;
+    // every other child must be exactly as it was.
+    for (k, v) in &before {
+        if !k.starts_with("StatefulSet/") && !k.starts_with("PodDisruptionBudget/") {
+            assert_eq!(after.get(k), Some(v), "{k} was written");
+        }
+    }
+    println!(
+        "kit_children: {} reconciles and 0 applies over 60 s of progress writes",
+        reconciled - reconciles
+    );
+    kit.delete_namespace(&ns).await;
+}
+
+/// The replica's newest pod, once its attempt is at least `min`.
+async fn current_replica_pod(kit: &Kit, ns: &str, replica: u32, min: u32) -> (String, u32) {
+    wait_for(
+        Duration::from_secs(60),
+        &format!("replica {replica} attempt >= {min}"),
+        || async {
+            let pods = kit
+                .pods(ns)
+                .list(&ListParams::default().labels(&format!(
+                    "distbelief.dev/role=replica,distbelief.dev/replica={replica}"
+                )))
+                .await
+                .ok()?;
+            pods.items
+                .iter()
+                .filter_map(|p| {
+                    let a: u32 = p.metadata.labels.as_ref()?.get("distbelief.dev/attempt")?.parse().ok()?;
+                    (a >= min).then(|| (p.metadata.name.clone().unwrap(), a))
+                })
+                .max_by_key(|(_, a)| *a)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
+    let Some(kit) = kit::kit("kit_restarts").await else {
+        return;
+    };
+    let ns = kit.namespace("cp-restarts").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("fm");
+    job["spec"]["replicas"]["maxRestarts"] = json!(10);
+    create_job(&kit, &ns, &job).await;
+    servers_ready(&kit, &ns, "fm", 2).await;
+    let (mut pod0, mut attempt0) = current_replica_pod(&kit, &ns, 0, 0).await;
+    let (pod1, attempt1) = current_replica_pod(&kit, &ns, 1, 0).await;
+
+    // Racing writers: the "coordinator" writes progress every 150 ms while
+    // a watcher records every replicaRestarts value it sees.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (c, ns, stop) = (kit.client.clone(), ns.clone(), stop.clone());
+        tokio::spawn(async move {
+            let jobs: Api<DynamicObject> =
+                Api::namespaced_with(c, &ns, &distbelief_operator::reconcile::job_resource());
+            let mut step = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                step += 10;
+                let patch = json!({
+                    "apiVersion": distbelief_api::API_VERSION, "kind": distbelief_api::KIND,
+                    "metadata": {"name": "fm"}, "status": {"progress": progress(step, false)},
+                });
+                let _ = jobs
+                    .patch_status(
+                        "fm",
+                        &PatchParams::apply(distbelief_coordinator::publish::FIELD_MANAGER).force(),
+                        &Patch::Apply(&patch),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        })
+    };
+    let watcher = {
+        let (c, ns, stop) = (kit.client.clone(), ns.clone(), stop.clone());
+        tokio::spawn(async move {
+            let jobs: Api<DynamicObject> =
+                Api::namespaced_with(c, &ns, &distbelief_operator::reconcile::job_resource());
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(j) = jobs.get("fm").await
+                    && let Some(n) = j.data["status"]["replicaRestarts"].as_u64()
+                    && seen.last() != Some(&n)
+                {
+                    seen.push(n);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            seen
+        })
+    };
+
+    // An eviction is not the replica's fault: no budget used.
+    make_evicted(&kit, &ns, &pod1).await;
+    current_replica_pod(&kit, &ns, 1, attempt1 + 1).await;
+    wait_for(Duration::from_secs(30), "one reschedule", || async {
+        (status(&kit, &ns, "fm").await["replicaReschedules"] == 1).then_some(())
+    })
+    .await;
+
+    // Ten failures in a row: each restarts the replica and counts once.
+    let started = Instant::now();
+    for i in 1..=10u64 {
+        make_failed(&kit, &ns, &pod0, 1).await;
+        (pod0, attempt0) = current_replica_pod(&kit, &ns, 0, attempt0 + 1).await;
+        wait_for(Duration::from_secs(30), &format!("replicaRestarts {i}"), || async {
+            (status(&kit, &ns, "fm").await["replicaRestarts"].as_u64() == Some(i)).then_some(())
+        })
+        .await;
+    }
+    let ten = started.elapsed();
+    // The eleventh failure is one too many.
+    make_failed(&kit, &ns, &pod0, 1).await;
+    wait_for(Duration::from_secs(30), "phase Failed", || async {
+        (status(&kit, &ns, "fm").await["phase"] == "Failed").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    let seen = watcher.await.unwrap();
+    let st = status(&kit, &ns, "fm").await;
+    assert_eq!(st["replicaRestarts"], 10, "{st}");
+    assert_eq!(st["replicaReschedules"], 1, "{st}");
+    let failed = st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .unwrap();
+    assert_eq!(failed["reason"], "RestartBudgetExhausted");
+    assert_eq!(seen, (0..=10).collect::<Vec<u64>>(), "every value once, in order");
+    // One event per restart, none repeated.
+    let events: Api<Event> = Api::namespaced(kit.client.clone(), &ns);
+    let restarted: i32 = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ReplicaRestarted"))
+        .map(|e| e.count.unwrap_or(1).max(1))
+        .sum();
+    assert_eq!(restarted, 10, "ReplicaRestarted events");
+    println!(
+        "kit_restarts: 10 restarts in {:.1} s under racing progress writes; replicaRestarts seen {seen:?}",
+        ten.as_secs_f64()
+    );
+    kit.delete_namespace(&ns).await;
+}
+
+async fn remaining_children(kit: &Kit, ns: &str, job: &str) -> usize {
+    let sel = format!("distbelief.dev/job={job}");
+    let lp = ListParams::default().labels(&sel);
+    let pods = kit.pods(ns).list(&lp).await.map_or(0, |l| l.items.len());
+    let sets: Api<StatefulSet> = Api::namespaced(kit.client.clone(), ns);
+    let svcs: Api<Service> = Api::namespaced(kit.client.clone(), ns);
+    let cms: Api<ConfigMap> = Api::namespaced(kit.client.clone(), ns);
+    let roles: Api<Role> = Api::namespaced(kit.client.clone(), ns);
+    pods + sets.list(&lp).await.map_or(0, |l| l.items.len())
+        + svcs.list(&lp).await.map_or(0, |l| l.items.len())
+        + cms.list(&lp).await.map_or(0, |l| l.items.len())
+        + roles.list(&lp).await.map_or(0, |l| l.items.len())
+}
+
+#[tokio::test]
+async fn kit_suspend_resume_garbage_collection_and_ttl() {
+    let Some(kit) = kit::kit("kit_lifecycle").await else {
+        return;
+    };
+    let ns = kit.namespace("cp-lifecycle").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    create_job(&kit, &ns, &example_job("fm")).await;
+    servers_ready(&kit, &ns, "fm", 2).await;
+    current_replica_pod(&kit, &ns, 1, 0).await;
+
+    // Suspend: coordinator and replicas go, the shards scale to zero.
+    kit.jobs(&ns)
+        .patch("fm", &PatchParams::default(), &Patch::Merge(json!({"spec": {"suspend": true}})))
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(60), "Suspended with no pods", || async {
+        let st = status(&kit, &ns, "fm").await;
+        let pods = pod_names(&kit, &ns, "distbelief.dev/job=fm").await;
+        (st["phase"] == "Suspended" && pods.is_empty()).then_some(())
+    })
+    .await;
+    let st = status(&kit, &ns, "fm").await;
+    let suspended = st["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Suspended").unwrap().clone();
+    assert!(suspended["message"].as_str().unwrap().contains("kept on their claims"), "{suspended}");
+
+    // Resume: shards come back, then replicas start past the old attempts.
+    kit.jobs(&ns)
+        .patch("fm", &PatchParams::default(), &Patch::Merge(json!({"spec": {"suspend": false}})))
+        .await
+        .unwrap();
+    servers_ready(&kit, &ns, "fm", 2).await;
+    let (_, attempt) = current_replica_pod(&kit, &ns, 0, 1).await;
+    assert!(attempt >= 1, "a resumed replica starts past its old pod");
+    let st = status(&kit, &ns, "fm").await;
+    assert_eq!(st["replicaRestarts"], 0, "{st}");
+
+    // Deleting the job collects every child through owner references.
+    kit.jobs(&ns).delete("fm", &DeleteParams::background()).await.unwrap();
+    let gc = Instant::now();
+    wait_for(Duration::from_secs(90), "every child garbage-collected", || async {
+        (remaining_children(&kit, &ns, "fm").await == 0).then_some(())
+    })
+    .await;
+    println!("kit_lifecycle: children collected {:.1} s after the job was deleted", gc.elapsed().as_secs_f64());
+
+    // TTL: a finished job is deleted ttlSecondsAfterFinished later.
+    let mut ttl = example_job("ttl");
+    ttl["spec"]["ttlSecondsAfterFinished"] = json!(3);
+    create_job(&kit, &ns, &ttl).await;
+    servers_ready(&kit, &ns, "ttl", 2).await;
+    write_progress(&kit, &ns, "ttl", progress(1000, true)).await;
+    wait_for(Duration::from_secs(30), "Succeeded", || async {
+        (status(&kit, &ns, "ttl").await["phase"] == "Succeeded").then_some(())
+    })
+    .await;
+    let done = Instant::now();
+    wait_for(Duration::from_secs(60), "the job deleted by its TTL", || async {
+        kit.jobs(&ns).get_opt("ttl").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let after = done.elapsed();
+    assert!(after >= Duration::from_secs(2), "deleted too early: {after:?}");
+    println!("kit_lifecycle: TTL 3 s job deleted {:.1} s after it succeeded", after.as_secs_f64());
+    kit.delete_namespace(&ns).await;
+}
+
+#[tokio::test]
+async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
+    let Some(kit) = kit::kit("kit_leader").await else {
+        return;
+    };
+    let ns = kit.namespace("cp-leader").await;
+    let ports = [free_port(), free_port()];
+    let names = ["op-a", "op-b"];
+    let mut ops: Vec<Operator> = (0..2)
+        .map(|i| {
+            let m = format!("127.0.0.1:{}", ports[i]);
+            kit.operator(
+                &ns,
+                names[i],
+                &["--leader-elect", "true", "--lease-name", "cp-lease", "--metrics-addr", &m],
+            )
+        })
+        .collect();
+    let leases: Api<Lease> = Api::namespaced(kit.client.clone(), &ns);
+    let holder = || async {
+        leases.get_opt("cp-lease").await.ok()??.spec?.holder_identity
+    };
+    let leader = wait_for(Duration::from_secs(30), "a leader", || async { holder().await }).await;
+    let (li, si) = if leader == names[0] { (0, 1) } else { (1, 0) };
+
+    create_job(&kit, &ns, &example_job("fm")).await;
+    wait_for(Duration::from_secs(30), "the leader's children", || async {
+        (!pod_names(&kit, &ns, "distbelief.dev/role=coordinator").await.is_empty()).then_some(())
+    })
+    .await;
+    let count = "distbelief_operator_reconcile_duration_seconds_count";
+    assert!(metric_sum(ports[li], count).await > 0, "the leader reconciles");
+    assert_eq!(metric_sum(ports[si], count).await, 0, "the other one waits");
+
+    // Kill the leader: the other takes over once the lease has gone
+    // unrenewed for its duration, and then reconciles.
+    let renewed = Instant::now();
+    ops[li].kill();
+    let standby = names[si];
+    let took = wait_for(Duration::from_secs(40), "the handover", || async {
+        (holder().await.as_deref() == Some(standby)).then(|| renewed.elapsed())
+    })
+    .await;
+    let lease = Duration::from_secs(15);
+    let retry = Duration::from_secs(2);
+    assert!(
+        took <= lease + 2 * retry,
+        "handover took {took:?}, more than the lease ({lease:?}) plus two retries"
+    );
+    servers_ready(&kit, &ns, "fm", 2).await;
+    wait_for(Duration::from_secs(30), "the new leader's replicas", || async {
+        (pod_names(&kit, &ns, "distbelief.dev/role=replica").await.len() == 2).then_some(())
+    })
+    .await;
+    assert!(metric_sum(ports[si], count).await > 0, "the new leader reconciles");
+    println!("kit_leader: {leader} led; {standby} took over {:.1} s after the kill (lease 15 s)", took.as_secs_f64());
+    drop(ops);
+    kit.delete_namespace(&ns).await;
+}
