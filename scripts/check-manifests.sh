@@ -120,7 +120,7 @@ RULES = {
     ("", "configmaps"): {"create", "patch"},
     ("", "serviceaccounts"): {"create", "patch"},
     ("apps", "statefulsets"): {"list", "watch", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"create", "patch"},
+    ("policy", "poddisruptionbudgets"): {"create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},

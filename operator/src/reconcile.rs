@@ -11,6 +11,7 @@ use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -224,7 +225,11 @@ fn is_default_class(c: &StorageClass) -> bool {
     })
 }
 
-async fn apply_children(ctx: &Context, namespace: &str, c: &children::Children) -> Result<(), Error> {
+async fn apply_children(
+    ctx: &Context,
+    namespace: &str,
+    c: &children::Children,
+) -> Result<(), Error> {
     apply(ctx, namespace, &c.config_map).await?;
     apply(ctx, namespace, &c.service_account).await?;
     apply(ctx, namespace, &c.role).await?;
@@ -239,7 +244,7 @@ async fn apply_children(ctx: &Context, namespace: &str, c: &children::Children) 
     Ok(())
 }
 
-/// Deletions, status, events and metrics: the steps every plan ends with.
+/// Status, deletions, events and metrics: the steps every plan ends with.
 async fn finish(
     obj: &DynamicObject,
     ctx: &Context,
@@ -247,18 +252,6 @@ async fn finish(
     name: &str,
     plan: &Plan,
 ) -> Result<(), Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    for p in &plan.delete_pods {
-        ignore_missing(pods.delete(p, &DeleteParams::default()).await.map(|_| ()))?;
-    }
-    if plan.delete_stateful_set {
-        let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), namespace);
-        ignore_missing(
-            sets.delete(&format!("{name}-ps"), &DeleteParams::background())
-                .await
-                .map(|_| ()),
-        )?;
-    }
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &job_resource());
     if Some(&plan.status) != status_of(obj).as_ref() {
@@ -279,6 +272,28 @@ async fn finish(
                 r?;
             }
         }
+    }
+    // Only once the status that explains them has landed: a plan from a
+    // stale job must not tear anything down.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    for p in &plan.delete_pods {
+        ignore_missing(pods.delete(p, &DeleteParams::default()).await.map(|_| ()))?;
+    }
+    if plan.delete_stateful_set {
+        let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), namespace);
+        ignore_missing(
+            sets.delete(&format!("{name}-ps"), &DeleteParams::background())
+                .await
+                .map(|_| ()),
+        )?;
+        // Its budget would only complain about pods that have no controller.
+        let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), namespace);
+        ignore_missing(
+            budgets
+                .delete(&format!("{name}-ps"), &DeleteParams::background())
+                .await
+                .map(|_| ()),
+        )?;
     }
     let reference = obj.object_ref(&job_resource());
     for n in &plan.notes {

@@ -500,12 +500,13 @@ async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
         run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
     assert_eq!(result.expect("reconciled"), Action::await_change());
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
-    let mut expected = vec![list_pods()];
+    // The status first: deletions follow only once it has landed.
+    let mut expected = vec![list_pods(), format!("PATCH {}/status", path("job", "fm"))];
     expected.push(format!("DELETE {}", path("pods", "fm-coordinator")));
     expected
         .extend((0..4).map(|r| format!("DELETE {}", path("pods", &format!("fm-replica-{r}-0")))));
     expected.push(format!("DELETE {}", path("statefulsets", "fm-ps")));
-    expected.push(format!("PATCH {}/status", path("job", "fm")));
+    expected.push(format!("DELETE {}", path("poddisruptionbudgets", "fm-ps")));
     expected.push(format!("POST {}", path("events", "")));
     expected.push(format!("POST {}", path("events", "")));
     assert_eq!(lines, expected);
@@ -896,5 +897,32 @@ async fn without_durable_storage_the_job_says_so() {
     assert!(
         message.contains("lost"),
         "never claims state is kept: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_plan_tears_nothing_down() {
+    // The job failed its budget in this plan, but the job changed meanwhile:
+    // nothing may be deleted on the strength of a status that did not land.
+    let mut status = common::running_status();
+    status["replicaRestarts"] = json!(3);
+    let mut pods = common::running_pods("fm");
+    pods[3] = common::failed_replica(
+        "fm",
+        0,
+        0,
+        1,
+        Timestamp::now() - SignedDuration::from_secs(600),
+    );
+    let mock = Mock {
+        status_conflict: true,
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(job_with_status("fm", status), pods, mock).await;
+    result.expect("a conflict is not an error");
+    assert!(
+        !calls.iter().any(|c| c.method == "DELETE"),
+        "{:?}",
+        calls.iter().map(Call::line).collect::<Vec<_>>()
     );
 }

@@ -57,13 +57,19 @@ async fn install_crd(client: &Client) {
     )
     .await
     .expect("the API server accepts the CRD");
-    wait_for(Duration::from_secs(30), "the CRD to be established", || async {
-        let c = crds.get("distbeliefjobs.distbelief.dev").await.ok()?;
-        let established = c.status?.conditions?.iter().any(|c| {
-            c.type_ == "Established" && c.status == "True"
-        });
-        established.then_some(())
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the CRD to be established",
+        || async {
+            let c = crds.get("distbeliefjobs.distbelief.dev").await.ok()?;
+            let established = c
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            established.then_some(())
+        },
+    )
     .await;
 }
 
@@ -165,7 +171,8 @@ fn tail(s: &str, n: usize) -> String {
 
 /// The example job, made to stay off every node.
 pub fn example_job(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fashion-mnist-downpour.yaml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fashion-mnist-downpour.yaml");
     let text = std::fs::read_to_string(&path).expect("example job");
     let mut job: Value = serde_yaml::from_str(&text).expect("example job is YAML");
     job["metadata"] = json!({"name": name});
@@ -266,7 +273,12 @@ pub async fn pod_names(kit: &Kit, ns: &str, selector: &str) -> Vec<String> {
 /// Brings a job's servers up: its shard pods and coordinator Ready.
 pub async fn servers_ready(kit: &Kit, ns: &str, job: &str, shards: usize) {
     let ps = wait_for(Duration::from_secs(60), "the shard pods", || async {
-        let names = pod_names(kit, ns, &format!("distbelief.dev/job={job},distbelief.dev/role=ps")).await;
+        let names = pod_names(
+            kit,
+            ns,
+            &format!("distbelief.dev/job={job},distbelief.dev/role=ps"),
+        )
+        .await;
         (names.len() == shards).then_some(names)
     })
     .await;
