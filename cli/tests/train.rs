@@ -132,7 +132,38 @@ impl Run {
             self.run_dir().join("curve.svg").exists(),
             "curve plot written"
         );
+        if summary["outcome"] == "finished" {
+            self.check_model(&summary);
+        }
         summary
+    }
+
+    /// The saved model scores, under `distbelief eval`, the final accuracy
+    /// the run reported.
+    fn check_model(&self, summary: &serde_json::Value) {
+        let model = summary["model"]
+            .as_str()
+            .expect("a finished run names its model");
+        let out = Command::new(EXE)
+            .args(["eval", self.dir.path().join("job.yaml").to_str().unwrap()])
+            .args(["--model", model, "--json"])
+            .output()
+            .expect("distbelief eval runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let eval: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("eval prints JSON");
+        let (saved, reported) = (
+            eval["testAccuracy"].as_f64().unwrap(),
+            summary["final_test_accuracy"].as_f64().unwrap(),
+        );
+        assert!(
+            (saved - reported).abs() <= 1e-4,
+            "eval {saved} vs reported {reported}"
+        );
     }
 }
 

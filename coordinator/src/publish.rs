@@ -67,7 +67,7 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
                 // Reported only past a threshold, so that a healthy job's
                 // progress does not change (and get written) on every tick.
                 silent_seconds: (r.seconds_since_report >= SILENT_AFTER_SECONDS)
-                    .then(|| r.seconds_since_report as u64),
+                    .then_some(r.seconds_since_report as u64),
             })
             .collect(),
         shards: shards.to_vec(),

@@ -82,6 +82,12 @@ impl Runtime {
                 d
             }
         };
+        // A model left by an earlier run must not pass for this run's.
+        let model = out.join(distbelief_worker::saved::MODEL_FILE);
+        if model.exists() {
+            std::fs::remove_file(&model)
+                .with_context(|| format!("cannot remove the old {}", model.display()))?;
+        }
         let exe = std::env::current_exe().context("cannot find the distbelief executable")?;
         let job_path = std::fs::canonicalize(&args.job)
             .with_context(|| format!("cannot resolve {}", args.job))?

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use distbelief_api::Job;
 use distbelief_proto::v1::JobStatus;
+use distbelief_worker::saved::MODEL_FILE;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,6 +50,8 @@ pub struct Summary {
     pub parameters: usize,
     pub run_dir: String,
     pub curve: String,
+    /// The saved model.safetensors, when the job finished and saved one.
+    pub model: Option<String>,
 }
 
 impl Summary {
@@ -91,6 +94,9 @@ impl Summary {
             parameters: job.layout.len(),
             run_dir: out.display().to_string(),
             curve: out.join("curve.svg").display().to_string(),
+            model: Some(out.join(MODEL_FILE))
+                .filter(|m| m.exists())
+                .map(|m| m.display().to_string()),
         }
     }
 
@@ -100,8 +106,12 @@ impl Summary {
             .final_test_accuracy
             .map_or("n/a".to_string(), |a| format!("{a:.4}"));
         let reason = self.stop_reason.as_deref().unwrap_or("-");
+        let model = self
+            .model
+            .as_deref()
+            .map_or(String::new(), |m| format!("; model {m}"));
         format!(
-            "{:?} ({reason}): test accuracy {acc}, {} examples in {:.1} s ({:.0} examples/s), restarts: {} replica, {} shard; curve {}",
+            "{:?} ({reason}): test accuracy {acc}, {} examples in {:.1} s ({:.0} examples/s), restarts: {} replica, {} shard; curve {}{model}",
             self.outcome,
             self.examples,
             self.train_seconds,

@@ -208,51 +208,45 @@ where
     }
 }
 
-/// Plays the kubelet: marks a pod Running and Ready.
+/// Plays the kubelet (or the eviction API): writes a pod's status.
+async fn set_pod_status(kit: &Kit, ns: &str, pod: &str, status: Value) {
+    kit.pods(ns)
+        .patch_status(
+            pod,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cannot write the status of {pod}: {e}"));
+}
+
+/// The pod runs and is Ready.
 pub async fn make_ready(kit: &Kit, ns: &str, pod: &str) {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    kit.pods(ns)
-        .patch_status(
-            pod,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {
-                "phase": "Running",
-                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-            }})),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("cannot mark {pod} ready: {e}"));
+    let status = json!({
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+    });
+    set_pod_status(kit, ns, pod, status).await;
 }
 
-/// Plays the kubelet: the pod's container exits with `code`.
+/// The pod's container exits with `code`.
 pub async fn make_failed(kit: &Kit, ns: &str, pod: &str, code: i32) {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    kit.pods(ns)
-        .patch_status(
-            pod,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {
-                "phase": "Failed",
-                "containerStatuses": [{
-                    "name": "replica", "image": "distbelief", "imageID": "", "ready": false, "restartCount": 0,
-                    "state": {"terminated": {"exitCode": code, "reason": "Error", "startedAt": now, "finishedAt": now}},
-                }],
-            }})),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("cannot fail {pod}: {e}"));
+    let status = json!({
+        "phase": "Failed",
+        "containerStatuses": [{
+            "name": "replica", "image": "distbelief", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": code, "reason": "Error", "startedAt": now, "finishedAt": now}},
+        }],
+    });
+    set_pod_status(kit, ns, pod, status).await;
 }
 
-/// Plays the eviction API's result.
+/// The pod was evicted.
 pub async fn make_evicted(kit: &Kit, ns: &str, pod: &str) {
-    kit.pods(ns)
-        .patch_status(
-            pod,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Failed", "reason": "Evicted", "message": "node under pressure"}})),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("cannot evict {pod}: {e}"));
+    let status = json!({"phase": "Failed", "reason": "Evicted", "message": "node under pressure"});
+    set_pod_status(kit, ns, pod, status).await;
 }
 
 /// Names of the job's pods with a role (and replica), not being deleted.
