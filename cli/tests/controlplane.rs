@@ -143,7 +143,7 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
     let Some(kit) = kit::kit("kit_admission").await else {
         return;
     };
-    let ns = kit.namespace("cp-admission").await;
+    let (ns, _gone) = kit.namespace("cp-admission").await;
     // Every rule CEL checks has a case, and each case breaks one rule.
     let spec_rules = distbelief_api::admission::RULES
         .iter()
@@ -202,7 +202,6 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
             }
         }
     }
-    kit.delete_namespace(&ns).await;
 }
 
 /// resourceVersions of the job's long-lived children, by kind/name.
@@ -285,7 +284,7 @@ async fn kit_operator_creates_owned_children_then_writes_nothing_while_progress_
     let Some(kit) = kit::kit("kit_children").await else {
         return;
     };
-    let ns = kit.namespace("cp-children").await;
+    let (ns, _gone) = kit.namespace("cp-children").await;
     let port = free_port();
     let metrics = format!("127.0.0.1:{port}");
     let _op = kit.operator(&ns, "solo", &["--metrics-addr", &metrics]);
@@ -371,7 +370,6 @@ async fn kit_operator_creates_owned_children_then_writes_nothing_while_progress_
         "kit_children: {} reconciles and 0 applies over 60 s of progress writes",
         reconciled - reconciles
     );
-    kit.delete_namespace(&ns).await;
 }
 
 /// The replica's newest pod, once its attempt is at least `min`.
@@ -410,7 +408,7 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
     let Some(kit) = kit::kit("kit_restarts").await else {
         return;
     };
-    let ns = kit.namespace("cp-restarts").await;
+    let (ns, _gone) = kit.namespace("cp-restarts").await;
     let _op = kit.operator(&ns, "solo", &[]);
     let mut job = example_job("fm");
     job["spec"]["replicas"]["maxRestarts"] = json!(10);
@@ -529,7 +527,6 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
         "kit_restarts: 10 restarts in {:.1} s under racing progress writes; replicaRestarts seen {seen:?}",
         ten.as_secs_f64()
     );
-    kit.delete_namespace(&ns).await;
 }
 
 async fn remaining_children(kit: &Kit, ns: &str, job: &str) -> usize {
@@ -551,7 +548,7 @@ async fn kit_suspend_resume_garbage_collection_and_ttl() {
     let Some(kit) = kit::kit("kit_lifecycle").await else {
         return;
     };
-    let ns = kit.namespace("cp-lifecycle").await;
+    let (ns, _gone) = kit.namespace("cp-lifecycle").await;
     let _op = kit.operator(&ns, "solo", &[]);
     create_job(&kit, &ns, &example_job("fm")).await;
     servers_ready(&kit, &ns, "fm", 2).await;
@@ -658,7 +655,6 @@ async fn kit_suspend_resume_garbage_collection_and_ttl() {
         "kit_lifecycle: TTL 3 s job deleted {:.1} s after it succeeded",
         after.as_secs_f64()
     );
-    kit.delete_namespace(&ns).await;
 }
 
 #[tokio::test]
@@ -666,7 +662,7 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
     let Some(kit) = kit::kit("kit_leader").await else {
         return;
     };
-    let ns = kit.namespace("cp-leader").await;
+    let (ns, _gone) = kit.namespace("cp-leader").await;
     let ports = [free_port(), free_port()];
     let names = ["op-a", "op-b"];
     let mut ops: Vec<Operator> = (0..2)
@@ -748,10 +744,30 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
         metric_sum(ports[si], count).await > 0,
         "the new leader reconciles"
     );
+
+    // A clean stop (SIGTERM) releases the lease: a third operator takes
+    // over at once instead of after the lease's duration.
+    let third = kit.operator(
+        &ns,
+        "op-c",
+        &["--leader-elect", "true", "--lease-name", "cp-lease"],
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let stopped = Instant::now();
+    ops[si].terminate();
+    let quick = wait_for(Duration::from_secs(40), "op-c to lead", || async {
+        (holder().await.as_deref() == Some("op-c")).then(|| stopped.elapsed())
+    })
+    .await;
+    assert!(
+        quick < Duration::from_secs(6),
+        "after a released lease the standby took {quick:?}"
+    );
+    drop(third);
     println!(
-        "kit_leader: {leader} led; {standby} took over {:.1} s after the kill (lease 15 s)",
-        took.as_secs_f64()
+        "kit_leader: {leader} led; {standby} took over {:.1} s after the kill (lease 15 s); op-c took over {:.1} s after {standby} stopped cleanly",
+        took.as_secs_f64(),
+        quick.as_secs_f64()
     );
     drop(ops);
-    kit.delete_namespace(&ns).await;
 }

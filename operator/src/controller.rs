@@ -77,8 +77,10 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
         .map_err(RunError::NoCrd)?;
 
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut release = None;
     if let Some(cfg) = opts.lease.clone() {
         let leases: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+        release = Some((leases.clone(), cfg.clone()));
         let mut seen = lease::Observed::default();
         lease::acquire(&leases, &cfg, &mut seen).await;
         tokio::spawn(async move {
@@ -132,6 +134,9 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
             }
         })
         .await;
+    if let Some((leases, cfg)) = release {
+        lease::release(&leases, &cfg).await;
+    }
     tracing::info!("operator stopped");
     Ok(())
 }

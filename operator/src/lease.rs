@@ -141,6 +141,27 @@ pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig, seen: &mut Observed) {
     }
 }
 
+/// Gives the lease up after a clean stop, so that a standby need not wait
+/// out its duration. Does nothing unless this process still holds it.
+pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
+    let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await else {
+        return;
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return;
+    };
+    if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+        return;
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    match api.replace(&cfg.name, &PostParams::default(), &lease).await {
+        Ok(_) => tracing::info!(lease = cfg.name, "released the lease"),
+        Err(e) => tracing::warn!(lease = cfg.name, "cannot release the lease: {e}"),
+    }
+}
+
 /// Takes or renews the lease if it is free, expired or already ours.
 async fn try_hold(
     api: &Api<Lease>,

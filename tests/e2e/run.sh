@@ -628,7 +628,10 @@ uninstall_clean() {
   until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get \
     deployments,replicasets,statefulsets,pods,services,serviceaccounts,configmaps,roles,rolebindings,networkpolicies,poddisruptionbudgets \
     -A -l "app.kubernetes.io/instance=$RELEASE" -o name || return 1
-  until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -A -l app.kubernetes.io/name=distbelief -o name || return 1
+  # Only the suite's own namespaces: other users (or the control-plane tests)
+  # may run jobs elsewhere on the same cluster.
+  until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -n "$JOB_NS" -l app.kubernetes.io/name=distbelief -o name || return 1
+  until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -n "$RELEASE_NS" -l app.kubernetes.io/name=distbelief -o name || return 1
   "${KUBECTL[@]}" get crd distbeliefjobs.distbelief.dev -o name >/dev/null ||
     { echo "the CRD distbeliefjobs.distbelief.dev is gone; the chart should keep it (crds.keep)"; return 1; }
   log "the CRD distbeliefjobs.distbelief.dev is still there, as it should be (delete it by hand if wanted)"

@@ -74,8 +74,9 @@ async fn install_crd(client: &Client) {
 }
 
 impl Kit {
-    /// A fresh namespace for one test.
-    pub async fn namespace(&self, prefix: &str) -> String {
+    /// A fresh namespace for one test, deleted when the guard drops, pass
+    /// or fail, so that nothing a test made outlives it on the shared kit.
+    pub async fn namespace(&self, prefix: &str) -> (String, Gone) {
         let name = format!(
             "{prefix}-{}",
             std::time::SystemTime::now()
@@ -91,12 +92,11 @@ impl Kit {
         )
         .await
         .expect("namespace created");
-        name
-    }
-
-    pub async fn delete_namespace(&self, name: &str) {
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        let _ = api.delete(name, &DeleteParams::background()).await;
+        let gone = Gone {
+            namespace: name.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+        };
+        (name, gone)
     }
 
     pub fn jobs(&self, ns: &str) -> Api<DynamicObject> {
@@ -134,6 +134,29 @@ impl Kit {
     }
 }
 
+/// Deletes its namespace when dropped (without waiting for it to go).
+pub struct Gone {
+    namespace: String,
+    kubeconfig: PathBuf,
+}
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let kit_kubectl = self.kubeconfig.with_file_name("bin").join("kubectl");
+        let kubectl = if kit_kubectl.exists() {
+            kit_kubectl
+        } else {
+            PathBuf::from("kubectl")
+        };
+        let _ = Command::new(kubectl)
+            .args(["delete", "namespace", &self.namespace, "--wait=false"])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 /// An operator process; killed (by its PID) when dropped.
 pub struct Operator {
     pub child: Child,
@@ -141,6 +164,21 @@ pub struct Operator {
 }
 
 impl Operator {
+    /// SIGTERM: the clean stop a rollout gives.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
