@@ -71,8 +71,9 @@ pub struct DistBeliefJobSpec {
     /// runtime's run directory or, on Kubernetes, a claim per shard.
     #[serde(default)]
     pub checkpoint: CheckpointSpec,
-    /// Kubernetes only: while true the operator stops the job's pods and keeps
-    /// its checkpoints; setting it back to false resumes from them. Default: false.
+    /// Kubernetes only: while true the operator stops the job's pods; setting
+    /// it back to false resumes from the shards' checkpoints, which survive
+    /// only on claims (see checkpoint.volume). Default: false.
     #[serde(default)]
     pub suspend: bool,
     /// Kubernetes only: delete the job this many seconds after it succeeds or
@@ -327,8 +328,9 @@ pub struct ReplicaSpec {
     #[serde(default = "one")]
     pub count: u32,
     /// Replica restarts allowed over the whole job before it fails. A replica
-    /// evicted or preempted by Kubernetes is recreated without using this
-    /// budget. Default: 3.
+    /// deleted, evicted or preempted by Kubernetes, or one that gave up
+    /// waiting for the job's servers, is recreated without using this budget.
+    /// Default: 3.
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
     /// Kubernetes only: CPU and memory of each replica's container. Default: none set.
@@ -352,9 +354,9 @@ impl Default for ReplicaSpec {
 }
 
 /// A straggler is a replica whose examples/s stays below slowFraction of the
-/// replicas' median for forSeconds. The operator then starts a backup pod on
-/// the straggler's part of the data; once the backup trains, the straggler is
-/// retired.
+/// replicas' median for forSeconds, or that sends no report for forSeconds.
+/// The operator then starts a backup pod on the straggler's part of the data;
+/// once the backup trains, the straggler is retired.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StragglerSpec {

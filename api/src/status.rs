@@ -19,7 +19,7 @@ pub enum Phase {
     Succeeded,
     /// The spec is invalid or a restart budget is used up.
     Failed,
-    /// `spec.suspend` is true; pods are stopped, checkpoints kept.
+    /// `spec.suspend` is true; pods are stopped. Checkpoints on claims are kept; emptyDir ones are lost.
     Suspended,
 }
 
@@ -73,7 +73,8 @@ pub struct DistBeliefJobStatus {
     /// Replica pods recreated after a failure, counted against spec.replicas.maxRestarts.
     #[serde(default)]
     pub replica_restarts: u32,
-    /// Replica pods recreated after an eviction or preemption (not counted against the budget).
+    /// Replica pods recreated after a deletion, eviction or preemption, or after the replica gave
+    /// up waiting for its shards or coordinator (not counted against the budget).
     #[serde(default)]
     pub replica_reschedules: u32,
     /// Shard container restarts; each restores the shard from its checkpoint.

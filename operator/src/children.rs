@@ -28,7 +28,6 @@ pub const LABEL_JOB: &str = "distbelief.dev/job";
 pub const LABEL_ROLE: &str = "distbelief.dev/role";
 pub const LABEL_REPLICA: &str = "distbelief.dev/replica";
 pub const LABEL_ATTEMPT: &str = "distbelief.dev/attempt";
-pub const LABEL_BACKUP: &str = "distbelief.dev/backup";
 /// Why a replica pod was created: the durable record its job's restart and
 /// reschedule counts are derived from.
 pub const LABEL_CAUSE: &str = "distbelief.dev/cause";
@@ -476,14 +475,12 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
         });
         let mut pod_spec = t.pod_spec(json!([container]), "OnFailure", Some(coordinator.clone()));
         if let Some(claim) = claim {
-            pod_spec["containers"][0]["volumeMounts"]
-                .as_array_mut()
-                .expect("every container mounts the job file")
-                .push(json!({"name": "output", "mountPath": OUTPUT_DIR}));
-            pod_spec["volumes"]
-                .as_array_mut()
-                .expect("every pod has the job file volume")
-                .push(json!({"name": "output", "persistentVolumeClaim": {"claimName": claim}}));
+            if let Some(m) = pod_spec["containers"][0]["volumeMounts"].as_array_mut() {
+                m.push(json!({"name": "output", "mountPath": OUTPUT_DIR}));
+            }
+            if let Some(v) = pod_spec["volumes"].as_array_mut() {
+                v.push(json!({"name": "output", "persistentVolumeClaim": {"claimName": claim}}));
+            }
         }
         Some(typed(
             "Pod",
@@ -550,7 +547,6 @@ pub fn replica_pod(
     let mut meta = t.metadata(&name, "replica");
     meta["labels"][LABEL_REPLICA] = json!(replica.to_string());
     meta["labels"][LABEL_ATTEMPT] = json!(attempt.to_string());
-    meta["labels"][LABEL_BACKUP] = json!((cause == Cause::Backup).to_string());
     meta["labels"][LABEL_CAUSE] = json!(cause.as_str());
     // The attempt only grows, whatever the clocks of the nodes say.
     let env = json!([

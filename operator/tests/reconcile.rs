@@ -458,7 +458,7 @@ async fn launches_a_backup_for_a_straggler_and_retires_it_once_the_backup_report
         .find(|c| c.method == "PATCH" && c.path == path("pods", "fm-replica-2-1"))
         .expect("a backup pod for replica 2");
     let labels = &backup.body["metadata"]["labels"];
-    assert_eq!(labels["distbelief.dev/backup"], "true");
+    assert_eq!(labels["distbelief.dev/cause"], "backup");
     assert_eq!(
         labels["distbelief.dev/replica"], "2",
         "the backup takes the straggler's data"

@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::children::{Cause, Target};
-use pods::{is_ready, name, phase_of, restart_count, role};
+use kube::ResourceExt;
+use pods::{is_ready, phase_of, restart_count, role};
 use replica::{Outcome, Scene, count_cause};
 
 /// A Kubernetes Event to publish: one per transition or action.
@@ -172,7 +173,7 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
         plan.delete_pods = live
             .iter()
             .filter(|p| role(p) != Some("ps"))
-            .map(|p| name(p))
+            .map(|p| p.name_any())
             .collect();
         plan.status.replicas_ready = Some(0);
         plan.status.shards_ready = Some(0);
@@ -228,7 +229,7 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
     if let Some(c) = coordinator
         && phase_of(c) == "Failed"
     {
-        plan.delete_pods.push(name(c));
+        plan.delete_pods.push(c.name_any());
         plan.note(
             true,
             "CoordinatorReplaced",
@@ -364,7 +365,7 @@ fn cleanup(plan: &mut Plan, job: &DistBeliefJob, live: &[&Pod]) {
     for p in live {
         match role(p) {
             Some("ps") => plan.delete_stateful_set = true,
-            Some(_) => plan.delete_pods.push(name(p)),
+            Some(_) => plan.delete_pods.push(p.name_any()),
             None => {}
         }
     }

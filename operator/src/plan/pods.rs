@@ -107,7 +107,3 @@ pub fn failure(p: &Pod) -> String {
         .and_then(|s| s.reason.clone())
         .unwrap_or_else(|| "failed".into())
 }
-
-pub fn name(p: &Pod) -> String {
-    p.name_any()
-}

@@ -10,10 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::pods::{
-    cause, failure, finished_at, gave_up_waiting, is_disruption, label_u32, name, phase_of, role,
+    cause, failure, finished_at, gave_up_waiting, is_disruption, label_u32, phase_of, role,
 };
 use super::{Backoff, Plan};
 use crate::children::{self, Cause, LABEL_ATTEMPT, LABEL_REPLICA, Target};
+use kube::ResourceExt;
 
 /// What every replica's decision reads.
 pub(super) struct Scene<'a> {
@@ -212,7 +213,7 @@ fn stragglers(
         let reported = seen.map(|p| p.incarnations).unwrap_or(0);
         if reported > st.incarnations_at_backup.unwrap_or(u32::MAX) {
             if let Some(slow) = mine.get(&old) {
-                plan.delete_pods.push(name(slow));
+                plan.delete_pods.push(slow.name_any());
             }
             plan.note(
                 false,
