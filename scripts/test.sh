@@ -43,7 +43,7 @@ fi
 
 echo "== cargo test" >&2
 # --all-targets: unit, integration and binary tests (the crates have no doctests).
-cargo test --release --locked --workspace --all-targets "${kit_args[@]}" 2>&1 | tee -a "$log" || status=1
+cargo test --release --locked --workspace --all-targets --no-fail-fast "${kit_args[@]}" 2>&1 | tee -a "$log" || status=1
 if [ ${#kit_args[@]} -gt 0 ]; then
   # Counted as skipped, never as passed: say which and why.
   n=$(cargo test --release --locked -p distbelief --test controlplane -- --list 2>/dev/null | grep -c '^kit_.*: test$' || true)

@@ -706,10 +706,13 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
     })
     .await;
     let count = "distbelief_operator_reconcile_duration_seconds_count";
-    assert!(
-        metric_sum(ports[li], count).await > 0,
-        "the leader reconciles"
-    );
+    // A reconcile is counted when it ends, which can be after its pods appear.
+    wait_for(
+        Duration::from_secs(10),
+        "the leader's reconciles",
+        || async { (metric_sum(ports[li], count).await > 0).then_some(()) },
+    )
+    .await;
     assert_eq!(metric_sum(ports[si], count).await, 0, "the other one waits");
 
     // Kill the leader: the other takes over once the lease has gone
@@ -740,10 +743,12 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
         },
     )
     .await;
-    assert!(
-        metric_sum(ports[si], count).await > 0,
-        "the new leader reconciles"
-    );
+    wait_for(
+        Duration::from_secs(10),
+        "the new leader's reconciles",
+        || async { (metric_sum(ports[si], count).await > 0).then_some(()) },
+    )
+    .await;
 
     // A clean stop (SIGTERM) releases the lease: a third operator takes
     // over at once instead of after the lease's duration.
