@@ -194,6 +194,16 @@ pub const RULES: &[AdmissionRule] = &[
         MSG_AT_LEAST_1,
     ),
     spec(
+        "spec.faults.slowReplicas.factor",
+        "!has(self.faults) || !has(self.faults.slowReplicas) || self.faults.slowReplicas.all(s, s.factor >= 1.0 && s.factor <= 100.0)",
+        "every slowed replica's factor must be in [1, 100]",
+    ),
+    spec(
+        "spec.faults.slowReplicas.replica",
+        "!has(self.faults) || !has(self.faults.slowReplicas) || self.faults.slowReplicas.all(s, s.replica < self.replicas.count)",
+        "every slowed replica must be below spec.replicas.count",
+    ),
+    spec(
         "spec.image",
         "!has(self.image) || size(self.image.trim()) > 0",
         MSG_NOT_EMPTY,

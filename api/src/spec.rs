@@ -97,6 +97,45 @@ pub struct DistBeliefJobSpec {
     /// Kubernetes nothing is kept unless volumeClaimName is set.
     #[serde(default, skip_serializing_if = "OutputSpec::is_empty")]
     pub output: OutputSpec,
+    /// For testing how the job copes: faults to inject. Default: none.
+    #[serde(default, skip_serializing_if = "FaultSpec::is_empty")]
+    pub faults: FaultSpec,
+}
+
+/// Faults injected on purpose, to see stragglers handled and to compare
+/// algorithms under a slow machine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FaultSpec {
+    /// Replicas whose processes run slower than they could, as if on a slow
+    /// machine. A backup of such a replica runs at full speed (it lands on
+    /// another machine). Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slow_replicas: Vec<SlowReplica>,
+}
+
+impl FaultSpec {
+    pub fn is_empty(&self) -> bool {
+        self.slow_replicas.is_empty()
+    }
+
+    /// How many times slower replica `r`'s own processes run (1: not slowed).
+    pub fn slowdown(&self, r: u32) -> f64 {
+        self.slow_replicas
+            .iter()
+            .find(|s| s.replica == r)
+            .map_or(1.0, |s| s.factor)
+    }
+}
+
+/// One slowed replica.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SlowReplica {
+    /// The replica's index, below replicas.count.
+    pub replica: u32,
+    /// Each step takes this many times as long as its compute, in [1, 100].
+    pub factor: f64,
 }
 
 impl OutputSpec {

@@ -127,10 +127,6 @@ pub struct ReplicaState {
     /// While a backup runs: the attempt of the straggler it backs up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_of: Option<u32>,
-    /// While a backup runs: the coordinator's count of this replica's processes
-    /// when the backup started. A higher count means the backup has reported in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub incarnations_at_backup: Option<u32>,
 }
 
 /// Training progress as the coordinator last saw it.
@@ -220,10 +216,41 @@ pub struct ReplicaProgress {
     pub epoch: u64,
     /// Processes that have reported as this replica (restarts and backups add one each).
     pub incarnations: u32,
+    /// The incarnation of the process that owns the replica's data now (the
+    /// pod's attempt plus one on Kubernetes).
+    #[serde(default)]
+    pub incarnation: u64,
+    /// The replica's latest backup race, running or decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupRace>,
     /// Whole seconds since the replica last reported, once it has been
     /// silent for 10 s or more: a replica that stops reporting is a straggler.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silent_seconds: Option<u64>,
+}
+
+/// A backup and the straggler it backs up, both training from the straggler's
+/// data position. Once the backup has run for `stragglers.forSeconds`, the
+/// faster is kept and the other stops.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRace {
+    /// The straggler's incarnation.
+    pub straggler: u64,
+    /// The backup's incarnation.
+    pub backup: u64,
+    /// The incarnation kept; absent while both run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
+    /// How long the race ran, once decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// The straggler's examples per second over the race, once decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub straggler_examples_per_second: Option<f64>,
+    /// The backup's examples per second over the race, once decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_examples_per_second: Option<f64>,
 }
 
 /// One shard's state.

@@ -188,6 +188,13 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if st.for_seconds == 0 {
         fail("spec.replicas.stragglers.forSeconds", None);
     }
+    let slow = &s.faults.slow_replicas;
+    if slow.iter().any(|f| !(1.0..=100.0).contains(&f.factor)) {
+        fail("spec.faults.slowReplicas.factor", None);
+    }
+    if slow.iter().any(|f| f.replica >= s.replicas.count) {
+        fail("spec.faults.slowReplicas.replica", None);
+    }
     if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
         fail("spec.image", None);
     }

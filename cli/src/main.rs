@@ -128,6 +128,11 @@ pub struct WorkerArgs {
     /// Default: the start time.
     #[arg(long, env = "DISTBELIEF_INCARNATION")]
     pub incarnation: Option<u64>,
+    /// Run as a backup of the replica's process with this incarnation (a
+    /// straggler): start from its data position and race it; the coordinator
+    /// keeps the faster. The operator sets it.
+    #[arg(long, env = "DISTBELIEF_BACKUP_OF")]
+    pub backup_of: Option<u64>,
 }
 
 #[derive(Args)]

@@ -86,6 +86,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         opts.threads = t.max(1);
     }
     opts.incarnation = a.incarnation;
+    opts.backup_of = a.backup_of;
     runtime()?.block_on(async {
         let registry = registry("worker", Some(a.replica))?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;

@@ -105,10 +105,9 @@ struct Service {
 impl Coordinator for Service {
     async fn report(&self, req: Request<ProgressReport>) -> Result<Response<ReportReply>, Status> {
         let now = self.shared.now();
-        let action = self.shared.tracker().on_report(req.get_ref(), now);
-        Ok(Response::new(ReportReply {
-            action: action as i32,
-        }))
+        Ok(Response::new(
+            self.shared.tracker().on_report(req.get_ref(), now),
+        ))
     }
 
     async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
@@ -149,11 +148,14 @@ pub async fn serve(
     );
     let every = Duration::from_secs_f64(job.spec.stop.eval_interval_seconds);
     let shared = Arc::new(Shared {
-        tracker: Mutex::new(Tracker::new(
-            job.spec.stop.clone(),
-            job.downpour.warm_start_steps,
-            training_examples,
-        )),
+        tracker: Mutex::new(
+            Tracker::new(
+                job.spec.stop.clone(),
+                job.downpour.warm_start_steps,
+                training_examples,
+            )
+            .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds)),
+        ),
         shards: Mutex::new(Vec::new()),
         clock: Instant::now(),
         output: opts.output.clone(),

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distbelief_api::{DistBeliefJob, Progress, ReplicaProgress, ShardProgress, StalenessSummary};
+use distbelief_api::{
+    BackupRace, DistBeliefJob, Progress, ReplicaProgress, ShardProgress, StalenessSummary,
+};
 use distbelief_proto::v1::JobStatus;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -64,6 +66,8 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
                 loss: finite(r.loss),
                 epoch: r.epoch,
                 incarnations: r.incarnations,
+                incarnation: r.incarnation,
+                backup: r.backup.as_ref().map(backup_race),
                 // Reported only past a threshold, so that a healthy job's
                 // progress does not change (and get written) on every tick.
                 silent_seconds: (r.seconds_since_report >= SILENT_AFTER_SECONDS)
@@ -72,6 +76,19 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
             .collect(),
         shards: shards.to_vec(),
         model: None,
+    }
+}
+
+fn backup_race(b: &distbelief_proto::v1::BackupRace) -> BackupRace {
+    // The figures mean something only once the race is decided.
+    let decided = |v: f64| if b.kept == 0 { None } else { finite(v) };
+    BackupRace {
+        straggler: b.straggler,
+        backup: b.backup,
+        kept: (b.kept != 0).then_some(b.kept),
+        seconds: decided(b.seconds),
+        straggler_examples_per_second: decided(b.straggler_examples_per_second),
+        backup_examples_per_second: decided(b.backup_examples_per_second),
     }
 }
 

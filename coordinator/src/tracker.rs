@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 
 use distbelief_api::StopSpec;
 use distbelief_proto::v1::{
-    Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, Staleness,
+    Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, ReportReply, Staleness,
 };
 use distbelief_ps::StalenessHistogram;
+
+use backup::Race;
+
+mod backup;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -34,12 +38,18 @@ struct Replica {
     /// Steps and examples of this replica's earlier incarnations.
     prior_steps: u64,
     prior_examples: u64,
+    /// The step of the replica's data order the current process started at.
+    start_step: u64,
     steps: u64,
     examples: u64,
     examples_per_second: f64,
     loss: f64,
     epoch: u64,
     last_report: f64,
+    /// The latest backup race, running or decided.
+    race: Option<Race>,
+    /// Processes that lost a race: told to stop when they report.
+    retired: Vec<u64>,
 }
 
 impl Replica {
@@ -49,6 +59,23 @@ impl Replica {
     fn total_examples(&self) -> u64 {
         self.prior_examples.saturating_add(self.examples)
     }
+
+    fn running_race(&self) -> Option<&Race> {
+        self.race.as_ref().filter(|r| r.is_running())
+    }
+
+    /// The backup won: it becomes the replica's process, and the straggler's
+    /// work since the fork, which the backup re-did, is no longer counted.
+    fn promote(&mut self, race: &Race) {
+        self.prior_steps = self.prior_steps.saturating_add(race.fork_steps);
+        self.prior_examples = self.prior_examples.saturating_add(race.fork_examples);
+        self.start_step += race.fork_steps;
+        self.incarnation = race.backup;
+        self.steps = race.steps;
+        self.examples = race.examples;
+        self.epoch = race.epoch;
+        self.examples_per_second = race.examples_per_second;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +83,8 @@ pub struct Tracker {
     stop: StopSpec,
     warm_start_steps: u64,
     training_examples: u64,
+    /// Seconds a backup races its straggler before the faster is kept.
+    backup_window: f64,
     /// Seconds (on the caller's clock) when the first replica began training.
     started: Option<f64>,
     warm_start_done: bool,
@@ -74,6 +103,7 @@ impl Tracker {
             stop,
             warm_start_steps: u64::from(warm_start_steps),
             training_examples: training_examples as u64,
+            backup_window: 60.0,
             started: None,
             warm_start_done: warm_start_steps == 0,
             replicas: BTreeMap::new(),
@@ -84,6 +114,11 @@ impl Tracker {
             staleness: StalenessHistogram::default(),
             done: None,
         }
+    }
+
+    pub fn with_backup_window(mut self, seconds: f64) -> Self {
+        self.backup_window = seconds;
+        self
     }
 
     pub fn is_done(&self) -> bool {
@@ -114,24 +149,81 @@ impl Tracker {
     }
 
     /// Records a replica's report and tells it what to do next.
-    pub fn on_report(&mut self, r: &ProgressReport, now: f64) -> Action {
+    pub fn on_report(&mut self, r: &ProgressReport, now: f64) -> ReportReply {
+        let stop = ReportReply {
+            action: Action::Stop as i32,
+            ..ReportReply::default()
+        };
+        let window = self.backup_window;
         let rep = self.replicas.entry(r.replica).or_default();
+        let racing = rep.running_race().map(|race| (race.straggler, race.backup));
+        if rep.retired.contains(&r.incarnation) {
+            return stop;
+        }
         if rep.incarnations > 0 && r.incarnation < rep.incarnation {
             // A replaced process still running: its replacement owns the
             // replica's data, so this one is told to stop and not counted.
-            return Action::Stop;
+            return stop;
         }
-        if rep.incarnations == 0 || rep.incarnation != r.incarnation {
-            rep.prior_steps = rep.prior_steps.saturating_add(rep.steps);
-            rep.prior_examples = rep.prior_examples.saturating_add(rep.examples);
-            rep.steps = 0;
-            rep.examples = 0;
-            rep.incarnation = r.incarnation;
-            rep.incarnations += 1;
+        let mut start_step = 0;
+        let is_new = rep.incarnations == 0 || rep.incarnation != r.incarnation;
+        if is_new && Some(r.incarnation) != racing.map(|(_, b)| b) {
+            if rep.incarnations > 0 && r.backup_of == rep.incarnation {
+                // A backup of the current process: it starts where that one
+                // is and races it. A backup replacing an earlier backup that
+                // never finished its race retires that one.
+                if let Some((_, old)) = racing {
+                    rep.retired.push(old);
+                }
+                start_step = rep.start_step + rep.steps;
+                rep.race = Some(Race::new(
+                    rep.incarnation,
+                    r.incarnation,
+                    now,
+                    rep.steps,
+                    rep.examples,
+                ));
+                rep.incarnations += 1;
+            } else {
+                rep.prior_steps = rep.prior_steps.saturating_add(rep.steps);
+                rep.prior_examples = rep.prior_examples.saturating_add(rep.examples);
+                rep.steps = 0;
+                rep.examples = 0;
+                rep.start_step = 0;
+                rep.incarnation = r.incarnation;
+                rep.incarnations += 1;
+                rep.race = None;
+            }
         }
-        rep.steps = r.steps;
-        rep.examples = r.examples;
-        rep.examples_per_second = r.examples_per_second;
+        let fork = rep.race.as_ref().map_or(0, |race| race.fork_steps);
+        if let Some(race) = rep
+            .race
+            .as_mut()
+            .filter(|race| race.is_running() && race.backup == r.incarnation)
+        {
+            start_step = rep.start_step + fork;
+            race.steps = r.steps;
+            race.examples = r.examples;
+            race.epoch = r.epoch;
+            race.examples_per_second = r.examples_per_second;
+        } else {
+            rep.steps = r.steps;
+            rep.examples = r.examples;
+            rep.examples_per_second = r.examples_per_second;
+            rep.epoch = r.epoch;
+        }
+        if let Some(race) = rep.race.as_mut()
+            && let Some(outcome) = race.decide(r.incarnation, rep.examples, now, window)
+        {
+            let race = race.clone();
+            if outcome.kept == race.backup {
+                rep.promote(&race);
+                rep.retired.push(race.straggler);
+            } else {
+                rep.retired.push(race.backup);
+            }
+            start_step = 0;
+        }
         if r.loss.is_finite() {
             rep.loss = r.loss;
             self.train_loss = if self.train_loss.is_finite() {
@@ -140,8 +232,11 @@ impl Tracker {
                 r.loss
             };
         }
-        rep.epoch = r.epoch;
         rep.last_report = now;
+        // While a race runs, neither process may fence out the other.
+        let fence = rep
+            .running_race()
+            .map_or(rep.incarnation, |race| race.straggler);
         if !self.warm_start_done {
             let leader_steps = self.replicas.get(&0).map_or(0, Replica::total_steps);
             if leader_steps >= self.warm_start_steps {
@@ -149,13 +244,18 @@ impl Tracker {
             }
         }
         if self.done.is_some() {
-            return Action::Stop;
+            return stop;
         }
-        if r.replica == 0 || self.warm_start_done {
+        let action = if r.replica == 0 || self.warm_start_done {
             self.started.get_or_insert(now);
             Action::Train
         } else {
             Action::Wait
+        };
+        ReportReply {
+            action: action as i32,
+            start_step,
+            fence,
         }
     }
 
@@ -242,6 +342,8 @@ impl Tracker {
                     epoch: r.epoch,
                     seconds_since_report: now - r.last_report,
                     incarnations: r.incarnations,
+                    incarnation: r.incarnation,
+                    backup: r.race.as_ref().map(Race::to_proto),
                 })
                 .collect(),
             curve: self.curve.clone(),

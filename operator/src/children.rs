@@ -535,26 +535,36 @@ pub fn replica_pod_name(job: &str, replica: u32, attempt: u32) -> String {
     format!("{job}-replica-{replica}-{attempt}")
 }
 
-/// One replica process. A backup runs on the same replica index, and so on
-/// the same part of the data, as the straggler it backs up.
+/// The incarnation of a replica's pod number `attempt`. The attempt only
+/// grows, whatever the clocks of the nodes say.
+pub fn incarnation(attempt: u32) -> u64 {
+    u64::from(attempt) + 1
+}
+
+/// One replica process. A backup (`backup_of`: the straggler's attempt) runs
+/// on the same replica index, and so on the same part of the data, as the
+/// straggler it backs up, and starts from where the straggler is.
 pub fn replica_pod(
     t: &Target,
     replica: u32,
     attempt: u32,
     cause: Cause,
+    backup_of: Option<u32>,
 ) -> Result<Pod, BuildError> {
     let name = replica_pod_name(&t.name, replica, attempt);
     let mut meta = t.metadata(&name, "replica");
     meta["labels"][LABEL_REPLICA] = json!(replica.to_string());
     meta["labels"][LABEL_ATTEMPT] = json!(attempt.to_string());
     meta["labels"][LABEL_CAUSE] = json!(cause.as_str());
-    // The attempt only grows, whatever the clocks of the nodes say.
-    let env = json!([
+    let mut env = json!([
         {"name": "DISTBELIEF_REPLICA", "value": replica.to_string()},
-        {"name": "DISTBELIEF_INCARNATION", "value": (u64::from(attempt) + 1).to_string()},
+        {"name": "DISTBELIEF_INCARNATION", "value": incarnation(attempt).to_string()},
         {"name": "DISTBELIEF_SHARDS", "value": t.shard_addresses()},
         {"name": "DISTBELIEF_COORDINATOR", "value": t.coordinator_address()},
     ]);
+    if let (Some(of), Some(list)) = (backup_of, env.as_array_mut()) {
+        list.push(json!({"name": "DISTBELIEF_BACKUP_OF", "value": incarnation(of).to_string()}));
+    }
     let container = t.container("replica", env, resources(&t.job.spec.replicas.resources));
     typed(
         "Pod",

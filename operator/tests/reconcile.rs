@@ -436,20 +436,21 @@ async fn stops_at_the_restart_budget_and_marks_the_job_failed() {
 }
 
 #[tokio::test]
-async fn launches_a_backup_for_a_straggler_and_retires_it_once_the_backup_reports() {
+async fn a_straggler_gets_a_backup_at_its_data_position_and_the_slower_is_retired() {
     let slow_since = Timestamp::now() - SignedDuration::from_secs(90);
     let mut status = common::running_status();
     status["replicas"][2]["slowSince"] = json!(slow_since.to_string());
-    let progress = |incarnations_2: u32| {
+    let progress = |race: Value| {
         json!({
             "step": 5000, "examples": 640000, "examplesPerSecond": 30000.0, "epochs": 2.0, "trainSeconds": 20.0,
             "replicas": (0..4).map(|r| json!({
                 "replica": r, "steps": 1000, "examplesPerSecond": if r == 2 { 1500.0 } else { 9000.0 },
-                "epoch": 1, "incarnations": if r == 2 { incarnations_2 } else { 1 },
+                "epoch": 1, "incarnations": 1, "incarnation": 1,
+                "backup": if r == 2 { race.clone() } else { Value::Null },
             })).collect::<Vec<_>>(),
         })
     };
-    status["progress"] = progress(1);
+    status["progress"] = progress(Value::Null);
     let (result, calls) =
         run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
     result.expect("reconciled");
@@ -463,30 +464,76 @@ async fn launches_a_backup_for_a_straggler_and_retires_it_once_the_backup_report
         labels["distbelief.dev/replica"], "2",
         "the backup takes the straggler's data"
     );
+    let env = &backup.body["spec"]["containers"][0]["env"];
+    let backup_of = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "DISTBELIEF_BACKUP_OF")
+        .expect("told whom it backs up");
+    assert_eq!(backup_of["value"], "1", "the straggler's incarnation");
     let written = status_call(&calls).body["status"].clone();
     assert_eq!(written["backupsLaunched"], 1);
     assert_eq!(written["replicas"][2]["backupOf"], 0);
+    assert_eq!(written["replicas"][2]["attempt"], 1);
     assert!(events(&calls).contains(&"BackupLaunched".to_string()));
     assert!(
         !calls.iter().any(|c| c.method == "DELETE"),
-        "the straggler runs until the backup reports"
+        "the straggler runs beside its backup"
     );
 
-    // The coordinator has now seen the backup (a second incarnation of
-    // replica 2): the straggler is retired.
-    let mut next = written;
-    next["progress"] = progress(2);
     let mut pods = common::running_pods("fm");
     pods.push(common::replica_pod("fm", 2, 1, "Running"));
-    let (result, calls) = run_reconcile(job_with_status("fm", next), pods).await;
+    let reconcile_with = |race: Value| {
+        let mut next = written.clone();
+        next["progress"] = progress(race);
+        run_reconcile(job_with_status("fm", next), pods.clone())
+    };
+    let deletes = |calls: &[Call]| -> Vec<String> {
+        calls
+            .iter()
+            .filter(|c| c.method == "DELETE")
+            .map(|c| c.path.clone())
+            .collect()
+    };
+    // Racing: both run.
+    let (result, calls) = reconcile_with(json!({"straggler": 1, "backup": 2})).await;
     result.expect("reconciled");
-    let deletes: Vec<String> = calls
+    assert!(deletes(&calls).is_empty(), "{:?}", deletes(&calls));
+
+    // The backup was faster: the straggler is retired, and the event says so.
+    let decided = |kept: u64| {
+        json!({"straggler": 1, "backup": 2, "kept": kept, "seconds": 60.0,
+               "stragglerExamplesPerSecond": 1500.0, "backupExamplesPerSecond": 9000.0})
+    };
+    let (result, calls) = reconcile_with(decided(2)).await;
+    result.expect("reconciled");
+    assert_eq!(deletes(&calls), vec![path("pods", "fm-replica-2-0")]);
+    let note = calls
         .iter()
-        .filter(|c| c.method == "DELETE")
-        .map(|c| c.path.clone())
-        .collect();
-    assert_eq!(deletes, vec![path("pods", "fm-replica-2-0")]);
-    assert!(events(&calls).contains(&"StragglerRetired".to_string()));
+        .find(|c| c.body["reason"] == "StragglerRetired")
+        .expect("an event");
+    let text = note.body["note"].as_str().unwrap();
+    assert!(
+        text.contains("kept the backup fm-replica-2-1") && text.contains("9000 examples/s"),
+        "{text}"
+    );
+    let st = &status_call(&calls).body["status"]["replicas"][2];
+    assert_eq!(
+        (st["attempt"].clone(), st.get("backupOf")),
+        (json!(1), None)
+    );
+
+    // The straggler was faster: the backup is retired and the straggler stays.
+    let (result, calls) = reconcile_with(decided(1)).await;
+    result.expect("reconciled");
+    assert_eq!(deletes(&calls), vec![path("pods", "fm-replica-2-1")]);
+    assert!(events(&calls).contains(&"BackupRetired".to_string()));
+    let st = &status_call(&calls).body["status"]["replicas"][2];
+    assert_eq!(
+        (st["attempt"].clone(), st.get("backupOf")),
+        (json!(0), None)
+    );
 }
 
 #[tokio::test]

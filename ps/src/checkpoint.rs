@@ -177,6 +177,7 @@ mod tests {
                 sequence: seq,
                 base_version: 0,
                 steps: 1,
+                fence: 0,
             };
             s.apply_push(h, &[0.25; 60]).unwrap();
         }

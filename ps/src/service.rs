@@ -75,6 +75,7 @@ fn header(c: &GradientChunk) -> PushHeader {
         sequence: c.sequence,
         base_version: c.base_version,
         steps: c.steps.max(1),
+        fence: c.fence,
     }
 }
 

@@ -18,6 +18,19 @@ pub struct PushHeader {
     pub base_version: u64,
     /// Mini-batch gradients summed into the push (at least 1).
     pub steps: u32,
+    /// The lowest incarnation of the replica still allowed to push (at most
+    /// `incarnation`; 0 means `incarnation`).
+    pub fence: u64,
+}
+
+impl PushHeader {
+    fn fence(&self) -> u64 {
+        if self.fence == 0 {
+            self.incarnation
+        } else {
+            self.fence.min(self.incarnation)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +58,11 @@ pub struct Shard {
     pub staleness: StalenessHistogram,
     /// Version restored from a checkpoint when the shard started, if any.
     pub restored_version: Option<u64>,
-    last_push: HashMap<u32, (u64, u64)>,
+    /// Per replica: pushes from incarnations below this are refused.
+    fences: HashMap<u32, u64>,
+    /// Per (replica, incarnation): the last sequence applied, so that a
+    /// retried push is applied once.
+    last_sequence: HashMap<(u32, u64), u64>,
 }
 
 impl Shard {
@@ -68,7 +85,8 @@ impl Shard {
             pushes_refused: 0,
             staleness: StalenessHistogram::default(),
             restored_version: None,
-            last_push: HashMap::new(),
+            fences: HashMap::new(),
+            last_sequence: HashMap::new(),
         }
     }
 
@@ -88,19 +106,22 @@ impl Shard {
             self.pushes_refused += 1;
         }
         checked?;
-        if let Some(&(inc, seq)) = self.last_push.get(&h.replica) {
-            if inc > h.incarnation {
-                self.pushes_refused += 1;
-                return Err(PsError::Superseded {
-                    replica: h.replica,
-                    incarnation: h.incarnation,
-                });
-            }
-            if inc == h.incarnation && seq >= h.sequence {
-                return Ok(PushOutcome::Duplicate {
-                    version: self.version,
-                });
-            }
+        let fence = self.fences.get(&h.replica).copied().unwrap_or(0);
+        if h.incarnation < fence {
+            self.pushes_refused += 1;
+            return Err(PsError::Superseded {
+                replica: h.replica,
+                incarnation: h.incarnation,
+            });
+        }
+        if self
+            .last_sequence
+            .get(&(h.replica, h.incarnation))
+            .is_some_and(|&seq| seq >= h.sequence)
+        {
+            return Ok(PushOutcome::Duplicate {
+                version: self.version,
+            });
         }
         self.optimizer
             .apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
@@ -110,8 +131,14 @@ impl Shard {
         self.version += 1;
         self.updates_applied += 1;
         self.staleness.record(staleness);
-        self.last_push
-            .insert(h.replica, (h.incarnation, h.sequence));
+        self.last_sequence
+            .insert((h.replica, h.incarnation), h.sequence);
+        if h.fence() > fence {
+            self.fences.insert(h.replica, h.fence());
+            let (replica, floor) = (h.replica, h.fence());
+            self.last_sequence
+                .retain(|&(r, inc), _| r != replica || inc >= floor);
+        }
         Ok(PushOutcome::Applied {
             version: self.version,
             staleness,
@@ -193,6 +220,9 @@ impl PushAssembly {
                 if first.steps != h.steps {
                     return Err(PsError::InconsistentHeader("steps"));
                 }
+                if first.fence != h.fence {
+                    return Err(PsError::InconsistentHeader("fence"));
+                }
             }
         }
         if !bytes.len().is_multiple_of(4) {
@@ -250,6 +280,7 @@ mod tests {
             sequence: seq,
             base_version: 0,
             steps: 1,
+            fence: 0,
         }
     }
 
@@ -336,6 +367,34 @@ mod tests {
             Err(PsError::Superseded { .. })
         ));
         assert_eq!(snapshot(&s), before);
+    }
+
+    #[test]
+    fn a_backup_fenced_at_its_straggler_lets_both_push_until_it_raises_the_fence() {
+        let mut s = shard();
+        let straggler = |seq| PushHeader {
+            incarnation: 7,
+            ..header(seq)
+        };
+        let backup = |seq, fence| PushHeader {
+            incarnation: 8,
+            fence,
+            ..header(seq)
+        };
+        s.apply_push(straggler(1), &[1.0; 4]).unwrap();
+        s.apply_push(backup(1, 7), &[1.0; 4]).unwrap();
+        s.apply_push(straggler(2), &[1.0; 4]).unwrap();
+        assert_eq!(s.version, 3);
+        // Kept: the backup fences at itself, and the straggler is refused.
+        s.apply_push(backup(2, 8), &[1.0; 4]).unwrap();
+        assert!(matches!(
+            s.apply_push(straggler(3), &[1.0; 4]),
+            Err(PsError::Superseded { .. })
+        ));
+        // A fence above the pusher's own incarnation is read as its own.
+        s.apply_push(backup(3, 99), &[1.0; 4]).unwrap();
+        s.apply_push(backup(4, 8), &[1.0; 4]).unwrap();
+        assert_eq!(s.version, 6);
     }
 
     #[test]

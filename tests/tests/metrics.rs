@@ -74,6 +74,7 @@ spec:
             sequence: seq,
             base_version: 0,
             steps: 1,
+            fence: 0,
         };
         shard.push(id, &vec![0.1; n]).await.expect("push");
     }

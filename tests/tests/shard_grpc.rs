@@ -28,6 +28,7 @@ fn id(sequence: u64) -> PushId {
         sequence,
         base_version: 0,
         steps: 1,
+        fence: 0,
     }
 }
 
@@ -48,6 +49,7 @@ fn chunk(shard: u32, offset: u64, values: &[f32]) -> GradientChunk {
         offset,
         values: encode_f32(values),
         steps: 1,
+        fence: 0,
     }
 }
 

@@ -3,6 +3,7 @@
 //! by its own task. The compute loop only ever swaps slots, so it never waits
 //! on the network.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -160,6 +161,7 @@ impl Link {
         self: Arc<Self>,
         replica: u32,
         incarnation: u64,
+        fence: Arc<AtomicU64>,
         metrics: WorkerMetrics,
     ) {
         let mut client = self.client.clone();
@@ -178,6 +180,7 @@ impl Link {
                 sequence,
                 base_version: p.base_version,
                 steps: p.steps,
+                fence: fence.load(Ordering::Relaxed),
             };
             loop {
                 let started = Instant::now();

@@ -20,6 +20,8 @@ pub struct PushId {
     pub base_version: u64,
     /// Mini-batch gradients summed into the push.
     pub steps: u32,
+    /// The lowest incarnation of this replica the shard should still take.
+    pub fence: u64,
 }
 
 #[derive(Clone)]
@@ -134,6 +136,7 @@ impl ShardClient {
                 sequence: id.sequence,
                 base_version: id.base_version,
                 steps: id.steps,
+                fence: id.fence,
                 offset: (self.range.start + r.start) as u64,
                 values: encode_f32(&grad[r]),
             })

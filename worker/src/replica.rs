@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use distbelief_api::Job;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
-use distbelief_proto::v1::{Action, ProgressReport};
+use distbelief_proto::v1::{Action, ProgressReport, ReportReply};
 use ndarray::ArrayView2;
 use tonic::transport::Channel;
 
@@ -37,6 +37,10 @@ pub struct ReplicaOptions {
     /// count) and growing with each: shards and coordinator refuse a lower
     /// one. None falls back to the start time, for processes started by hand.
     pub incarnation: Option<u64>,
+    /// When this process backs up a straggler: the straggler's incarnation.
+    /// It then starts from the straggler's data position, and both push until
+    /// the coordinator keeps the faster.
+    pub backup_of: Option<u64>,
     /// Beaten while the replica makes progress (or waits to be let in).
     pub heartbeat: distbelief_net::Heartbeat,
 }
@@ -52,6 +56,7 @@ impl ReplicaOptions {
             report_interval: Duration::from_millis(500),
             coordinator_patience: Duration::from_secs(60),
             incarnation: None,
+            backup_of: None,
             heartbeat: distbelief_net::Heartbeat::default(),
         }
     }
@@ -84,7 +89,7 @@ struct Coordinator {
 
 impl Coordinator {
     /// Sends a report; `None` when the coordinator did not answer (yet).
-    async fn report(&mut self, r: ProgressReport) -> Result<Option<Action>, WorkerError> {
+    async fn report(&mut self, r: ProgressReport) -> Result<Option<ReportReply>, WorkerError> {
         match self.client.report(r).await {
             Ok(reply) => {
                 self.last_answer = Instant::now();
@@ -92,7 +97,7 @@ impl Coordinator {
                     tracing::info!(addr = %self.addr, "coordinator reachable again");
                     self.warned = false;
                 }
-                Ok(Some(reply.into_inner().action()))
+                Ok(Some(reply.into_inner()))
             }
             Err(status) => {
                 let silent = self.last_answer.elapsed();
@@ -187,15 +192,32 @@ pub async fn run_replica(
             loss: if n > 0 { sum / n as f64 } else { f64::NAN },
             examples_per_second: eps,
             epoch: p.epoch.load(Ordering::Relaxed),
+            backup_of: opts.backup_of.unwrap_or(0),
         }
+    };
+    // Until the coordinator says otherwise, a backup must not fence out the
+    // straggler it races.
+    let fence = Arc::new(AtomicU64::new(opts.backup_of.unwrap_or(incarnation)));
+    let set_fence = |reply: &ReportReply| {
+        let f = if reply.fence == 0 {
+            incarnation
+        } else {
+            reply.fence
+        };
+        fence.store(f, Ordering::Relaxed);
     };
     let progress = Arc::new(Progress::default());
 
     // Warm start: wait until the coordinator lets this replica train.
-    loop {
+    let start_step = loop {
         opts.heartbeat.beat();
-        match coordinator.report(report(&progress, 0.0)).await? {
-            Some(Action::Train) => break,
+        let reply = coordinator.report(report(&progress, 0.0)).await?;
+        match reply.as_ref().map(ReportReply::action) {
+            Some(Action::Train) => {
+                let reply = reply.unwrap_or_default();
+                set_fence(&reply);
+                break reply.start_step;
+            }
             Some(Action::Stop) => {
                 tracing::info!("coordinator says the job is done before this replica started");
                 return Ok(ReplicaSummary {
@@ -205,6 +227,13 @@ pub async fn run_replica(
             }
             _ => tokio::time::sleep(opts.report_interval.min(Duration::from_millis(200))).await,
         }
+    };
+    if start_step > 0 {
+        tracing::info!(
+            replica = opts.replica,
+            start_step,
+            "starting from the straggler's data position"
+        );
     }
 
     let mut params = vec![0.0f32; job.layout.len()];
@@ -233,6 +262,7 @@ pub async fn run_replica(
         tasks.push(tokio::spawn(link.clone().push_loop(
             opts.replica,
             incarnation,
+            fence.clone(),
             metrics.clone(),
         )));
     }
@@ -251,6 +281,12 @@ pub async fn run_replica(
             batch: job.downpour.batch_size as usize,
             n_fetch: u64::from(job.downpour.n_fetch),
             n_push: u64::from(job.downpour.n_push),
+            start_step,
+            slowdown: if opts.backup_of.is_some() {
+                1.0
+            } else {
+                job.spec.faults.slowdown(opts.replica)
+            },
         };
         let threads = opts.threads.max(1);
         std::thread::Builder::new()
@@ -290,8 +326,9 @@ pub async fn run_replica(
             metrics.loss.set(r.loss);
         }
         match coordinator.report(r).await {
-            Ok(Some(Action::Stop)) => break Ok(()),
-            Ok(_) => {}
+            Ok(Some(reply)) if reply.action() == Action::Stop => break Ok(()),
+            Ok(Some(reply)) => set_fence(&reply),
+            Ok(None) => {}
             Err(e) => break Err(e),
         }
     };
@@ -345,6 +382,10 @@ struct Compute {
     batch: usize,
     n_fetch: u64,
     n_push: u64,
+    /// Where in the replica's data order to begin (a backup's straggler's step).
+    start_step: u64,
+    /// Injected: each step takes this many times its compute time.
+    slowdown: f64,
 }
 
 impl Compute {
@@ -369,9 +410,12 @@ impl Compute {
         let mut acc_steps = 0;
         let mut x = vec![0.0f32; batch * dim];
         let mut y = vec![0u32; batch];
-        let mut epoch = 0;
+        // Each epoch takes whole batches, as the loop below does.
+        let steps_per_epoch = (self.indices.len() / batch).max(1) as u64;
+        let mut epoch = self.start_step / steps_per_epoch;
+        let mut pos = (self.start_step % steps_per_epoch) as usize * batch;
+        self.progress.epoch.store(epoch, Ordering::Relaxed);
         let mut order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
-        let mut pos = 0;
         let mut step: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
             if step.is_multiple_of(self.n_fetch) {
@@ -399,9 +443,13 @@ impl Compute {
                 acc_base.copy_from_slice(&versions);
             }
             let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
+            let began = Instant::now();
             let loss = self
                 .mlp
                 .batch_gradient(&params, xv, &y, &mut workspaces, &mut acc);
+            if self.slowdown > 1.0 {
+                std::thread::sleep(began.elapsed().mul_f64(self.slowdown - 1.0));
+            }
             acc_steps += 1;
             step += 1;
             if acc_steps == self.n_push {

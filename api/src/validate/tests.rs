@@ -1,5 +1,5 @@
 use super::*;
-use crate::spec::{Activation, CheckpointVolume, DenseLayer, FASHION_MNIST_DIR, Loss};
+use crate::spec::{Activation, CheckpointVolume, DenseLayer, FASHION_MNIST_DIR, Loss, SlowReplica};
 use crate::{load_job, parse_job};
 
 /// The smallest valid job: a Fashion-MNIST MLP with one hidden layer, all
@@ -408,6 +408,28 @@ const RULES: &[Rule] = &[
         |j| j.spec.replicas.stragglers.for_seconds = 0,
         "spec.replicas.stragglers.forSeconds",
         "at least 1",
+    ),
+    (
+        "slowed replica factor in [1, 100]",
+        |j| {
+            j.spec.faults.slow_replicas.push(SlowReplica {
+                replica: 0,
+                factor: 0.5,
+            })
+        },
+        "spec.faults.slowReplicas.factor",
+        "[1, 100]",
+    ),
+    (
+        "slowed replica exists",
+        |j| {
+            j.spec.faults.slow_replicas.push(SlowReplica {
+                replica: 9,
+                factor: 3.0,
+            })
+        },
+        "spec.faults.slowReplicas.replica",
+        "below spec.replicas.count",
     ),
     (
         "image not empty",

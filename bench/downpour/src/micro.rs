@@ -105,6 +105,7 @@ pub fn fetch_push(
             sequence,
             base_version: 0,
             steps: 1,
+            fence: 0,
         };
         client.fetch_into(&mut params).await?;
         client.push(push(1), &grad).await?;

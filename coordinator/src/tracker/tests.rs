@@ -18,27 +18,28 @@ fn report(replica: u32, incarnation: u64, steps: u64) -> ProgressReport {
         loss: 1.0,
         examples_per_second: 100.0,
         epoch: 0,
+        backup_of: 0,
     }
 }
 
 #[test]
 fn warm_start_holds_others_until_leader_has_trained() {
     let mut t = Tracker::new(stop(None), 5, 1000);
-    assert_eq!(t.on_report(&report(1, 1, 0), 0.0), Action::Wait);
+    assert_eq!(t.on_report(&report(1, 1, 0), 0.0).action(), Action::Wait);
     assert!(!t.has_started());
-    assert_eq!(t.on_report(&report(0, 1, 0), 0.5), Action::Train);
+    assert_eq!(t.on_report(&report(0, 1, 0), 0.5).action(), Action::Train);
     assert!(t.has_started());
-    assert_eq!(t.on_report(&report(0, 1, 4), 1.0), Action::Train);
-    assert_eq!(t.on_report(&report(1, 1, 0), 1.1), Action::Wait);
-    assert_eq!(t.on_report(&report(0, 1, 5), 2.0), Action::Train);
-    assert_eq!(t.on_report(&report(1, 1, 0), 2.1), Action::Train);
+    assert_eq!(t.on_report(&report(0, 1, 4), 1.0).action(), Action::Train);
+    assert_eq!(t.on_report(&report(1, 1, 0), 1.1).action(), Action::Wait);
+    assert_eq!(t.on_report(&report(0, 1, 5), 2.0).action(), Action::Train);
+    assert_eq!(t.on_report(&report(1, 1, 0), 2.1).action(), Action::Train);
     assert!(t.status(2.1).warm_start_done);
 }
 
 #[test]
 fn no_warm_start_lets_everyone_train() {
     let mut t = Tracker::new(stop(None), 0, 1000);
-    assert_eq!(t.on_report(&report(3, 1, 0), 0.0), Action::Train);
+    assert_eq!(t.on_report(&report(3, 1, 0), 0.0).action(), Action::Train);
 }
 
 #[test]
@@ -57,7 +58,7 @@ fn a_replaced_replica_process_is_stopped_and_not_counted() {
     let mut t = Tracker::new(stop(None), 0, 1000);
     t.on_report(&report(1, 5, 30), 1.0);
     t.on_report(&report(1, 9, 2), 2.0);
-    assert_eq!(t.on_report(&report(1, 5, 40), 2.5), Action::Stop);
+    assert_eq!(t.on_report(&report(1, 5, 40), 2.5).action(), Action::Stop);
     let s = t.status(3.0);
     assert_eq!(s.replicas[0].steps, 32);
     assert_eq!(s.replicas[0].incarnations, 2);
@@ -71,7 +72,7 @@ fn target_reached_stops_everyone() {
     assert!(!t.is_done());
     t.on_eval(14.0, 0.81, 0.6);
     assert!(t.is_done());
-    assert_eq!(t.on_report(&report(0, 1, 20), 15.0), Action::Stop);
+    assert_eq!(t.on_report(&report(0, 1, 20), 15.0).action(), Action::Stop);
     let s = t.status(30.0);
     assert_eq!(s.stop_reason, "target_reached");
     assert_eq!(s.time_to_target_seconds, Some(4.0));
@@ -97,4 +98,90 @@ fn limits() {
     t.finish(StopReason::MaxEpochs, 60.0);
     assert_eq!(t.status(90.0).train_seconds, 60.0);
     assert_eq!(t.status(90.0).time_to_target_seconds, None);
+}
+
+fn backup(replica: u32, incarnation: u64, of: u64, steps: u64) -> ProgressReport {
+    ProgressReport {
+        backup_of: of,
+        ..report(replica, incarnation, steps)
+    }
+}
+
+#[test]
+fn a_backup_starts_at_its_straggler_races_it_and_the_faster_is_kept() {
+    let mut t = Tracker::new(stop(None), 0, 100_000).with_backup_window(10.0);
+    t.on_report(&report(0, 1, 100), 1.0);
+    t.on_report(&report(0, 1, 120), 5.0);
+    // The backup starts where the straggler is; both push, fenced at the straggler.
+    let first = t.on_report(&backup(0, 2, 1, 0), 6.0);
+    assert_eq!(first.action(), Action::Train);
+    assert_eq!(first.start_step, 120);
+    assert_eq!(first.fence, 1);
+    assert_eq!(t.on_report(&report(0, 1, 125), 8.0).fence, 1);
+    let s = t.status(8.0);
+    assert_eq!(s.replicas[0].incarnations, 2);
+    assert_eq!(
+        s.replicas[0].steps, 125,
+        "only the straggler counts while racing"
+    );
+    assert_eq!(s.replicas[0].backup.as_ref().map(|b| b.kept), Some(0));
+    // Window passed: the straggler reporting first cannot win (it is slower),
+    t.on_report(&backup(0, 2, 1, 40), 15.0);
+    assert_eq!(
+        t.on_report(&report(0, 1, 130), 16.5).action(),
+        Action::Train
+    );
+    // so the backup's next report decides: kept, and fenced at itself.
+    let kept = t.on_report(&backup(0, 2, 1, 60), 17.0);
+    assert_eq!((kept.action(), kept.fence), (Action::Train, 2));
+    assert_eq!(t.on_report(&report(0, 1, 131), 17.5).action(), Action::Stop);
+    let s = t.status(18.0);
+    let r = &s.replicas[0];
+    assert_eq!(r.incarnation, 2);
+    // 120 steps before the fork, then the backup's 60: the straggler's 11
+    // after the fork are re-done by the backup, so not counted.
+    assert_eq!(r.steps, 180);
+    let race = r.backup.as_ref().expect("race recorded");
+    assert_eq!((race.straggler, race.backup, race.kept), (1, 2, 2));
+    assert!((race.seconds - 11.0).abs() < 1e-9);
+    assert!(race.backup_examples_per_second > race.straggler_examples_per_second);
+    // The kept backup goes on as the replica's process.
+    t.on_report(&backup(0, 2, 1, 70), 18.0);
+    assert_eq!(t.status(18.0).replicas[0].steps, 190);
+}
+
+#[test]
+fn a_slower_backup_is_retired_and_the_straggler_kept() {
+    let mut t = Tracker::new(stop(None), 0, 100_000).with_backup_window(10.0);
+    t.on_report(&report(0, 1, 100), 1.0);
+    t.on_report(&backup(0, 2, 1, 0), 2.0);
+    t.on_report(&report(0, 1, 140), 11.0);
+    t.on_report(&backup(0, 2, 1, 5), 13.0);
+    let kept = t.on_report(&report(0, 1, 150), 13.5);
+    assert_eq!((kept.action(), kept.fence), (Action::Train, 1));
+    assert_eq!(
+        t.on_report(&backup(0, 2, 1, 6), 14.0).action(),
+        Action::Stop
+    );
+    let s = t.status(14.0);
+    assert_eq!(s.replicas[0].incarnation, 1);
+    assert_eq!(s.replicas[0].steps, 150);
+    assert_eq!(s.replicas[0].backup.as_ref().map(|b| b.kept), Some(1));
+}
+
+#[test]
+fn a_restart_during_a_race_ends_it_and_a_new_backup_replaces_a_silent_one() {
+    let mut t = Tracker::new(stop(None), 0, 100_000).with_backup_window(10.0);
+    t.on_report(&report(0, 1, 100), 1.0);
+    t.on_report(&backup(0, 2, 1, 0), 2.0);
+    // Backup 2 went quiet; backup 3 of the same straggler takes its place.
+    let again = t.on_report(&backup(0, 3, 1, 0), 5.0);
+    assert_eq!((again.start_step, again.fence), (100, 1));
+    assert_eq!(t.on_report(&backup(0, 2, 1, 9), 6.0).action(), Action::Stop);
+    // A restart (no backup_of) replaces everyone before it.
+    let fresh = t.on_report(&report(0, 4, 0), 7.0);
+    assert_eq!((fresh.start_step, fresh.fence), (0, 4));
+    assert_eq!(t.on_report(&backup(0, 3, 1, 9), 8.0).action(), Action::Stop);
+    assert_eq!(t.on_report(&report(0, 1, 101), 8.0).action(), Action::Stop);
+    assert!(t.status(8.0).replicas[0].backup.is_none());
 }

@@ -387,7 +387,9 @@ fn expire(plan: &mut Plan, job: &DistBeliefJob, now: Timestamp) {
         return;
     };
     let age = now.duration_since(done.0).unsigned_abs();
-    let ttl = Duration::from_secs(u64::from(ttl));
+    // The API server keeps whole seconds, so the job finished up to a second
+    // after the stored time: wait that second too rather than delete early.
+    let ttl = Duration::from_secs(u64::from(ttl) + 1);
     if age >= ttl {
         plan.delete_job = true;
     } else {

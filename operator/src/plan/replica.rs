@@ -72,7 +72,8 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
     }
     let mut outcome = Outcome::Fine;
     let launch = |plan: &mut Plan, st: &mut ReplicaState, attempt: u32, c: Cause| {
-        match children::replica_pod(t, r, attempt, c) {
+        let backup_of = (c == Cause::Backup).then_some(st.attempt);
+        match children::replica_pod(t, r, attempt, c, backup_of) {
             Ok(p) => plan.create_pods.push(p),
             Err(e) => tracing::error!("cannot build replica pod: {e}"),
         }
@@ -127,7 +128,6 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
                 ),
             );
             st.attempt = old;
-            st.incarnations_at_backup = None;
             st.slow_since = None;
         }
         Some(pod) if phase_of(pod) == "Failed" => {
@@ -184,7 +184,11 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
             st.backup_of = None;
             st.slow_since = None;
         }
-        Some(pod) if phase_of(pod) == "Running" => {
+        // A backup that lost its race stops and succeeds; the race decides.
+        Some(pod)
+            if phase_of(pod) == "Running"
+                || (phase_of(pod) == "Succeeded" && st.backup_of.is_some()) =>
+        {
             stragglers(s, r, &mut st, &mine, plan, &mut |plan, st, attempt| {
                 launch(plan, st, attempt, Cause::Backup)
             });
@@ -196,8 +200,8 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
     outcome
 }
 
-/// Backs up a replica that stays slow or goes silent, and retires it once
-/// its backup has reported to the coordinator.
+/// Backs up a replica that stays slow or goes silent; once the coordinator
+/// has kept the faster of the two, retires the other.
 fn stragglers(
     s: &Scene,
     r: u32,
@@ -210,23 +214,7 @@ fn stragglers(
     let spec = &t.job.spec.replicas.stragglers;
     let seen = s.progress.replicas.iter().find(|p| p.replica == r);
     if let Some(old) = st.backup_of {
-        let reported = seen.map(|p| p.incarnations).unwrap_or(0);
-        if reported > st.incarnations_at_backup.unwrap_or(u32::MAX) {
-            if let Some(slow) = mine.get(&old) {
-                plan.delete_pods.push(slow.name_any());
-            }
-            plan.note(
-                false,
-                "StragglerRetired",
-                format!(
-                    "replica {r}'s backup is training; retired {}",
-                    children::replica_pod_name(&t.name, r, old)
-                ),
-            );
-            st.backup_of = None;
-            st.incarnations_at_backup = None;
-            st.slow_since = None;
-        }
+        race(s, r, st, old, mine, plan);
         return;
     }
     if !spec.enabled {
@@ -268,9 +256,7 @@ fn stragglers(
     if !s.servers_ready {
         return;
     }
-    let next = st.attempt + 1;
-    st.backup_of = Some(st.attempt);
-    st.incarnations_at_backup = Some(seen.incarnations);
+    let (straggler, next) = (st.attempt, st.attempt + 1);
     plan.status.backups_launched += 1;
     plan.backups += 1;
     plan.note(
@@ -282,6 +268,82 @@ fn stragglers(
         ),
     );
     launch(plan, st, next);
+    st.backup_of = Some(straggler);
+}
+
+/// While backup `st.attempt` races straggler `old`: retire whichever the
+/// coordinator did not keep, or keep the backup if the straggler has gone.
+fn race(
+    s: &Scene,
+    r: u32,
+    st: &mut ReplicaState,
+    old: u32,
+    mine: &BTreeMap<u32, &Pod>,
+    plan: &mut Plan,
+) {
+    let name = |attempt| children::replica_pod_name(&s.t.name, r, attempt);
+    let (straggler, backup) = (
+        children::incarnation(old),
+        children::incarnation(st.attempt),
+    );
+    let decided = s
+        .progress
+        .replicas
+        .iter()
+        .find(|p| p.replica == r)
+        .and_then(|p| p.backup.as_ref())
+        .filter(|b| b.straggler == straggler && b.backup == backup)
+        .and_then(|b| Some((b.kept?, b)));
+    let speeds = |b: &distbelief_api::BackupRace| {
+        format!(
+            "over {:.0}s the backup ran at {:.0} examples/s, the straggler at {:.0}",
+            b.seconds.unwrap_or(0.0),
+            b.backup_examples_per_second.unwrap_or(0.0),
+            b.straggler_examples_per_second.unwrap_or(0.0)
+        )
+    };
+    let (retire, reason, message) = match decided {
+        Some((kept, b)) if kept == backup => (
+            old,
+            "StragglerRetired",
+            format!(
+                "replica {r}: {}; kept the backup {}, retired {}",
+                speeds(b),
+                name(st.attempt),
+                name(old)
+            ),
+        ),
+        Some((_, b)) => (
+            st.attempt,
+            "BackupRetired",
+            format!(
+                "replica {r}: {}; kept {}, retired the backup {}",
+                speeds(b),
+                name(old),
+                name(st.attempt)
+            ),
+        ),
+        // Succeeded means the coordinator stopped it: its figures follow.
+        None if mine.get(&old).is_none_or(|p| phase_of(p) == "Failed") => (
+            old,
+            "StragglerRetired",
+            format!(
+                "replica {r}'s straggler {} stopped while its backup ran; kept the backup {}",
+                name(old),
+                name(st.attempt)
+            ),
+        ),
+        None => return,
+    };
+    if let Some(pod) = mine.get(&retire) {
+        plan.delete_pods.push(pod.name_any());
+    }
+    plan.note(false, reason, message);
+    if retire == st.attempt {
+        st.attempt = old;
+    }
+    st.backup_of = None;
+    st.slow_since = None;
 }
 
 /// Median examples/s of the replicas that have reported; None below two.
