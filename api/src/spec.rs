@@ -394,8 +394,8 @@ impl Default for ReplicaSpec {
 
 /// A straggler is a replica whose examples/s stays below slowFraction of the
 /// replicas' median for forSeconds, or that sends no report for forSeconds.
-/// The operator then starts a backup pod on the straggler's part of the data;
-/// once the backup trains, the straggler is retired.
+/// The operator then starts a backup pod that picks up the straggler's data
+/// where it is; both train for forSeconds more, and the faster is kept.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StragglerSpec {
@@ -405,7 +405,8 @@ pub struct StragglerSpec {
     /// A replica is slow below this fraction of the median examples/s, in (0, 1). Default: 0.5.
     #[serde(default = "default_slow_fraction")]
     pub slow_fraction: f64,
-    /// Seconds a replica must stay slow before it gets a backup, at least 1. Default: 60.
+    /// Seconds a replica must stay slow before it gets a backup, and that the
+    /// backup then races it, at least 1. Default: 60.
     #[serde(default = "default_straggler_seconds")]
     pub for_seconds: u32,
 }

@@ -400,6 +400,61 @@ run_example() {
   fi
 }
 
+# --- 3b. a straggler's backup races it -------------------------------------------
+# A copy of the example whose replica 1 runs 4x slower (spec.faults). After
+# stragglers.forSeconds the operator starts a backup that picks up at the
+# straggler's data position; both train until the backup has run for the same
+# window, the coordinator keeps the faster, and the operator retires the
+# other and says which it kept, in an event and in status.
+STRAGGLER=fashion-mnist-straggler
+straggler_race() {
+  local kept backup_inc note rs
+  python3 - "$EXAMPLE" "$work/straggler.yaml" "$STRAGGLER" <<'PY' || { echo "could not derive $STRAGGLER from $EXAMPLE"; return 1; }
+import sys
+src, dst, name = sys.argv[1:]
+s = open(src).read()
+for old, new in [
+    ("  name: fashion-mnist-downpour\n", f"  name: {name}\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.999\n"),
+    ("    maxSeconds: 600\n", "    maxSeconds: 240\n"),
+    ("  replicas:\n    count: 2\n", "  replicas:\n    count: 2\n    stragglers:\n      forSeconds: 5\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+s = s.rstrip("\n") + "\n  faults:\n    slowReplicas:\n      - replica: 1\n        factor: 4\n"
+open(dst, "w").write(s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/straggler.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$STRAGGLER (the example with replica 1 slowed 4x, stragglers.forSeconds 5)"
+  # shellcheck disable=SC2317  # called through job_wait
+  t_race_decided() {
+    kept=$(jp "dbj/$STRAGGLER" '{.status.progress.replicas[?(@.replica==1)].backup.kept}')
+    [ -n "$kept" ]
+  }
+  job_wait "$STRAGGLER" "$STEP_TIMEOUT" "replica 1's backup race to be decided" t_race_decided || return 1
+  rs=$(jp "dbj/$STRAGGLER" '{.status.progress.replicas[?(@.replica==1)].backup}')
+  log "$STRAGGLER: replica 1's race: $rs"
+  backup_inc=$(jp "dbj/$STRAGGLER" '{.status.progress.replicas[?(@.replica==1)].backup.backup}')
+  [ "$kept" = "$backup_inc" ] || { echo "kept incarnation $kept, not the unslowed backup $backup_inc"; return 1; }
+  # shellcheck disable=SC2317
+  t_retired() {
+    note=$("${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$STRAGGLER,reason=StragglerRetired" \
+      -o 'jsonpath={.items[*].message}' 2>/dev/null)
+    [ -n "$note" ] && [ -z "$(pods "$STRAGGLER" "distbelief.dev/role=replica,distbelief.dev/replica=1,distbelief.dev/cause=start")" ]
+  }
+  job_wait "$STRAGGLER" 60 "the event StragglerRetired and the straggler's pod gone" t_retired || return 1
+  log "$STRAGGLER: event StragglerRetired: $note"
+  [[ "$note" == *"kept the backup $STRAGGLER-replica-1-1"* ]] || { echo "the event does not name the kept backup: $note"; return 1; }
+  [ "$(jp "dbj/$STRAGGLER" '{.status.replicas[?(@.replica==1)].attempt}')" = 1 ] ||
+    { echo "status.replicas[1].attempt is not the backup's (1)"; return 1; }
+  [ -z "$(jp "dbj/$STRAGGLER" '{.status.replicas[?(@.replica==1)].backupOf}')" ] ||
+    { echo "status.replicas[1].backupOf still set after the race"; return 1; }
+  [ "$(jp "dbj/$STRAGGLER" '{.status.backupsLaunched}')" = 1 ] || { echo "status.backupsLaunched is not 1"; return 1; }
+  # The cores go back to the next steps.
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$STRAGGLER" --wait=false >/dev/null || return 1
+}
+
 # --- 4. the long job: failures it must survive --------------------------------
 # The example stops within seconds of reaching 85%, too soon to be sure of
 # catching it mid-training. So the same job runs under another name with a
@@ -662,6 +717,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
   [ "$mode" != kind ] || budget_end=$((SECONDS + TOTAL_TIMEOUT))
   if step "helm install (chart, CRD, operator Ready)" install_chart; then
     step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj" run_example
+    step "$STRAGGLER: a slowed replica's backup starts at its data position and is kept, the straggler retired" straggler_race
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
       step "${LONG_STEPS[1]}" long_shard
