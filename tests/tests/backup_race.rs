@@ -97,7 +97,7 @@ async fn a_backup_starts_at_its_straggler_races_it_and_the_faster_is_kept() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let racing = status(&mut client).await;
     let during = shard.info(InfoRequest {}).await.expect("info").into_inner();
-    let race = racing.replicas[0].backup.clone().expect("race");
+    let race = racing.replicas[0].backup.expect("race");
     if race.kept == 0 {
         assert_eq!(during.pushes_refused, 0, "{during:?}");
         assert!(during.updates_applied > before.updates_applied);
@@ -108,7 +108,7 @@ async fn a_backup_starts_at_its_straggler_races_it_and_the_faster_is_kept() {
     );
 
     let race = wait_for(&mut client, "the race to be decided", |s| {
-        s.replicas[0].backup.clone().filter(|b| b.kept != 0)
+        s.replicas[0].backup.filter(|b| b.kept != 0)
     })
     .await;
     assert_eq!(
