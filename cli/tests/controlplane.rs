@@ -107,6 +107,12 @@ const BROKEN: &[(&str, Change)] = &[
     ("forSeconds", |j| {
         j["spec"]["replicas"]["stragglers"] = json!({"forSeconds": 0})
     }),
+    ("slowed replica factor", |j| {
+        j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 0, "factor": 0.5}]})
+    }),
+    ("slowed replica index", |j| {
+        j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 9, "factor": 3}]})
+    }),
     ("image", |j| j["spec"]["image"] = json!(" ")),
     ("output claim", |j| {
         j["spec"]["output"] = json!({"volumeClaimName": "Models!"})

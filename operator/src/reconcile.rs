@@ -170,9 +170,6 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
             apply(ctx, &namespace, p).await?;
         }
     }
-    for p in &plan.create_pods {
-        apply(ctx, &namespace, p).await?;
-    }
     finish(obj, ctx, &namespace, &name, &plan).await?;
     Ok(match plan.requeue_after {
         Some(d) => Action::requeue(d.max(Duration::from_secs(1))),
@@ -244,7 +241,8 @@ async fn apply_children(
     Ok(())
 }
 
-/// Status, deletions, events and metrics: the steps every plan ends with.
+/// Status, replica pods, deletions, events and metrics: the steps every plan
+/// ends with.
 async fn finish(
     obj: &DynamicObject,
     ctx: &Context,
@@ -274,7 +272,11 @@ async fn finish(
         }
     }
     // Only once the status that explains them has landed: a plan from a
-    // stale job must not tear anything down.
+    // stale job must not start a pod the fresh job already has under another
+    // name (a second backup of one straggler), nor tear anything down.
+    for p in &plan.create_pods {
+        apply(ctx, namespace, p).await?;
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     for p in &plan.delete_pods {
         ignore_missing(pods.delete(p, &DeleteParams::default()).await.map(|_| ()))?;

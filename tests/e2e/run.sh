@@ -417,6 +417,7 @@ for old, new in [
     ("  name: fashion-mnist-downpour\n", f"  name: {name}\n"),
     ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.999\n"),
     ("    maxSeconds: 600\n", "    maxSeconds: 240\n"),
+    ("    maxEpochs: 20\n", "    maxEpochs: 1000\n"),
     ("  replicas:\n    count: 2\n", "  replicas:\n    count: 2\n    stragglers:\n      forSeconds: 5\n"),
 ]:
     if old not in s:
