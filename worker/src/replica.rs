@@ -418,13 +418,17 @@ impl Compute {
         let mut order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
         let mut step: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
-            if step.is_multiple_of(self.n_fetch) {
-                for (i, link) in self.links.iter().enumerate() {
-                    if let Some(f) = link.take_fetched() {
-                        params[link.client.range.clone()].copy_from_slice(&f.values);
-                        versions[i] = f.version;
-                        link.recycle(f.values);
-                    }
+            // A fetch is asked for every nFetch steps, and its parameters are
+            // used from the first step after they land: holding them back
+            // until the next nFetch boundary would add nFetch steps of
+            // staleness for nothing.
+            for (i, link) in self.links.iter().enumerate() {
+                if let Some(f) = link.take_fetched() {
+                    params[link.client.range.clone()].copy_from_slice(&f.values);
+                    versions[i] = f.version;
+                    link.recycle(f.values);
+                }
+                if step.is_multiple_of(self.n_fetch) {
                     link.want_fetch();
                 }
             }

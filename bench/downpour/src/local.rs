@@ -15,6 +15,7 @@ pub struct LocalRun {
     pub train_seconds: f64,
     pub examples_per_second: f64,
     pub time_to_target_seconds: Option<f64>,
+    pub examples_to_target: Option<u64>,
     pub final_test_accuracy: f64,
 }
 
@@ -82,6 +83,7 @@ pub fn train(
             train_seconds: trained,
             examples_per_second: examples as f64 / trained,
             time_to_target_seconds: time_to_target,
+            examples_to_target: time_to_target.map(|_| examples),
             final_test_accuracy: accuracy,
         }
     })

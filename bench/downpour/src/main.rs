@@ -32,6 +32,12 @@ struct Args {
     /// Skip the training configurations (microbenchmarks only).
     #[arg(long)]
     micro_only: bool,
+    /// Skip the microbenchmarks.
+    #[arg(long)]
+    no_micro: bool,
+    /// The Downpour configurations to run beside (a), by letter.
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d"])]
+    configs: Vec<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -84,12 +90,14 @@ fn downpour(
 fn config(
     examples_per_second: f64,
     time_to_target: Option<f64>,
+    examples_to_target: Option<f64>,
     accuracy: f64,
     extra: Value,
 ) -> Value {
     json!({
         "examples_per_second": examples_per_second,
         "time_to_target_seconds": time_to_target,
+        "examples_to_target": examples_to_target,
         "final_test_accuracy": accuracy,
         "detail": extra,
     })
@@ -127,20 +135,30 @@ fn main() -> anyhow::Result<()> {
         let a = config(
             median(runs.iter().map(|r| r.examples_per_second).collect()),
             median_opt(runs.iter().map(|r| r.time_to_target_seconds).collect()),
+            median_opt(
+                runs.iter()
+                    .map(|r| r.examples_to_target.map(|e| e as f64))
+                    .collect(),
+            ),
             median(runs.iter().map(|r| r.final_test_accuracy).collect()),
             json!({ "runs": runs.iter().map(|r| json!({
                 "examples": r.examples, "train_seconds": r.train_seconds,
                 "examples_per_second": r.examples_per_second,
                 "time_to_target_seconds": r.time_to_target_seconds,
+                "examples_to_target": r.examples_to_target,
                 "final_test_accuracy": r.final_test_accuracy })).collect::<Vec<_>>() }),
         );
         let tmp = tempfile::tempdir()?;
         let mut configs = serde_json::Map::new();
         let a_eps = a["examples_per_second"].as_f64().unwrap_or(0.0);
         let a_ttt = a["time_to_target_seconds"].as_f64();
+        let a_ett = a["examples_to_target"].as_f64();
         configs.insert("a_one_process".into(), a);
         let mut ratios = serde_json::Map::new();
         for (key, shards, replicas) in [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)] {
+            if !args.configs.iter().any(|c| key.starts_with(c.as_str())) {
+                continue;
+            }
             let mut summaries = Vec::new();
             for i in 0..args.repeat {
                 eprintln!(
@@ -163,11 +181,22 @@ fn main() -> anyhow::Result<()> {
                     .map(|s| s["time_to_target_seconds"].as_f64())
                     .collect(),
             );
+            let ett = median_opt(
+                summaries
+                    .iter()
+                    .map(|s| s["examples_to_target"].as_f64())
+                    .collect(),
+            );
+            let ratio = |x: Option<f64>, a: Option<f64>| match (x, a) {
+                (Some(x), Some(a)) => Some(x / a),
+                _ => None,
+            };
             ratios.insert(
                 key.into(),
                 json!({
                     "examples_per_second_vs_a": eps / a_eps,
-                    "time_to_target_vs_a": match (ttt, a_ttt) { (Some(t), Some(a)) => Some(t / a), _ => None },
+                    "time_to_target_vs_a": ratio(ttt, a_ttt),
+                    "examples_to_target_vs_a": ratio(ett, a_ett),
                 }),
             );
             configs.insert(
@@ -175,6 +204,7 @@ fn main() -> anyhow::Result<()> {
                 config(
                     eps,
                     ttt,
+                    ett,
                     median(f("final_test_accuracy")),
                     json!({ "runs": summaries }),
                 ),
@@ -185,6 +215,19 @@ fn main() -> anyhow::Result<()> {
         report["ratios"] = Value::Object(ratios);
     }
 
+    if !args.no_micro {
+        report["micro"] = microbenchmarks(&exe)?;
+    }
+    let text = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &args.out {
+        std::fs::write(p, &text)?;
+    }
+    println!("{text}");
+    Ok(())
+}
+
+/// Shard update speed, fetch/push bandwidth and memory on 10M parameters.
+fn microbenchmarks(exe: &Path) -> anyhow::Result<Value> {
     eprintln!("bench: microbenchmarks on a 10M-parameter vector");
     let job = distbelief_api::parse_job("micro", micro::TEN_MILLION_JOB)?;
     let adagrad = median(
@@ -195,7 +238,7 @@ fn main() -> anyhow::Result<()> {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), micro::TEN_MILLION_JOB)?;
     let transfers: Vec<micro::Transfer> = (0..3)
-        .map(|_| micro::fetch_push(&exe, file.path(), &job, 20))
+        .map(|_| micro::fetch_push(exe, file.path(), &job, 20))
         .collect::<anyhow::Result<_>>()?;
     let gbps = median(transfers.iter().map(|t| t.gb_per_second).collect());
     let rss = transfers
@@ -205,7 +248,7 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(0);
     let state = transfers[0].shard_state_bytes;
     let limit = 1.5 * state as f64 + 64.0 * 1024.0 * 1024.0;
-    report["micro"] = json!({
+    Ok(json!({
         "parameters": job.layout.len(),
         "adagrad_gparams_per_second_one_core": adagrad,
         "fetch_push_gb_per_second": gbps,
@@ -213,11 +256,5 @@ fn main() -> anyhow::Result<()> {
         "shard_state_bytes": state,
         "shard_rss_limit_bytes": limit,
         "shard_rss_vs_limit": rss as f64 / limit,
-    });
-    let text = serde_json::to_string_pretty(&report)?;
-    if let Some(p) = &args.out {
-        std::fs::write(p, &text)?;
-    }
-    println!("{text}");
-    Ok(())
+    }))
 }

@@ -36,6 +36,8 @@ pub struct Summary {
     pub best_test_accuracy: Option<f64>,
     pub target_test_accuracy: Option<f64>,
     pub time_to_target_seconds: Option<f64>,
+    /// Examples trained on when the evaluation that first reached the target ran.
+    pub examples_to_target: Option<u64>,
     pub examples: u64,
     pub steps: u64,
     pub epochs: f64,
@@ -76,6 +78,12 @@ impl Summary {
             best_test_accuracy: s.best_test_accuracy,
             target_test_accuracy: job.spec.stop.target_test_accuracy,
             time_to_target_seconds: s.time_to_target_seconds,
+            examples_to_target: job.spec.stop.target_test_accuracy.and_then(|t| {
+                s.curve
+                    .iter()
+                    .find(|c| c.test_accuracy >= t)
+                    .map(|c| c.examples)
+            }),
             examples: s.examples,
             steps: s.steps,
             epochs: s.epochs,
