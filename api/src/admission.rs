@@ -193,6 +193,11 @@ pub const RULES: &[AdmissionRule] = &[
         "self.replicas.stragglers.forSeconds >= 1",
         MSG_AT_LEAST_1,
     ),
+    downpour!(
+        "maxStaleness",
+        "!has(self.algorithm.downpour.maxStaleness) || self.algorithm.downpour.maxStaleness >= 1",
+        "must be at least 1"
+    ),
     spec(
         "spec.faults.slowReplicas.factor",
         "!has(self.faults) || !has(self.faults.slowReplicas) || self.faults.slowReplicas.all(s, s.factor >= 1.0 && s.factor <= 100.0)",

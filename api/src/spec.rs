@@ -306,6 +306,16 @@ pub struct DownpourSpec {
     /// Seed for parameter initialisation and data shuffling. Default: 1.
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// Staleness-aware learning rate: the shard scales each push's step by
+    /// 1 / max(1, staleness), the versions applied between the replica's
+    /// fetch and its push. Default: false.
+    #[serde(default)]
+    pub staleness_aware_learning_rate: bool,
+    /// Bounded staleness: a replica whose parameters are more than this many
+    /// versions behind a shard (as its latest push reply says) waits for a
+    /// fresh fetch before it computes on, at least 1. Default: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_staleness: Option<u32>,
 }
 
 /// Adagrad settings. The accumulators live on the shards.

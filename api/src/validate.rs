@@ -188,6 +188,13 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if st.for_seconds == 0 {
         fail("spec.replicas.stragglers.forSeconds", None);
     }
+    if s.algorithm
+        .downpour
+        .as_ref()
+        .is_some_and(|d| d.max_staleness == Some(0))
+    {
+        fail("spec.algorithm.downpour.maxStaleness", None);
+    }
     let slow = &s.faults.slow_replicas;
     if slow.iter().any(|f| !(1.0..=100.0).contains(&f.factor)) {
         fail("spec.faults.slowReplicas.factor", None);

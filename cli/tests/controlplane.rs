@@ -107,6 +107,9 @@ const BROKEN: &[(&str, Change)] = &[
     ("forSeconds", |j| {
         j["spec"]["replicas"]["stragglers"] = json!({"forSeconds": 0})
     }),
+    ("maxStaleness", |j| {
+        j["spec"]["algorithm"]["downpour"]["maxStaleness"] = json!(0)
+    }),
     ("slowed replica factor", |j| {
         j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 0, "factor": 0.5}]})
     }),

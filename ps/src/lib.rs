@@ -52,7 +52,7 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
         Some(dir) => checkpoint::load(dir, opts.index, range.clone())?,
         None => None,
     };
-    let shard = match saved {
+    let mut shard = match saved {
         Some(saved) => {
             let mut s = Shard::new(opts.index, range, optimizer, saved.params);
             if s.accum.len() == saved.accum.len() {
@@ -73,6 +73,7 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
             Shard::new(opts.index, range, optimizer, params)
         }
     };
+    shard.staleness_aware = job.downpour.staleness_aware_learning_rate;
     Ok(shard)
 }
 

@@ -29,6 +29,24 @@ impl Optimizer {
         }
     }
 
+    /// The same rule with its learning rate times `factor`.
+    pub fn scaled(self, factor: f32) -> Optimizer {
+        match self {
+            Optimizer::Sgd { learning_rate } => Optimizer::Sgd {
+                learning_rate: learning_rate * factor,
+            },
+            Optimizer::Adagrad {
+                learning_rate,
+                initial_accumulator,
+                epsilon,
+            } => Optimizer::Adagrad {
+                learning_rate: learning_rate * factor,
+                initial_accumulator,
+                epsilon,
+            },
+        }
+    }
+
     /// Accumulator storage this optimizer needs for `len` parameters.
     pub fn new_accumulators(&self, len: usize) -> Vec<f32> {
         match *self {

@@ -58,6 +58,8 @@ pub struct Shard {
     pub staleness: StalenessHistogram,
     /// Version restored from a checkpoint when the shard started, if any.
     pub restored_version: Option<u64>,
+    /// Scale each push's step by 1 / max(1, staleness).
+    pub staleness_aware: bool,
     /// Per replica: pushes from incarnations below this are refused.
     fences: HashMap<u32, u64>,
     /// Per (replica, incarnation): the last sequence applied, so that a
@@ -85,6 +87,7 @@ impl Shard {
             pushes_refused: 0,
             staleness: StalenessHistogram::default(),
             restored_version: None,
+            staleness_aware: false,
             fences: HashMap::new(),
             last_sequence: HashMap::new(),
         }
@@ -123,11 +126,15 @@ impl Shard {
                 version: self.version,
             });
         }
-        self.optimizer
-            .apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
         // A shard restored from an older checkpoint can be behind the version a
         // replica fetched before the restart; that counts as fresh, not negative.
         let staleness = self.version.saturating_sub(h.base_version);
+        let optimizer = if self.staleness_aware {
+            self.optimizer.scaled(1.0 / staleness.max(1) as f32)
+        } else {
+            self.optimizer
+        };
+        optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
         self.version += 1;
         self.updates_applied += 1;
         self.staleness.record(staleness);
@@ -367,6 +374,38 @@ mod tests {
             Err(PsError::Superseded { .. })
         ));
         assert_eq!(snapshot(&s), before);
+    }
+
+    #[test]
+    fn staleness_aware_pushes_step_by_one_over_their_staleness() {
+        let sgd = Optimizer::Sgd { learning_rate: 0.5 };
+        let mut s = Shard::new(1, 10..14, sgd, vec![0.0; 4]);
+        s.staleness_aware = true;
+        let g = [1.0f32; 4];
+        // Fresh (staleness 0 counts as 1): the full step.
+        s.apply_push(header(1), &g).unwrap();
+        assert_eq!(s.params, vec![-0.5; 4]);
+        s.apply_push(header(2), &g).unwrap();
+        // Four versions behind: a quarter of the step.
+        let stale = PushHeader {
+            base_version: 0,
+            ..header(3)
+        };
+        s.version = 4;
+        s.apply_push(stale, &g).unwrap();
+        assert_eq!(s.params, vec![-1.0 - 0.125; 4]);
+        // Off: the same push takes the full step.
+        s.staleness_aware = false;
+        s.version = 4;
+        s.apply_push(
+            PushHeader {
+                base_version: 0,
+                ..header(4)
+            },
+            &g,
+        )
+        .unwrap();
+        assert_eq!(s.params, vec![-1.625; 4]);
     }
 
     #[test]

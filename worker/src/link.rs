@@ -37,6 +37,8 @@ pub struct Link {
     pending: Mutex<Option<Pending>>,
     push_wanted: Notify,
     spare: Mutex<Vec<Vec<f32>>>,
+    /// The newest shard version a fetch or a push reply has shown.
+    shard_version: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -52,6 +54,7 @@ impl Link {
             pending: Mutex::new(None),
             push_wanted: Notify::new(),
             spare: Mutex::new(Vec::new()),
+            shard_version: AtomicU64::new(0),
         })
     }
 
@@ -71,6 +74,15 @@ impl Link {
     /// Asks the fetch task for fresh parameters (at most one request is queued).
     pub fn want_fetch(&self) {
         self.fetch_wanted.notify_one();
+    }
+
+    /// The newest shard version seen.
+    pub fn shard_version(&self) -> u64 {
+        self.shard_version.load(Ordering::Relaxed)
+    }
+
+    fn saw_version(&self, v: u64) {
+        self.shard_version.fetch_max(v, Ordering::Relaxed);
     }
 
     /// The parameters fetched since the last call, if any.
@@ -131,6 +143,7 @@ impl Link {
                             down = false;
                         }
                         backoff.reset();
+                        self.saw_version(version);
                         if let Some(old) = lock(&self.fetched).replace(Fetched {
                             version,
                             values: buf,
@@ -185,7 +198,8 @@ impl Link {
             loop {
                 let started = Instant::now();
                 match client.push(id, &p.grad).await {
-                    Ok(_) => {
+                    Ok(reply) => {
+                        self.saw_version(reply.version);
                         metrics
                             .push_seconds
                             .observe(started.elapsed().as_secs_f64());

@@ -11,6 +11,7 @@ pub struct WorkerMetrics {
     pub push_seconds: Histogram,
     pub rpc_failures: IntCounterVec,
     pub dropped_gradients: IntCounter,
+    pub staleness_waits: IntCounter,
 }
 
 impl WorkerMetrics {
@@ -49,6 +50,10 @@ impl WorkerMetrics {
                 "worker_dropped_gradients_total",
                 "Gradients dropped: refused by a shard, or past the coalescing limit while a shard was slow or away",
             )?,
+            staleness_waits: IntCounter::new(
+                "worker_staleness_waits_total",
+                "Times the replica waited for a fetch because its parameters were more than maxStaleness versions behind a shard",
+            )?,
         };
         distbelief_net::register_all(
             registry,
@@ -61,6 +66,7 @@ impl WorkerMetrics {
                 Box::new(m.push_seconds.clone()),
                 Box::new(m.rpc_failures.clone()),
                 Box::new(m.dropped_gradients.clone()),
+                Box::new(m.staleness_waits.clone()),
             ],
         )?;
         Ok(m)

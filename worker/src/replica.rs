@@ -282,6 +282,7 @@ pub async fn run_replica(
             n_fetch: u64::from(job.downpour.n_fetch),
             n_push: u64::from(job.downpour.n_push),
             start_step,
+            max_staleness: job.downpour.max_staleness.map(u64::from),
             slowdown: if opts.backup_of.is_some() {
                 1.0
             } else {
@@ -354,6 +355,12 @@ pub async fn run_replica(
     Ok(summary)
 }
 
+/// Whether parameters at version `have` are more than `bound` versions
+/// behind the shard's `latest`.
+fn too_stale(latest: u64, have: u64, bound: Option<u64>) -> bool {
+    bound.is_some_and(|b| latest.saturating_sub(have) > b)
+}
+
 /// Compute threads run at a lower priority than the network threads (and the
 /// shards): when the cores are saturated a fetch or push then waits
 /// microseconds for a core instead of a scheduler slice, which keeps the
@@ -386,9 +393,23 @@ struct Compute {
     start_step: u64,
     /// Injected: each step takes this many times its compute time.
     slowdown: f64,
+    /// Bounded staleness: versions a shard may be ahead of the parameters
+    /// computed on before the replica waits for a fetch.
+    max_staleness: Option<u64>,
 }
 
 impl Compute {
+    /// Blocks until `link` has fresh parameters, or the replica stops.
+    fn wait_for_fetch(&self, link: &Link) -> Option<crate::link::Fetched> {
+        while !self.stop.load(Ordering::Relaxed) {
+            if let Some(f) = link.take_fetched() {
+                return Some(f);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        None
+    }
+
     fn run(self, params: Vec<f32>, versions: Vec<u64>, threads: usize) {
         lower_priority();
         let pool = rayon::ThreadPoolBuilder::new()
@@ -430,6 +451,16 @@ impl Compute {
                 }
                 if step.is_multiple_of(self.n_fetch) {
                     link.want_fetch();
+                }
+                if too_stale(link.shard_version(), versions[i], self.max_staleness) {
+                    self.metrics.staleness_waits.inc();
+                    link.want_fetch();
+                    let Some(f) = self.wait_for_fetch(link) else {
+                        return;
+                    };
+                    params[link.client.range.clone()].copy_from_slice(&f.values);
+                    versions[i] = f.version;
+                    link.recycle(f.values);
                 }
             }
             if pos + batch > order.len() {
@@ -479,5 +510,24 @@ impl Compute {
             l.0 += loss;
             l.1 += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::too_stale;
+
+    #[test]
+    fn a_replica_waits_only_past_its_staleness_bound() {
+        assert!(!too_stale(10, 2, None), "unbounded never waits");
+        assert!(
+            !too_stale(10, 6, Some(4)),
+            "4 behind is within a bound of 4"
+        );
+        assert!(too_stale(10, 5, Some(4)), "5 behind is past it");
+        assert!(
+            !too_stale(3, 7, Some(1)),
+            "a shard behind (restored) is not stale"
+        );
     }
 }

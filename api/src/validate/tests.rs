@@ -410,6 +410,16 @@ const RULES: &[Rule] = &[
         "at least 1",
     ),
     (
+        "maxStaleness at least 1",
+        |j| {
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.max_staleness = Some(0);
+            }
+        },
+        "spec.algorithm.downpour.maxStaleness",
+        "at least 1",
+    ),
+    (
         "slowed replica factor in [1, 100]",
         |j| {
             j.spec.faults.slow_replicas.push(SlowReplica {
@@ -504,7 +514,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 36, "{fields:#?}");
+    assert_eq!(fields.len(), 37, "{fields:#?}");
 }
 
 #[test]
