@@ -291,7 +291,9 @@ pub struct DownpourSpec {
     /// Per-parameter Adagrad on the shards. Default: enabled, initialAccumulator 0.1, epsilon 1e-8.
     #[serde(default)]
     pub adagrad: AdagradSpec,
-    /// Fetch fresh parameters every nFetch steps. Default: 1.
+    /// Fetch fresh parameters every nFetch steps. A fetch that falls on a
+    /// push rides on it: the shard answers the push with its parameters as
+    /// they are right after applying it. Default: 1.
     #[serde(default = "one")]
     pub n_fetch: u32,
     /// Push the accumulated gradient every nPush steps, at most 64. Default: 1.
@@ -312,8 +314,10 @@ pub struct DownpourSpec {
     #[serde(default)]
     pub staleness_aware_learning_rate: bool,
     /// Bounded staleness: a replica whose parameters are more than this many
-    /// versions behind a shard (as its latest push reply says) waits for a
-    /// fresh fetch before it computes on, at least 1. Default: unbounded.
+    /// versions behind a shard waits for fresh parameters before it computes
+    /// on, at least 1. Behind counts the newest version a reply showed plus
+    /// the replica's own pushes not yet answered, so 1 stops a replica from
+    /// running more than one push ahead of its parameters. Default: unbounded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u32>,
 }

@@ -57,50 +57,13 @@ impl ShardService {
         self.refuse(e)
     }
 
-    fn refuse(&self, e: PsError) -> Status {
-        self.metrics
-            .pushes_refused
-            .with_label_values(&[e.category()])
-            .inc();
-        tracing::warn!(reason = e.category(), "push refused: {e}");
-        Status::from(e)
-    }
-}
-
-fn header(c: &GradientChunk) -> PushHeader {
-    PushHeader {
-        shard: c.shard,
-        replica: c.replica,
-        incarnation: c.incarnation,
-        sequence: c.sequence,
-        base_version: c.base_version,
-        steps: c.steps.max(1),
-        fence: c.fence,
-    }
-}
-
-#[tonic::async_trait]
-impl ParameterServer for ShardService {
-    type FetchStream = FetchStream;
-
-    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
-        let (index, range, version) = {
-            let s = self.read();
-            (s.index, s.range.clone(), s.version)
-        };
-        let asked = req.into_inner().shard;
-        if asked != index {
-            return Err(PsError::WrongShard {
-                expected: index,
-                got: asked,
-            }
-            .into());
-        }
-        self.metrics.fetches.inc();
+    /// The shard's parameters as a chunk stream labelled `version`. Each
+    /// chunk is copied under the read lock only when the client is ready for
+    /// it, so a fetch never holds more than one chunk in memory. Chunks may
+    /// straddle a push: shards are Hogwild-consistent, not atomic.
+    fn parameters(&self, version: u64) -> FetchStream {
         let state = self.state.clone();
-        // Each chunk is copied under the read lock only when the client is
-        // ready for it, so a fetch never holds more than one chunk in memory.
-        // Chunks may straddle a push: shards are Hogwild-consistent, not atomic.
+        let range = self.read().range.clone();
         let stream = futures::stream::iter(chunk_ranges(range.len())).map(move |r| {
             let s = state.read().unwrap_or_else(|p| p.into_inner());
             Ok(ParameterChunk {
@@ -109,14 +72,11 @@ impl ParameterServer for ShardService {
                 values: encode_f32(&s.params[r]),
             })
         });
-        Ok(Response::new(Box::pin(stream)))
+        Box::pin(stream)
     }
 
-    async fn push(
-        &self,
-        req: Request<Streaming<GradientChunk>>,
-    ) -> Result<Response<PushReply>, Status> {
-        let mut stream = req.into_inner();
+    /// Assembles one pushed gradient from its chunks and applies it.
+    async fn receive(&self, mut stream: Streaming<GradientChunk>) -> Result<PushReply, Status> {
         let _permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
             .await
             .map_err(|_| Status::unavailable("shard busy: another push is still arriving"))?
@@ -161,21 +121,82 @@ impl ParameterServer for ShardService {
                 self.metrics.updates_applied.inc();
                 self.metrics.staleness.observe(staleness as f64);
                 self.metrics.version.set(version as i64);
-                Ok(Response::new(PushReply {
+                Ok(PushReply {
                     version,
                     applied: true,
                     staleness,
-                }))
+                })
             }
             PushOutcome::Duplicate { version } => {
                 self.metrics.duplicate_pushes.inc();
-                Ok(Response::new(PushReply {
+                Ok(PushReply {
                     version,
                     applied: false,
                     staleness: 0,
-                }))
+                })
             }
         }
+    }
+
+    fn refuse(&self, e: PsError) -> Status {
+        self.metrics
+            .pushes_refused
+            .with_label_values(&[e.category()])
+            .inc();
+        tracing::warn!(reason = e.category(), "push refused: {e}");
+        Status::from(e)
+    }
+}
+
+fn header(c: &GradientChunk) -> PushHeader {
+    PushHeader {
+        shard: c.shard,
+        replica: c.replica,
+        incarnation: c.incarnation,
+        sequence: c.sequence,
+        base_version: c.base_version,
+        steps: c.steps.max(1),
+        fence: c.fence,
+    }
+}
+
+#[tonic::async_trait]
+impl ParameterServer for ShardService {
+    type FetchStream = FetchStream;
+
+    async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
+        let (index, version) = {
+            let s = self.read();
+            (s.index, s.version)
+        };
+        let asked = req.into_inner().shard;
+        if asked != index {
+            return Err(PsError::WrongShard {
+                expected: index,
+                got: asked,
+            }
+            .into());
+        }
+        self.metrics.fetches.inc();
+        Ok(Response::new(self.parameters(version)))
+    }
+
+    async fn push(
+        &self,
+        req: Request<Streaming<GradientChunk>>,
+    ) -> Result<Response<PushReply>, Status> {
+        self.receive(req.into_inner()).await.map(Response::new)
+    }
+
+    type ExchangeStream = FetchStream;
+
+    async fn exchange(
+        &self,
+        req: Request<Streaming<GradientChunk>>,
+    ) -> Result<Response<FetchStream>, Status> {
+        let reply = self.receive(req.into_inner()).await?;
+        self.metrics.fetches.inc();
+        Ok(Response::new(self.parameters(reply.version)))
     }
 
     async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {

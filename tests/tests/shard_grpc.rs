@@ -166,3 +166,55 @@ async fn bad_pushes_are_refused_and_change_nothing() {
         assert!((initial[i] - after[i] - step).abs() < 1e-5, "param {i}");
     }
 }
+
+/// An exchange is a push answered with the parameters right after it: they
+/// include the push, carry its version, and a refused exchange sends none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exchange_answers_with_the_parameters_after_its_push() {
+    let job = distbelief_api::parse_job("grpc", JOB).expect("valid job");
+    let n = job.layout.len();
+    let cluster = start(&job, false, None).await;
+    let mut shard =
+        ShardClient::new(0, 0..n, &cluster.shards[0], Duration::from_secs(10)).expect("client");
+    let mut before = vec![0.0f32; n];
+    let mut ready = false;
+    for _ in 0..100 {
+        if shard.fetch_into(&mut before).await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "shard never answered");
+
+    let mut answered = vec![0.0f32; n];
+    let version = shard
+        .exchange(id(1), &vec![0.5f32; n], &mut answered)
+        .await
+        .expect("exchange");
+    assert_eq!(version, 1, "the answer carries the push's version");
+    let step = 0.1 * 0.5 / (0.1f32 + 0.25).sqrt();
+    for i in [0, n / 2, n - 1] {
+        assert!(
+            (before[i] - answered[i] - step).abs() < 1e-5,
+            "param {i}: the answer must include the push"
+        );
+    }
+    let mut fetched = vec![0.0f32; n];
+    assert_eq!(shard.fetch_into(&mut fetched).await.expect("fetch"), 1);
+    assert_eq!(fetched, answered);
+
+    // A retry is applied once but still answered with the parameters.
+    let mut again = vec![0.0f32; n];
+    let retried = shard
+        .exchange(id(1), &vec![0.5f32; n], &mut again)
+        .await
+        .expect("retried exchange");
+    assert_eq!((retried, &again), (1, &answered));
+
+    let bad = shard
+        .exchange(id(2), &vec![f32::NAN; n], &mut again)
+        .await
+        .expect_err("a non-finite gradient is refused");
+    assert!(bad.to_string().contains("not finite"), "{bad}");
+}

@@ -28,6 +28,8 @@ struct Pending {
     grad: Vec<f32>,
     base_version: u64,
     steps: u32,
+    /// Answer with the parameters after applying it (an exchange).
+    fetch: bool,
 }
 
 pub struct Link {
@@ -39,6 +41,11 @@ pub struct Link {
     spare: Mutex<Vec<Vec<f32>>>,
     /// The newest shard version a fetch or a push reply has shown.
     shard_version: AtomicU64,
+    /// Pushes handed over and not yet answered: each will move the shard's
+    /// version on by one, whatever else happens there.
+    unanswered: AtomicU64,
+    /// Of those, the ones that will bring parameters back.
+    exchanges: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -55,6 +62,8 @@ impl Link {
             push_wanted: Notify::new(),
             spare: Mutex::new(Vec::new()),
             shard_version: AtomicU64::new(0),
+            unanswered: AtomicU64::new(0),
+            exchanges: AtomicU64::new(0),
         })
     }
 
@@ -76,9 +85,17 @@ impl Link {
         self.fetch_wanted.notify_one();
     }
 
-    /// The newest shard version seen.
+    /// The lowest version the shard will be at once this replica's pushes
+    /// land: the newest version seen plus the pushes not yet answered. A lone
+    /// replica then knows how far its own pushes have run ahead of its
+    /// parameters before any reply says so.
     pub fn shard_version(&self) -> u64 {
-        self.shard_version.load(Ordering::Relaxed)
+        self.shard_version.load(Ordering::Relaxed) + self.unanswered.load(Ordering::Relaxed)
+    }
+
+    /// Whether a push on its way will bring parameters back.
+    pub fn exchange_coming(&self) -> bool {
+        self.exchanges.load(Ordering::Relaxed) > 0
     }
 
     fn saw_version(&self, v: u64) {
@@ -90,10 +107,11 @@ impl Link {
         lock(&self.fetched).take()
     }
 
-    /// Hands a gradient to the push task. If the previous one has not left
-    /// yet, the two are summed, so compute never waits. Returns false when an
-    /// old sum had to be dropped.
-    pub fn offer(&self, grad: &[f32], steps: u32, base_version: u64) -> bool {
+    /// Hands a gradient to the push task; with `fetch`, the shard answers
+    /// the push with its parameters. If the previous one has not left yet,
+    /// the two are summed, so compute never waits. Returns false when an old
+    /// sum had to be dropped.
+    pub fn offer(&self, grad: &[f32], steps: u32, base_version: u64, fetch: bool) -> bool {
         let mut kept = true;
         {
             let mut pending = lock(&self.pending);
@@ -104,16 +122,30 @@ impl Link {
                     }
                     p.base_version = p.base_version.min(base_version);
                     p.steps += steps;
+                    if fetch && !p.fetch {
+                        p.fetch = true;
+                        self.exchanges.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 _ => {
                     let mut buf = self.buffer();
                     buf.copy_from_slice(grad);
                     kept = pending.is_none();
+                    if kept {
+                        self.unanswered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if fetch {
+                        self.exchanges.fetch_add(1, Ordering::Relaxed);
+                    }
                     if let Some(old) = pending.replace(Pending {
                         grad: buf,
                         base_version,
                         steps,
+                        fetch,
                     }) {
+                        if old.fetch {
+                            self.exchanges.fetch_sub(1, Ordering::Relaxed);
+                        }
                         self.recycle(old.grad);
                     }
                 }
@@ -144,12 +176,10 @@ impl Link {
                         }
                         backoff.reset();
                         self.saw_version(version);
-                        if let Some(old) = lock(&self.fetched).replace(Fetched {
+                        self.deliver(Fetched {
                             version,
                             values: buf,
-                        }) {
-                            self.recycle(old.values);
-                        }
+                        });
                         break;
                     }
                     Err(e) => {
@@ -186,6 +216,7 @@ impl Link {
             let Some(p) = lock(&self.pending).take() else {
                 continue;
             };
+            let mut params = p.fetch.then(|| self.buffer());
             sequence += 1;
             let id = PushId {
                 replica,
@@ -197,12 +228,19 @@ impl Link {
             };
             loop {
                 let started = Instant::now();
-                match client.push(id, &p.grad).await {
-                    Ok(reply) => {
-                        self.saw_version(reply.version);
+                let sent = match params.as_mut() {
+                    Some(out) => client.exchange(id, &p.grad, out).await,
+                    None => client.push(id, &p.grad).await.map(|r| r.version),
+                };
+                match sent {
+                    Ok(version) => {
+                        self.saw_version(version);
                         metrics
                             .push_seconds
                             .observe(started.elapsed().as_secs_f64());
+                        if let Some(values) = params.take() {
+                            self.deliver(Fetched { version, values });
+                        }
                         if down {
                             tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
                             down = false;
@@ -233,7 +271,25 @@ impl Link {
                     }
                 }
             }
+            self.unanswered.fetch_sub(1, Ordering::Relaxed);
+            if p.fetch {
+                self.exchanges.fetch_sub(1, Ordering::Relaxed);
+            }
             self.recycle(p.grad);
+            if let Some(values) = params {
+                self.recycle(values);
+            }
+        }
+    }
+
+    /// Makes `f` the freshest fetched parameters, unless newer ones wait.
+    fn deliver(&self, f: Fetched) {
+        let mut slot = lock(&self.fetched);
+        let stale = slot.as_ref().is_some_and(|old| old.version > f.version);
+        let old = if stale { Some(f) } else { slot.replace(f) };
+        drop(slot);
+        if let Some(old) = old {
+            self.recycle(old.values);
         }
     }
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32};
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
-use distbelief_proto::v1::{FetchRequest, GradientChunk, InfoRequest, PushReply, ShardInfo};
+use distbelief_proto::v1::{
+    FetchRequest, GradientChunk, InfoRequest, ParameterChunk, PushReply, ShardInfo,
+};
 use tonic::transport::Channel;
 
 use crate::error::WorkerError;
@@ -94,13 +96,22 @@ impl ShardClient {
     }
 
     async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<u64, WorkerError> {
-        debug_assert_eq!(out.len(), self.range.len());
-        let mut stream = self
+        let stream = self
             .client
             .fetch(FetchRequest { shard: self.index })
             .await
             .map_err(|s| self.rpc(s))?
             .into_inner();
+        self.receive_parameters(stream, out).await
+    }
+
+    /// Reads a stream of parameter chunks that must cover the range exactly.
+    async fn receive_parameters(
+        &self,
+        mut stream: tonic::Streaming<ParameterChunk>,
+        out: &mut [f32],
+    ) -> Result<u64, WorkerError> {
+        debug_assert_eq!(out.len(), self.range.len());
         let mut next = self.range.start;
         let mut version = None;
         while let Some(chunk) = stream.message().await.map_err(|s| self.rpc(s))? {
@@ -128,7 +139,45 @@ impl ShardClient {
 
     /// Pushes one gradient for the whole range, in chunks.
     pub async fn push(&mut self, id: PushId, grad: &[f32]) -> Result<PushReply, WorkerError> {
-        let chunks: Vec<GradientChunk> = chunk_ranges(grad.len())
+        let chunks = self.gradient_chunks(id, grad);
+        self.client
+            .push(tokio_stream::iter(chunks))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| self.rpc(s))
+    }
+
+    /// Pushes one gradient and reads the parameters the shard answers with,
+    /// as they are right after the push was applied, into `out`. Returns
+    /// their version.
+    pub async fn exchange(
+        &mut self,
+        id: PushId,
+        grad: &[f32],
+        out: &mut [f32],
+    ) -> Result<u64, WorkerError> {
+        let deadline = self.timeout;
+        let chunks = self.gradient_chunks(id, grad);
+        let exchange = async {
+            let stream = self
+                .client
+                .exchange(tokio_stream::iter(chunks))
+                .await
+                .map_err(|s| self.rpc(s))?
+                .into_inner();
+            self.receive_parameters(stream, out).await
+        };
+        tokio::time::timeout(deadline, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                    "exchange did not complete within {deadline:?}"
+                ))))
+            })
+    }
+
+    fn gradient_chunks(&self, id: PushId, grad: &[f32]) -> Vec<GradientChunk> {
+        chunk_ranges(grad.len())
             .map(|r| GradientChunk {
                 shard: self.index,
                 replica: id.replica,
@@ -140,12 +189,7 @@ impl ShardClient {
                 offset: (self.range.start + r.start) as u64,
                 values: encode_f32(&grad[r]),
             })
-            .collect();
-        self.client
-            .push(tokio_stream::iter(chunks))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| self.rpc(s))
+            .collect()
     }
 
     pub async fn info(&mut self) -> Result<ShardInfo, WorkerError> {

@@ -439,22 +439,20 @@ impl Compute {
         let mut order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
         let mut step: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
-            // A fetch is asked for every nFetch steps, and its parameters are
-            // used from the first step after they land: holding them back
-            // until the next nFetch boundary would add nFetch steps of
-            // staleness for nothing.
+            // Fetched parameters are used from the first step after they
+            // land: holding them back until the next nFetch boundary would
+            // add nFetch steps of staleness for nothing.
             for (i, link) in self.links.iter().enumerate() {
                 if let Some(f) = link.take_fetched() {
                     params[link.client.range.clone()].copy_from_slice(&f.values);
                     versions[i] = f.version;
                     link.recycle(f.values);
                 }
-                if step.is_multiple_of(self.n_fetch) {
-                    link.want_fetch();
-                }
                 if too_stale(link.shard_version(), versions[i], self.max_staleness) {
                     self.metrics.staleness_waits.inc();
-                    link.want_fetch();
+                    if !link.exchange_coming() {
+                        link.want_fetch();
+                    }
                     let Some(f) = self.wait_for_fetch(link) else {
                         return;
                     };
@@ -487,18 +485,27 @@ impl Compute {
             }
             acc_steps += 1;
             step += 1;
+            // Every nFetch steps the replica asks for fresh parameters. When
+            // that falls on a push, the push brings them back (an exchange):
+            // they then include this replica's own update, in one round trip.
+            let fetch = step.is_multiple_of(self.n_fetch);
             if acc_steps == self.n_push {
                 for (i, link) in self.links.iter().enumerate() {
                     if !link.offer(
                         &acc[link.client.range.clone()],
                         acc_steps as u32,
                         acc_base[i],
+                        fetch,
                     ) {
                         self.metrics.dropped_gradients.inc();
                     }
                 }
                 acc.fill(0.0);
                 acc_steps = 0;
+            } else if fetch {
+                for link in &self.links {
+                    link.want_fetch();
+                }
             }
             self.metrics.steps.inc();
             self.metrics.examples.inc_by(batch as u64);
