@@ -198,6 +198,11 @@ pub const RULES: &[AdmissionRule] = &[
         "!has(self.algorithm.downpour.maxStaleness) || self.algorithm.downpour.maxStaleness >= 1",
         "must be at least 1"
     ),
+    downpour!(
+        "compression.threshold",
+        "!has(self.algorithm.downpour.compression) || self.algorithm.downpour.compression.threshold > 0.0",
+        "must be a positive number"
+    ),
     spec(
         "spec.faults.slowReplicas.factor",
         "!has(self.faults) || !has(self.faults.slowReplicas) || self.faults.slowReplicas.all(s, s.factor >= 1.0 && s.factor <= 100.0)",

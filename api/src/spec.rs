@@ -320,6 +320,21 @@ pub struct DownpourSpec {
     /// running more than one push ahead of its parameters. Default: unbounded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u32>,
+    /// Compressed pushes: each value of a push is sent as ±threshold or not
+    /// at all, as a sparse list of indices; what is not sent stays on the
+    /// replica and joins the next push (error feedback). The shard's
+    /// optimizer applies the result. Default: off (pushes are dense f32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<CompressionSpec>,
+}
+
+/// How pushes are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompressionSpec {
+    /// The magnitude τ of every sent value, > 0. A value is sent once the
+    /// gradient held back for it reaches τ; larger τ sends fewer values.
+    pub threshold: f64,
 }
 
 /// Adagrad settings. The accumulators live on the shards.

@@ -195,6 +195,14 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     {
         fail("spec.algorithm.downpour.maxStaleness", None);
     }
+    if s.algorithm
+        .downpour
+        .as_ref()
+        .and_then(|d| d.compression)
+        .is_some_and(|c| !(c.threshold > 0.0 && c.threshold.is_finite()))
+    {
+        fail("spec.algorithm.downpour.compression.threshold", None);
+    }
     let slow = &s.faults.slow_replicas;
     if slow.iter().any(|f| !(1.0..=100.0).contains(&f.factor)) {
         fail("spec.faults.slowReplicas.factor", None);

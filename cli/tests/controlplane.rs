@@ -110,6 +110,9 @@ const BROKEN: &[(&str, Change)] = &[
     ("maxStaleness", |j| {
         j["spec"]["algorithm"]["downpour"]["maxStaleness"] = json!(0)
     }),
+    ("compression threshold", |j| {
+        j["spec"]["algorithm"]["downpour"]["compression"] = json!({"threshold": 0.0})
+    }),
     ("slowed replica factor", |j| {
         j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 0, "factor": 0.5}]})
     }),

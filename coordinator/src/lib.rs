@@ -240,10 +240,13 @@ async fn eval_loop(
             continue;
         }
         let mut staleness = StalenessHistogram::default();
+        let (mut push_bytes, mut updates) = (0, 0);
         let mut shards = Vec::with_capacity(clients.len());
         for c in clients.iter_mut() {
             match c.info().await {
                 Ok(info) => {
+                    push_bytes += info.push_bytes;
+                    updates = info.updates_applied.max(updates);
                     shards.push(ShardProgress {
                         shard: info.shard,
                         version: info.version,
@@ -283,7 +286,7 @@ async fn eval_loop(
         let now = shared.now();
         let status = {
             let mut t = shared.tracker();
-            t.set_staleness(staleness);
+            t.set_shard_figures(staleness, push_bytes, updates);
             t.on_eval(now, accuracy, loss);
             if let Some(reason) = limit {
                 t.finish(reason, now);

@@ -94,6 +94,8 @@ pub struct Tracker {
     time_to_target: Option<f64>,
     train_loss: f64,
     staleness: StalenessHistogram,
+    push_bytes: u64,
+    updates: u64,
     done: Option<(StopReason, f64)>,
 }
 
@@ -112,6 +114,8 @@ impl Tracker {
             time_to_target: None,
             train_loss: f64::NAN,
             staleness: StalenessHistogram::default(),
+            push_bytes: 0,
+            updates: 0,
             done: None,
         }
     }
@@ -293,8 +297,11 @@ impl Tracker {
         }
     }
 
-    pub fn set_staleness(&mut self, h: StalenessHistogram) {
+    /// What the shards last said: staleness, bytes pushed, updates applied.
+    pub fn set_shard_figures(&mut self, h: StalenessHistogram, push_bytes: u64, updates: u64) {
         self.staleness = h;
+        self.push_bytes = push_bytes;
+        self.updates = updates;
     }
 
     pub fn finish(&mut self, reason: StopReason, now: f64) {
@@ -330,6 +337,8 @@ impl Tracker {
                 p99: self.staleness.quantile(0.99),
                 max: self.staleness.max(),
             }),
+            push_bytes: self.push_bytes,
+            updates: self.updates,
             replicas: self
                 .replicas
                 .iter()

@@ -42,6 +42,42 @@ pub fn decode_f32_into(bytes: &[u8], out: &mut [f32]) -> Option<()> {
     Some(())
 }
 
+/// Quantises `values` to ±`threshold` with error feedback: every value whose
+/// magnitude reaches the threshold is sent as its sign, and what is not sent
+/// stays in `values` as the residual for the next push. Returns the
+/// threshold-signs words (see `GradientEncoding`).
+pub fn encode_threshold_signs(values: &mut [f32], threshold: f32) -> Bytes {
+    let mut out = BytesMut::new();
+    for (i, v) in values.iter_mut().enumerate() {
+        if v.abs() >= threshold {
+            let negative = *v < 0.0;
+            *v -= if negative { -threshold } else { threshold };
+            out.extend_from_slice(&(i as u32 | (u32::from(negative) << 31)).to_le_bytes());
+        }
+    }
+    out.freeze()
+}
+
+/// Decodes threshold-signs words into `out` (zeroed first). `None` when the
+/// bytes are not whole words, or an index is out of order or past the end.
+pub fn decode_threshold_signs(bytes: &[u8], threshold: f32, out: &mut [f32]) -> Option<()> {
+    if !bytes.len().is_multiple_of(4) {
+        return None;
+    }
+    out.fill(0.0);
+    let mut next = 0usize;
+    for w in bytes.chunks_exact(4) {
+        let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        let i = (w & 0x7fff_ffff) as usize;
+        if i < next || i >= out.len() {
+            return None;
+        }
+        out[i] = if w >> 31 == 1 { -threshold } else { threshold };
+        next = i + 1;
+    }
+    Some(())
+}
+
 /// Splits `[0, len)` into consecutive chunk ranges of at most `MAX_CHUNK_VALUES`.
 pub fn chunk_ranges(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
     (0..len.div_ceil(MAX_CHUNK_VALUES).max(1))
@@ -51,6 +87,65 @@ pub fn chunk_ranges(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_feedback_loses_nothing_over_time() {
+        // Whatever is sent, plus what is still held back, is every gradient.
+        let (n, tau) = (1000, 0.05f32);
+        let mut residual = vec![0.0f32; n];
+        let mut sent_total = vec![0.0f64; n];
+        let mut true_total = vec![0.0f64; n];
+        let mut sent = vec![0.0f32; n];
+        let mut bytes = 0;
+        for step in 0..50u32 {
+            for (i, r) in residual.iter_mut().enumerate() {
+                let g = ((i as u32 * 7919 + step * 104_729) % 2001) as f32 / 20_000.0 - 0.05;
+                *r += g;
+                true_total[i] += f64::from(g);
+            }
+            let words = encode_threshold_signs(&mut residual, tau);
+            bytes += words.len();
+            decode_threshold_signs(&words, tau, &mut sent).expect("valid words");
+            for (t, s) in sent_total.iter_mut().zip(&sent) {
+                *t += f64::from(*s);
+            }
+            assert!(
+                residual.iter().all(|r| r.abs() < tau),
+                "residual stays below τ"
+            );
+        }
+        for i in 0..n {
+            let kept = sent_total[i] + f64::from(residual[i]);
+            assert!(
+                (kept - true_total[i]).abs() < 1e-4,
+                "index {i}: {kept} vs {}",
+                true_total[i]
+            );
+        }
+        assert!(
+            bytes < 50 * n * 4 / 4,
+            "mostly below the threshold: {bytes} bytes"
+        );
+    }
+
+    #[test]
+    fn threshold_signs_refuse_bad_words() {
+        let mut out = vec![0.0f32; 4];
+        assert_eq!(decode_threshold_signs(&[0; 3], 1.0, &mut out), None);
+        let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(
+            decode_threshold_signs(&words(&[2, 1]), 1.0, &mut out),
+            None,
+            "out of order"
+        );
+        assert_eq!(
+            decode_threshold_signs(&words(&[4]), 1.0, &mut out),
+            None,
+            "past the end"
+        );
+        decode_threshold_signs(&words(&[1, 3 | 1 << 31]), 0.5, &mut out).expect("valid");
+        assert_eq!(out, vec![0.0, 0.5, 0.0, -0.5]);
+    }
 
     #[test]
     fn round_trip() {

@@ -22,7 +22,9 @@ pub enum PsError {
         start: usize,
         end: usize,
     },
-    #[error("gradient chunk payload is {0} bytes, not a whole number of f32 values")]
+    #[error(
+        "gradient chunk payload of {0} bytes does not decode: not whole f32 values, or threshold-signs words out of order, out of range or with a threshold that is not positive"
+    )]
     Malformed(usize),
     #[error("gradient chunks disagree on {0}")]
     InconsistentHeader(&'static str),

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::parameter_server_server::ParameterServer;
 use distbelief_proto::v1::{
-    FetchRequest, GradientChunk, InfoRequest, ParameterChunk, PushReply, ShardInfo,
+    FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
+    ShardInfo,
 };
 use futures::Stream;
 use tokio::sync::Semaphore;
@@ -17,7 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::PsError;
 use crate::metrics::PsMetrics;
-use crate::shard::{PushAssembly, PushHeader, PushOutcome, Shard};
+use crate::shard::{Payload, PushAssembly, PushHeader, PushOutcome, Shard};
 
 type FetchStream = Pin<Box<dyn Stream<Item = Result<ParameterChunk, Status>> + Send>>;
 
@@ -92,7 +93,7 @@ impl ShardService {
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
             while let Some(chunk) = stream.message().await? {
-                if let Err(e) = assembly.add(header(&chunk), chunk.offset, &chunk.values) {
+                if let Err(e) = assembly.add(header(&chunk), chunk.offset, payload(&chunk)) {
                     return Err(self.refuse_unassembled(e));
                 }
             }
@@ -107,7 +108,11 @@ impl ShardService {
         // runtime, so that other connections are served from other threads.
         let outcome = tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
-            s.apply_push(h, &assembly.values)
+            let outcome = s.apply_push(h, &assembly.values);
+            if let Ok(PushOutcome::Applied { .. }) = outcome {
+                s.push_bytes += assembly.bytes;
+            }
+            outcome
         });
         self.staging
             .lock()
@@ -160,6 +165,17 @@ fn header(c: &GradientChunk) -> PushHeader {
     }
 }
 
+fn payload(c: &GradientChunk) -> Payload<'_> {
+    match c.encoding() {
+        GradientEncoding::Dense => Payload::Dense(&c.values),
+        GradientEncoding::ThresholdSigns => Payload::ThresholdSigns {
+            words: &c.values,
+            threshold: c.threshold,
+            length: c.length,
+        },
+    }
+}
+
 #[tonic::async_trait]
 impl ParameterServer for ShardService {
     type FetchStream = FetchStream;
@@ -208,6 +224,7 @@ impl ParameterServer for ShardService {
             version: s.version,
             updates_applied: s.updates_applied,
             pushes_refused: s.pushes_refused,
+            push_bytes: s.push_bytes,
             staleness_counts: s.staleness.counts().to_vec(),
             staleness_max: s.staleness.max(),
             restored_version: s.restored_version,

@@ -55,6 +55,8 @@ pub struct Shard {
     pub version: u64,
     pub updates_applied: u64,
     pub pushes_refused: u64,
+    /// Bytes of the pushes applied, as they travelled.
+    pub push_bytes: u64,
     pub staleness: StalenessHistogram,
     /// Version restored from a checkpoint when the shard started, if any.
     pub restored_version: Option<u64>,
@@ -85,6 +87,7 @@ impl Shard {
             version: 0,
             updates_applied: 0,
             pushes_refused: 0,
+            push_bytes: 0,
             staleness: StalenessHistogram::default(),
             restored_version: None,
             staleness_aware: false,
@@ -187,6 +190,38 @@ impl Shard {
     }
 }
 
+/// One chunk's values as they travel.
+#[derive(Debug, Clone, Copy)]
+pub enum Payload<'a> {
+    /// Little-endian f32 values.
+    Dense(&'a [u8]),
+    /// Threshold-signs words covering `length` parameters.
+    ThresholdSigns {
+        words: &'a [u8],
+        threshold: f32,
+        length: u64,
+    },
+}
+
+impl Payload<'_> {
+    /// Parameters the chunk covers.
+    fn len(&self) -> Result<usize, PsError> {
+        match *self {
+            Payload::Dense(b) if b.len().is_multiple_of(4) => Ok(b.len() / 4),
+            Payload::Dense(b) => Err(PsError::Malformed(b.len())),
+            Payload::ThresholdSigns { length, .. } => Ok(length as usize),
+        }
+    }
+
+    /// Bytes on the wire.
+    pub fn bytes(&self) -> usize {
+        match *self {
+            Payload::Dense(b) => b.len(),
+            Payload::ThresholdSigns { words, .. } => words.len(),
+        }
+    }
+}
+
 /// Collects the chunks of one push into a staging buffer, checking each as it
 /// arrives, so that the shard itself is only touched once the push is whole.
 #[derive(Debug)]
@@ -195,6 +230,8 @@ pub struct PushAssembly {
     header: Option<PushHeader>,
     next_offset: u64,
     pub values: Vec<f32>,
+    /// Bytes received so far.
+    pub bytes: u64,
 }
 
 impl PushAssembly {
@@ -205,10 +242,11 @@ impl PushAssembly {
             range,
             header: None,
             values: buffer,
+            bytes: 0,
         }
     }
 
-    pub fn add(&mut self, h: PushHeader, offset: u64, bytes: &[u8]) -> Result<(), PsError> {
+    pub fn add(&mut self, h: PushHeader, offset: u64, payload: Payload) -> Result<(), PsError> {
         match self.header {
             None => self.header = Some(h),
             Some(first) => {
@@ -232,10 +270,7 @@ impl PushAssembly {
                 }
             }
         }
-        if !bytes.len().is_multiple_of(4) {
-            return Err(PsError::Malformed(bytes.len()));
-        }
-        let n = bytes.len() / 4;
+        let n = payload.len()?;
         let end = offset.saturating_add(n as u64);
         if offset < self.range.start as u64 || end > self.range.end as u64 {
             return Err(PsError::OutOfRange {
@@ -253,9 +288,22 @@ impl PushAssembly {
         }
         let at = self.values.len();
         self.values.resize(at + n, 0.0);
-        distbelief_proto::codec::decode_f32_into(bytes, &mut self.values[at..])
-            .ok_or(PsError::Malformed(bytes.len()))?;
+        let out = &mut self.values[at..];
+        let decoded = match payload {
+            Payload::Dense(b) => distbelief_proto::codec::decode_f32_into(b, out),
+            Payload::ThresholdSigns {
+                words, threshold, ..
+            } if threshold.is_finite() && threshold > 0.0 => {
+                distbelief_proto::codec::decode_threshold_signs(words, threshold, out)
+            }
+            Payload::ThresholdSigns { .. } => None,
+        };
+        if decoded.is_none() {
+            self.values.truncate(at);
+            return Err(PsError::Malformed(payload.bytes()));
+        }
         self.next_offset = end;
+        self.bytes += payload.bytes() as u64;
         Ok(())
     }
 
@@ -479,30 +527,49 @@ mod tests {
         let h = header(1);
         let mut a = PushAssembly::new(10..14, Vec::new());
         assert!(matches!(a.finish(), Err(PsError::EmptyPush)));
-        a.add(h, 10, &encode_f32(&[1.0, 2.0])).unwrap();
+        a.add(h, 10, Payload::Dense(&encode_f32(&[1.0, 2.0])))
+            .unwrap();
         assert!(matches!(
-            a.add(h, 13, &encode_f32(&[3.0])),
+            a.add(h, 13, Payload::Dense(&encode_f32(&[3.0]))),
             Err(PsError::OutOfOrder { .. })
         ));
         assert!(matches!(
-            a.add(h, 12, &encode_f32(&[3.0; 3])),
+            a.add(h, 12, Payload::Dense(&encode_f32(&[3.0; 3]))),
             Err(PsError::OutOfRange { .. })
         ));
         assert!(matches!(
-            a.add(h, 12, &[0u8; 5]),
+            a.add(h, 12, Payload::Dense(&[0u8; 5])),
             Err(PsError::Malformed(5))
         ));
         let other = PushHeader { sequence: 9, ..h };
         assert!(matches!(
-            a.add(other, 12, &encode_f32(&[3.0])),
+            a.add(other, 12, Payload::Dense(&encode_f32(&[3.0]))),
             Err(PsError::InconsistentHeader(_))
         ));
-        a.add(h, 12, &encode_f32(&[3.0, 4.0])).unwrap();
+        a.add(h, 12, Payload::Dense(&encode_f32(&[3.0, 4.0])))
+            .unwrap();
         assert_eq!(a.finish().unwrap(), h);
         assert_eq!(a.values, vec![1.0, 2.0, 3.0, 4.0]);
+        let mut sparse = PushAssembly::new(10..14, Vec::new());
+        let words: Vec<u8> = [1u32, 2 | 1 << 31]
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let signs = |threshold| Payload::ThresholdSigns {
+            words: &words,
+            threshold,
+            length: 4,
+        };
+        assert!(matches!(
+            sparse.add(h, 10, signs(0.0)),
+            Err(PsError::Malformed(8))
+        ));
+        sparse.add(h, 10, signs(0.25)).unwrap();
+        assert_eq!(sparse.values, vec![0.0, 0.25, -0.25, 0.0]);
+        assert_eq!(sparse.bytes, 8, "bytes as they travelled");
         let mut low = PushAssembly::new(10..14, Vec::new());
         assert!(matches!(
-            low.add(h, 2, &encode_f32(&[1.0])),
+            low.add(h, 2, Payload::Dense(&encode_f32(&[1.0]))),
             Err(PsError::OutOfRange { .. })
         ));
     }

@@ -76,7 +76,10 @@ spec:
             steps: 1,
             fence: 0,
         };
-        shard.push(id, &vec![0.1; n]).await.expect("push");
+        shard
+            .push(shard.dense_chunks(id, &vec![0.1; n]))
+            .await
+            .expect("push");
     }
     let body = tokio::task::spawn_blocking(move || get(metrics, "/metrics"))
         .await

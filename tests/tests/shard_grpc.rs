@@ -50,6 +50,7 @@ fn chunk(shard: u32, offset: u64, values: &[f32]) -> GradientChunk {
         values: encode_f32(values),
         steps: 1,
         fence: 0,
+        ..GradientChunk::default()
     }
 }
 
@@ -154,10 +155,16 @@ async fn bad_pushes_are_refused_and_change_nothing() {
     assert_eq!(info.pushes_refused, refused);
 
     let grad = vec![0.5f32; n];
-    let reply = shard.push(id(1), &grad).await.expect("good push");
+    let reply = shard
+        .push(shard.dense_chunks(id(1), &grad))
+        .await
+        .expect("good push");
     assert!(reply.applied);
     assert_eq!(reply.version, 1);
-    let retry = shard.push(id(1), &grad).await.expect("retried push");
+    let retry = shard
+        .push(shard.dense_chunks(id(1), &grad))
+        .await
+        .expect("retried push");
     assert!(!retry.applied, "a retried push is applied once");
     assert_eq!(shard.fetch_into(&mut after).await.expect("fetch"), 1);
     // First Adagrad step from accumulator 0.1: each weight moves by lr·g/√(0.1+g²).
@@ -189,7 +196,7 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
 
     let mut answered = vec![0.0f32; n];
     let version = shard
-        .exchange(id(1), &vec![0.5f32; n], &mut answered)
+        .exchange(shard.dense_chunks(id(1), &vec![0.5f32; n]), &mut answered)
         .await
         .expect("exchange");
     assert_eq!(version, 1, "the answer carries the push's version");
@@ -207,13 +214,13 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
     // A retry is applied once but still answered with the parameters.
     let mut again = vec![0.0f32; n];
     let retried = shard
-        .exchange(id(1), &vec![0.5f32; n], &mut again)
+        .exchange(shard.dense_chunks(id(1), &vec![0.5f32; n]), &mut again)
         .await
         .expect("retried exchange");
     assert_eq!((retried, &again), (1, &answered));
 
     let bad = shard
-        .exchange(id(2), &vec![f32::NAN; n], &mut again)
+        .exchange(shard.dense_chunks(id(2), &vec![f32::NAN; n]), &mut again)
         .await
         .expect_err("a non-finite gradient is refused");
     assert!(bad.to_string().contains("not finite"), "{bad}");

@@ -107,11 +107,19 @@ impl Link {
         lock(&self.fetched).take()
     }
 
-    /// Hands a gradient to the push task; with `fetch`, the shard answers
-    /// the push with its parameters. If the previous one has not left yet,
-    /// the two are summed, so compute never waits. Returns false when an old
-    /// sum had to be dropped.
+    /// Hands a gradient to the push task; with `fetch`, fresh parameters are
+    /// wanted too. If the previous push has not left yet, the two are summed,
+    /// so compute never waits. Returns false when an old sum had to be
+    /// dropped.
     pub fn offer(&self, grad: &[f32], steps: u32, base_version: u64, fetch: bool) -> bool {
+        // An idle link answers the push with the parameters (an exchange).
+        // A busy one would make the parameters wait for the push queued
+        // behind it, so they are fetched beside it instead.
+        let busy = self.unanswered.load(Ordering::Relaxed) > 0;
+        if fetch && busy {
+            self.want_fetch();
+        }
+        let fetch = fetch && !busy;
         let mut kept = true;
         {
             let mut pending = lock(&self.pending);
@@ -199,15 +207,22 @@ impl Link {
     }
 
     /// Pushes pending gradients until aborted. A failed push is retried with
-    /// the same sequence number, so the shard applies it at most once.
+    /// the same sequence number, so the shard applies it at most once. With
+    /// a `threshold`, pushes are quantised to ±threshold, and what a push
+    /// holds back stays here for the next (error feedback).
     pub async fn push_loop(
         self: Arc<Self>,
         replica: u32,
         incarnation: u64,
         fence: Arc<AtomicU64>,
+        threshold: Option<f32>,
         metrics: WorkerMetrics,
     ) {
         let mut client = self.client.clone();
+        let mut residual = match threshold {
+            Some(_) => vec![0.0f32; client.range.len()],
+            None => Vec::new(),
+        };
         let mut backoff = distbelief_net::Backoff::default();
         let mut down = false;
         let mut sequence = 0;
@@ -226,11 +241,23 @@ impl Link {
                 steps: p.steps,
                 fence: fence.load(Ordering::Relaxed),
             };
+            let chunks = match threshold {
+                Some(t) => {
+                    for (r, g) in residual.iter_mut().zip(&p.grad) {
+                        *r += g;
+                    }
+                    client.threshold_chunks(id, &mut residual, t)
+                }
+                None => client.dense_chunks(id, &p.grad),
+            };
+            metrics
+                .push_bytes
+                .inc_by(chunks.iter().map(|c| c.values.len() as u64).sum());
             loop {
                 let started = Instant::now();
                 let sent = match params.as_mut() {
-                    Some(out) => client.exchange(id, &p.grad, out).await,
-                    None => client.push(id, &p.grad).await.map(|r| r.version),
+                    Some(out) => client.exchange(chunks.clone(), out).await,
+                    None => client.push(chunks.clone()).await.map(|r| r.version),
                 };
                 match sent {
                     Ok(version) => {

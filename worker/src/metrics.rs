@@ -12,6 +12,7 @@ pub struct WorkerMetrics {
     pub rpc_failures: IntCounterVec,
     pub dropped_gradients: IntCounter,
     pub staleness_waits: IntCounter,
+    pub push_bytes: IntCounter,
 }
 
 impl WorkerMetrics {
@@ -54,6 +55,10 @@ impl WorkerMetrics {
                 "worker_staleness_waits_total",
                 "Times the replica waited for a fetch because its parameters were more than maxStaleness versions behind a shard",
             )?,
+            push_bytes: IntCounter::new(
+                "worker_push_bytes_total",
+                "Bytes of gradient values pushed, as they travel (after compression)",
+            )?,
         };
         distbelief_net::register_all(
             registry,
@@ -67,6 +72,7 @@ impl WorkerMetrics {
                 Box::new(m.rpc_failures.clone()),
                 Box::new(m.dropped_gradients.clone()),
                 Box::new(m.staleness_waits.clone()),
+                Box::new(m.push_bytes.clone()),
             ],
         )?;
         Ok(m)

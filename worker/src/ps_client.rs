@@ -4,10 +4,11 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32};
+use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32, encode_threshold_signs};
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
-    FetchRequest, GradientChunk, InfoRequest, ParameterChunk, PushReply, ShardInfo,
+    FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
+    ShardInfo,
 };
 use tonic::transport::Channel;
 
@@ -137,9 +138,9 @@ impl ShardClient {
         Ok(version.unwrap_or(0))
     }
 
-    /// Pushes one gradient for the whole range, in chunks.
-    pub async fn push(&mut self, id: PushId, grad: &[f32]) -> Result<PushReply, WorkerError> {
-        let chunks = self.gradient_chunks(id, grad);
+    /// Pushes one gradient for the whole range, as chunks made by
+    /// [`Self::dense_chunks`] or [`Self::threshold_chunks`].
+    pub async fn push(&mut self, chunks: Vec<GradientChunk>) -> Result<PushReply, WorkerError> {
         self.client
             .push(tokio_stream::iter(chunks))
             .await
@@ -152,12 +153,10 @@ impl ShardClient {
     /// their version.
     pub async fn exchange(
         &mut self,
-        id: PushId,
-        grad: &[f32],
+        chunks: Vec<GradientChunk>,
         out: &mut [f32],
     ) -> Result<u64, WorkerError> {
         let deadline = self.timeout;
-        let chunks = self.gradient_chunks(id, grad);
         let exchange = async {
             let stream = self
                 .client
@@ -176,20 +175,49 @@ impl ShardClient {
             })
     }
 
-    fn gradient_chunks(&self, id: PushId, grad: &[f32]) -> Vec<GradientChunk> {
+    /// A gradient for the whole range as f32 chunks.
+    pub fn dense_chunks(&self, id: PushId, grad: &[f32]) -> Vec<GradientChunk> {
         chunk_ranges(grad.len())
             .map(|r| GradientChunk {
-                shard: self.index,
-                replica: id.replica,
-                incarnation: id.incarnation,
-                sequence: id.sequence,
-                base_version: id.base_version,
-                steps: id.steps,
-                fence: id.fence,
                 offset: (self.range.start + r.start) as u64,
                 values: encode_f32(&grad[r]),
+                ..self.chunk_header(id)
             })
             .collect()
+    }
+
+    /// A gradient for the whole range quantised to ±`threshold` with error
+    /// feedback: `residual` holds the gradient plus what earlier pushes held
+    /// back, and keeps what this one holds back.
+    pub fn threshold_chunks(
+        &self,
+        id: PushId,
+        residual: &mut [f32],
+        threshold: f32,
+    ) -> Vec<GradientChunk> {
+        chunk_ranges(residual.len())
+            .map(|r| GradientChunk {
+                offset: (self.range.start + r.start) as u64,
+                encoding: GradientEncoding::ThresholdSigns.into(),
+                threshold,
+                length: r.len() as u64,
+                values: encode_threshold_signs(&mut residual[r], threshold),
+                ..self.chunk_header(id)
+            })
+            .collect()
+    }
+
+    fn chunk_header(&self, id: PushId) -> GradientChunk {
+        GradientChunk {
+            shard: self.index,
+            replica: id.replica,
+            incarnation: id.incarnation,
+            sequence: id.sequence,
+            base_version: id.base_version,
+            steps: id.steps,
+            fence: id.fence,
+            ..GradientChunk::default()
+        }
     }
 
     pub async fn info(&mut self) -> Result<ShardInfo, WorkerError> {

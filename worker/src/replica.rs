@@ -263,6 +263,7 @@ pub async fn run_replica(
             opts.replica,
             incarnation,
             fence.clone(),
+            job.downpour.compression.map(|c| c.threshold as f32),
             metrics.clone(),
         )));
     }

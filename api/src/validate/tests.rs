@@ -1,5 +1,7 @@
 use super::*;
-use crate::spec::{Activation, CheckpointVolume, DenseLayer, FASHION_MNIST_DIR, Loss, SlowReplica};
+use crate::spec::{
+    Activation, CheckpointVolume, CompressionSpec, DenseLayer, FASHION_MNIST_DIR, Loss, SlowReplica,
+};
 use crate::{load_job, parse_job};
 
 /// The smallest valid job: a Fashion-MNIST MLP with one hidden layer, all
@@ -420,6 +422,16 @@ const RULES: &[Rule] = &[
         "at least 1",
     ),
     (
+        "compression threshold positive",
+        |j| {
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.compression = Some(CompressionSpec { threshold: 0.0 });
+            }
+        },
+        "spec.algorithm.downpour.compression.threshold",
+        "positive",
+    ),
+    (
         "slowed replica factor in [1, 100]",
         |j| {
             j.spec.faults.slow_replicas.push(SlowReplica {
@@ -514,7 +526,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 37, "{fields:#?}");
+    assert_eq!(fields.len(), 38, "{fields:#?}");
 }
 
 #[test]

@@ -108,14 +108,14 @@ pub fn fetch_push(
             fence: 0,
         };
         client.fetch_into(&mut params).await?;
-        client.push(push(1), &grad).await?;
+        client.push(client.dense_chunks(push(1), &grad)).await?;
         // Fetch and push run side by side, as a replica runs them.
         let mut pusher = client.clone();
         let started = Instant::now();
         for i in 0..rounds {
             let (f, p) = tokio::join!(
                 client.fetch_into(&mut params),
-                pusher.push(push(i as u64 + 2), &grad)
+                pusher.push(pusher.dense_chunks(push(i as u64 + 2), &grad))
             );
             f?;
             p?;

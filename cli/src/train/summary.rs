@@ -47,6 +47,10 @@ pub struct Summary {
     pub replica_restarts: u32,
     pub shard_restarts: u32,
     pub staleness: StalenessSummary,
+    /// Bytes of gradient values pushed per training example, as they travelled.
+    pub push_bytes_per_example: f64,
+    /// Updates applied by the busiest shard: one per push, or per synchronous step.
+    pub updates: u64,
     pub shards: usize,
     pub replicas: usize,
     pub parameters: usize,
@@ -97,6 +101,12 @@ impl Summary {
                 p99: st.p99,
                 max: st.max,
             },
+            push_bytes_per_example: if s.examples > 0 {
+                s.push_bytes as f64 / s.examples as f64
+            } else {
+                0.0
+            },
+            updates: s.updates,
             shards: job.shards(),
             replicas: job.replicas(),
             parameters: job.layout.len(),
