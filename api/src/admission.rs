@@ -203,6 +203,16 @@ pub const RULES: &[AdmissionRule] = &[
         "!has(self.algorithm.downpour.compression) || self.algorithm.downpour.compression.threshold > 0.0",
         "must be a positive number"
     ),
+    downpour!(
+        "synchronous.backupWorkers",
+        "!has(self.algorithm.downpour.synchronous) || !has(self.algorithm.downpour.synchronous.backupWorkers) || self.algorithm.downpour.synchronous.backupWorkers < self.replicas.count",
+        "must be fewer than the replicas"
+    ),
+    downpour!(
+        "synchronous",
+        "!has(self.algorithm.downpour.synchronous) || !has(self.algorithm.downpour.warmStartSteps) || self.algorithm.downpour.warmStartSteps == 0",
+        "needs warmStartSteps 0: every step waits for several replicas"
+    ),
     spec(
         "spec.faults.slowReplicas.factor",
         "!has(self.faults) || !has(self.faults.slowReplicas) || self.faults.slowReplicas.all(s, s.factor >= 1.0 && s.factor <= 100.0)",

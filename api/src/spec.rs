@@ -326,6 +326,24 @@ pub struct DownpourSpec {
     /// optimizer applies the result. Default: off (pushes are dense f32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<CompressionSpec>,
+    /// Synchronous SGD instead of asynchronous Downpour: every step, each
+    /// shard applies the mean of the first (replicas − backupWorkers)
+    /// gradients computed on its current parameters, one per replica, and
+    /// drops the rest; replicas wait for each step's parameters (nFetch and
+    /// nPush are 1). Needs warmStartSteps 0. Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous: Option<SynchronousSpec>,
+}
+
+/// Synchronous SGD with backup workers (Chen et al., 2016).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SynchronousSpec {
+    /// Replicas whose gradients each step does without: a step applies once
+    /// the first (replicas − backupWorkers) have pushed, so that many slow
+    /// replicas cannot hold it up. Fewer than the replicas. Default: 0.
+    #[serde(default)]
+    pub backup_workers: u32,
 }
 
 /// How pushes are compressed.

@@ -203,6 +203,16 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     {
         fail("spec.algorithm.downpour.compression.threshold", None);
     }
+    if let Some(d) = s.algorithm.downpour.as_ref()
+        && let Some(sync) = d.synchronous
+    {
+        if sync.backup_workers >= s.replicas.count {
+            fail("spec.algorithm.downpour.synchronous.backupWorkers", None);
+        }
+        if d.warm_start_steps != 0 {
+            fail("spec.algorithm.downpour.synchronous", None);
+        }
+    }
     let slow = &s.faults.slow_replicas;
     if slow.iter().any(|f| !(1.0..=100.0).contains(&f.factor)) {
         fail("spec.faults.slowReplicas.factor", None);

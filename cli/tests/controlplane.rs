@@ -113,6 +113,14 @@ const BROKEN: &[(&str, Change)] = &[
     ("compression threshold", |j| {
         j["spec"]["algorithm"]["downpour"]["compression"] = json!({"threshold": 0.0})
     }),
+    ("synchronous backup workers", |j| {
+        j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(0);
+        j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({"backupWorkers": 99})
+    }),
+    ("synchronous warm start", |j| {
+        j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(5);
+        j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({})
+    }),
     ("slowed replica factor", |j| {
         j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 0, "factor": 0.5}]})
     }),

@@ -23,6 +23,7 @@ pub use metrics::PsMetrics;
 pub use optimizer::Optimizer;
 pub use service::ShardService;
 pub use shard::Shard;
+use shard::SyncRound;
 pub use staleness::StalenessHistogram;
 
 /// How to run one shard.
@@ -74,6 +75,10 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
         }
     };
     shard.staleness_aware = job.downpour.staleness_aware_learning_rate;
+    shard.sync = job
+        .downpour
+        .synchronous
+        .map(|s| SyncRound::new(job.replicas().saturating_sub(s.backup_workers as usize)));
     Ok(shard)
 }
 

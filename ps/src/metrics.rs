@@ -7,6 +7,7 @@ pub struct PsMetrics {
     pub updates_applied: IntCounter,
     pub pushes_refused: IntCounterVec,
     pub duplicate_pushes: IntCounter,
+    pub late_pushes: IntCounter,
     pub fetches: IntCounter,
     pub staleness: Histogram,
     pub version: IntGauge,
@@ -28,6 +29,10 @@ impl PsMetrics {
             duplicate_pushes: IntCounter::new(
                 "ps_duplicate_pushes_total",
                 "Retried pushes acknowledged without being applied again",
+            )?,
+            late_pushes: IntCounter::new(
+                "ps_late_pushes_total",
+                "Synchronous SGD: pushes dropped because their step had already been applied",
             )?,
             fetches: IntCounter::new("ps_fetches_total", "Parameter fetches served")?,
             staleness: Histogram::with_opts(
@@ -55,6 +60,7 @@ impl PsMetrics {
                 Box::new(m.updates_applied.clone()),
                 Box::new(m.pushes_refused.clone()),
                 Box::new(m.duplicate_pushes.clone()),
+                Box::new(m.late_pushes.clone()),
                 Box::new(m.fetches.clone()),
                 Box::new(m.staleness.clone()),
                 Box::new(m.version.clone()),

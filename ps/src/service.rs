@@ -29,7 +29,13 @@ pub struct ShardService {
     staging: Arc<Mutex<Vec<Vec<f32>>>>,
     /// Pushes being assembled at once; bounds staging memory to this many shard-sized buffers.
     assembling: Arc<Semaphore>,
+    /// The shard's version, for exchanges that wait for a synchronous step.
+    versions: tokio::sync::watch::Sender<u64>,
 }
+
+/// Longest a synchronous exchange waits for its step to be applied before it
+/// answers with the parameters as they are (the pusher then computes again).
+const STEP_WAIT: Duration = Duration::from_secs(5);
 
 const CONCURRENT_ASSEMBLIES: usize = 1;
 /// Longest a push may wait for the assembly slot, and then take to arrive.
@@ -37,7 +43,9 @@ const ASSEMBLY_DEADLINE: Duration = Duration::from_secs(10);
 
 impl ShardService {
     pub fn new(state: Arc<RwLock<Shard>>, metrics: PsMetrics) -> Self {
+        let version = state.read().unwrap_or_else(|p| p.into_inner()).version;
         ShardService {
+            versions: tokio::sync::watch::Sender::new(version),
             state,
             metrics,
             staging: Arc::new(Mutex::new(Vec::new())),
@@ -109,7 +117,7 @@ impl ShardService {
         let outcome = tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
             let outcome = s.apply_push(h, &assembly.values);
-            if let Ok(PushOutcome::Applied { .. }) = outcome {
+            if let Ok(PushOutcome::Applied { .. } | PushOutcome::Waiting { .. }) = outcome {
                 s.push_bytes += assembly.bytes;
             }
             outcome
@@ -126,10 +134,27 @@ impl ShardService {
                 self.metrics.updates_applied.inc();
                 self.metrics.staleness.observe(staleness as f64);
                 self.metrics.version.set(version as i64);
+                self.versions.send_replace(version);
                 Ok(PushReply {
                     version,
                     applied: true,
                     staleness,
+                    waiting: false,
+                })
+            }
+            PushOutcome::Waiting { version } => Ok(PushReply {
+                version,
+                applied: true,
+                staleness: 0,
+                waiting: true,
+            }),
+            PushOutcome::Late { version } => {
+                self.metrics.late_pushes.inc();
+                Ok(PushReply {
+                    version,
+                    applied: false,
+                    staleness: 0,
+                    waiting: false,
                 })
             }
             PushOutcome::Duplicate { version } => {
@@ -138,6 +163,7 @@ impl ShardService {
                     version,
                     applied: false,
                     staleness: 0,
+                    waiting: false,
                 })
             }
         }
@@ -211,8 +237,17 @@ impl ParameterServer for ShardService {
         req: Request<Streaming<GradientChunk>>,
     ) -> Result<Response<FetchStream>, Status> {
         let reply = self.receive(req.into_inner()).await?;
+        let mut version = reply.version;
+        if reply.waiting {
+            // A synchronous push is answered with the step it joined.
+            let mut versions = self.versions.subscribe();
+            let applied = versions.wait_for(|&v| v > reply.version);
+            if let Ok(Ok(v)) = tokio::time::timeout(STEP_WAIT, applied).await {
+                version = *v;
+            }
+        }
         self.metrics.fetches.inc();
-        Ok(Response::new(self.parameters(reply.version)))
+        Ok(Response::new(self.parameters(version)))
     }
 
     async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {
@@ -225,6 +260,7 @@ impl ParameterServer for ShardService {
             updates_applied: s.updates_applied,
             pushes_refused: s.pushes_refused,
             push_bytes: s.push_bytes,
+            pushes_late: s.pushes_late,
             staleness_counts: s.staleness.counts().to_vec(),
             staleness_max: s.staleness.max(),
             restored_version: s.restored_version,

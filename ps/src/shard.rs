@@ -43,6 +43,36 @@ pub enum PushOutcome {
     Duplicate {
         version: u64,
     },
+    /// Synchronous: taken into the round on `version`, which applies once
+    /// enough replicas have pushed.
+    Waiting {
+        version: u64,
+    },
+    /// Synchronous: computed on an older version than the round's, or a
+    /// second push from a replica already in the round. Dropped.
+    Late {
+        version: u64,
+    },
+}
+
+/// Synchronous SGD (Chen et al., 2016): each step applies the mean of the
+/// first `quorum` gradients computed on the current version, one per
+/// replica, and drops the rest.
+#[derive(Debug, Clone)]
+pub struct SyncRound {
+    pub quorum: usize,
+    sum: Vec<f32>,
+    replicas: Vec<u32>,
+}
+
+impl SyncRound {
+    pub fn new(quorum: usize) -> Self {
+        SyncRound {
+            quorum: quorum.max(1),
+            sum: Vec::new(),
+            replicas: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +92,10 @@ pub struct Shard {
     pub restored_version: Option<u64>,
     /// Scale each push's step by 1 / max(1, staleness).
     pub staleness_aware: bool,
+    /// Synchronous SGD's round in progress; None for asynchronous pushes.
+    pub sync: Option<SyncRound>,
+    /// Synchronous pushes dropped for coming too late.
+    pub pushes_late: u64,
     /// Per replica: pushes from incarnations below this are refused.
     fences: HashMap<u32, u64>,
     /// Per (replica, incarnation): the last sequence applied, so that a
@@ -91,6 +125,8 @@ impl Shard {
             staleness: StalenessHistogram::default(),
             restored_version: None,
             staleness_aware: false,
+            sync: None,
+            pushes_late: 0,
             fences: HashMap::new(),
             last_sequence: HashMap::new(),
         }
@@ -129,6 +165,17 @@ impl Shard {
                 version: self.version,
             });
         }
+        self.last_sequence
+            .insert((h.replica, h.incarnation), h.sequence);
+        if h.fence() > fence {
+            self.fences.insert(h.replica, h.fence());
+            let (replica, floor) = (h.replica, h.fence());
+            self.last_sequence
+                .retain(|&(r, inc), _| r != replica || inc >= floor);
+        }
+        if self.sync.is_some() {
+            return Ok(self.join_round(h, grad));
+        }
         // A shard restored from an older checkpoint can be behind the version a
         // replica fetched before the restart; that counts as fresh, not negative.
         let staleness = self.version.saturating_sub(h.base_version);
@@ -141,18 +188,52 @@ impl Shard {
         self.version += 1;
         self.updates_applied += 1;
         self.staleness.record(staleness);
-        self.last_sequence
-            .insert((h.replica, h.incarnation), h.sequence);
-        if h.fence() > fence {
-            self.fences.insert(h.replica, h.fence());
-            let (replica, floor) = (h.replica, h.fence());
-            self.last_sequence
-                .retain(|&(r, inc), _| r != replica || inc >= floor);
-        }
         Ok(PushOutcome::Applied {
             version: self.version,
             staleness,
         })
+    }
+
+    /// Adds a checked push to the synchronous round, and applies the round
+    /// once it has its quorum.
+    fn join_round(&mut self, h: PushHeader, grad: &[f32]) -> PushOutcome {
+        let Some(round) = self.sync.as_mut() else {
+            unreachable!("join_round is called in synchronous mode only");
+        };
+        if h.base_version != self.version || round.replicas.contains(&h.replica) {
+            self.pushes_late += 1;
+            return PushOutcome::Late {
+                version: self.version,
+            };
+        }
+        if round.replicas.is_empty() {
+            round.sum.clear();
+            round.sum.extend_from_slice(grad);
+        } else {
+            for (s, g) in round.sum.iter_mut().zip(grad) {
+                *s += g;
+            }
+        }
+        round.replicas.push(h.replica);
+        if round.replicas.len() < round.quorum {
+            return PushOutcome::Waiting {
+                version: self.version,
+            };
+        }
+        let n = round.replicas.len() as f32;
+        for s in round.sum.iter_mut() {
+            *s /= n;
+        }
+        round.replicas.clear();
+        self.optimizer
+            .apply(&mut self.params, &mut self.accum, &round.sum);
+        self.version += 1;
+        self.updates_applied += 1;
+        self.staleness.record(0);
+        PushOutcome::Applied {
+            version: self.version,
+            staleness: 0,
+        }
     }
 
     fn check(&self, h: PushHeader, grad: &[f32]) -> Result<(), PsError> {
@@ -454,6 +535,56 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.params, vec![-1.625; 4]);
+    }
+
+    #[test]
+    fn a_synchronous_step_applies_the_mean_of_exactly_quorum_gradients() {
+        let mut s = shard();
+        s.sync = Some(SyncRound::new(2));
+        let mut reference = shard();
+        let push = |replica, sequence, base_version| PushHeader {
+            replica,
+            incarnation: 1,
+            sequence,
+            base_version,
+            ..header(0)
+        };
+        let (g0, g1, g2) = ([1.0; 4], [3.0; 4], [100.0; 4]);
+        assert_eq!(
+            s.apply_push(push(0, 1, 0), &g0).unwrap(),
+            PushOutcome::Waiting { version: 0 }
+        );
+        assert_eq!(
+            s.apply_push(push(0, 2, 0), &g2).unwrap(),
+            PushOutcome::Late { version: 0 },
+            "one gradient per replica per step"
+        );
+        assert_eq!(s.params, vec![1.0, 2.0, 3.0, 4.0], "nothing applied yet");
+        assert_eq!(
+            s.apply_push(push(1, 1, 0), &g1).unwrap(),
+            PushOutcome::Applied {
+                version: 1,
+                staleness: 0
+            }
+        );
+        // The third replica is the backup worker: its gradient on version 0 is dropped.
+        assert_eq!(
+            s.apply_push(push(2, 1, 0), &g2).unwrap(),
+            PushOutcome::Late { version: 1 }
+        );
+        reference
+            .optimizer
+            .apply(&mut reference.params, &mut reference.accum, &[2.0; 4]);
+        assert_eq!(
+            s.params, reference.params,
+            "one step with the mean of g0 and g1"
+        );
+        assert_eq!((s.version, s.updates_applied, s.pushes_late), (1, 1, 2));
+        assert_eq!(
+            s.apply_push(push(2, 2, 1), &g2).unwrap(),
+            PushOutcome::Waiting { version: 1 },
+            "the next step starts afresh"
+        );
     }
 
     #[test]

@@ -268,6 +268,7 @@ pub async fn run_replica(
         )));
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let sync = job.downpour.synchronous.is_some();
     let compute = {
         let ctx = Compute {
             mlp,
@@ -280,10 +281,23 @@ pub async fn run_replica(
             replica: opts.replica,
             seed: job.downpour.seed,
             batch: job.downpour.batch_size as usize,
-            n_fetch: u64::from(job.downpour.n_fetch),
-            n_push: u64::from(job.downpour.n_push),
+            n_fetch: if sync {
+                1
+            } else {
+                u64::from(job.downpour.n_fetch)
+            },
+            n_push: if sync {
+                1
+            } else {
+                u64::from(job.downpour.n_push)
+            },
             start_step,
-            max_staleness: job.downpour.max_staleness.map(u64::from),
+            // Synchronous: every step waits for the parameters of the next.
+            max_staleness: if sync {
+                Some(0)
+            } else {
+                job.downpour.max_staleness.map(u64::from)
+            },
             slowdown: if opts.backup_of.is_some() {
                 1.0
             } else {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::spec::{
-    Activation, CheckpointVolume, CompressionSpec, DenseLayer, FASHION_MNIST_DIR, Loss, SlowReplica,
+    Activation, CheckpointVolume, CompressionSpec, DenseLayer, FASHION_MNIST_DIR, Loss,
+    SlowReplica, SynchronousSpec,
 };
 use crate::{load_job, parse_job};
 
@@ -432,6 +433,29 @@ const RULES: &[Rule] = &[
         "positive",
     ),
     (
+        "synchronous backup workers fewer than replicas",
+        |j| {
+            j.spec.replicas.count = 2;
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.warm_start_steps = 0;
+                d.synchronous = Some(SynchronousSpec { backup_workers: 2 });
+            }
+        },
+        "spec.algorithm.downpour.synchronous.backupWorkers",
+        "fewer than the replicas",
+    ),
+    (
+        "synchronous without a warm start",
+        |j| {
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.warm_start_steps = 10;
+                d.synchronous = Some(SynchronousSpec { backup_workers: 0 });
+            }
+        },
+        "spec.algorithm.downpour.synchronous",
+        "warmStartSteps 0",
+    ),
+    (
         "slowed replica factor in [1, 100]",
         |j| {
             j.spec.faults.slow_replicas.push(SlowReplica {
@@ -526,7 +550,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 38, "{fields:#?}");
+    assert_eq!(fields.len(), 40, "{fields:#?}");
 }
 
 #[test]
