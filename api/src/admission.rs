@@ -213,6 +213,16 @@ pub const RULES: &[AdmissionRule] = &[
         "!has(self.algorithm.downpour.synchronous) || !has(self.algorithm.downpour.warmStartSteps) || self.algorithm.downpour.warmStartSteps == 0",
         "needs warmStartSteps 0: every step waits for several replicas"
     ),
+    downpour!(
+        "averaging.periodSteps",
+        "!has(self.algorithm.downpour.averaging) || self.algorithm.downpour.averaging.periodSteps >= 1",
+        "must be at least 1"
+    ),
+    downpour!(
+        "averaging",
+        "!has(self.algorithm.downpour.averaging) || !has(self.algorithm.downpour.synchronous)",
+        "cannot be combined with synchronous"
+    ),
     spec(
         "spec.faults.slowReplicas.factor",
         "!has(self.faults) || !has(self.faults.slowReplicas) || self.faults.slowReplicas.all(s, s.factor >= 1.0 && s.factor <= 100.0)",

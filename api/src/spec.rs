@@ -333,6 +333,14 @@ pub struct DownpourSpec {
     /// nPush are 1). Needs warmStartSteps 0. Default: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synchronous: Option<SynchronousSpec>,
+    /// Parameter averaging instead of pushing gradients: each replica trains
+    /// its own copy of the parameters with this update rule, and every
+    /// periodSteps steps pushes how far the copy moved; each shard adds
+    /// 1/replicas of it and answers with its parameters, which the replica
+    /// continues from (nFetch and nPush act as periodSteps). Not with
+    /// synchronous. Default: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub averaging: Option<AveragingSpec>,
 }
 
 /// Synchronous SGD with backup workers (Chen et al., 2016).
@@ -344,6 +352,14 @@ pub struct SynchronousSpec {
     /// replicas cannot hold it up. Fewer than the replicas. Default: 0.
     #[serde(default)]
     pub backup_workers: u32,
+}
+
+/// Parameter averaging.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AveragingSpec {
+    /// Local steps between two averagings, at least 1.
+    pub period_steps: u32,
 }
 
 /// How pushes are compressed.

@@ -213,6 +213,16 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
             fail("spec.algorithm.downpour.synchronous", None);
         }
     }
+    if let Some(d) = s.algorithm.downpour.as_ref()
+        && let Some(avg) = d.averaging
+    {
+        if avg.period_steps == 0 {
+            fail("spec.algorithm.downpour.averaging.periodSteps", None);
+        }
+        if d.synchronous.is_some() {
+            fail("spec.algorithm.downpour.averaging", None);
+        }
+    }
     let slow = &s.faults.slow_replicas;
     if slow.iter().any(|f| !(1.0..=100.0).contains(&f.factor)) {
         fail("spec.faults.slowReplicas.factor", None);

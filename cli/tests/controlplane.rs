@@ -121,6 +121,14 @@ const BROKEN: &[(&str, Change)] = &[
         j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(5);
         j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({})
     }),
+    ("averaging period", |j| {
+        j["spec"]["algorithm"]["downpour"]["averaging"] = json!({"periodSteps": 0})
+    }),
+    ("averaging with synchronous", |j| {
+        j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(0);
+        j["spec"]["algorithm"]["downpour"]["averaging"] = json!({"periodSteps": 4});
+        j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({})
+    }),
     ("slowed replica factor", |j| {
         j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 0, "factor": 0.5}]})
     }),

@@ -178,6 +178,7 @@ mod tests {
                 base_version: 0,
                 steps: 1,
                 fence: 0,
+                average: false,
             };
             s.apply_push(h, &[0.25; 60]).unwrap();
         }

@@ -75,6 +75,7 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
         }
     };
     shard.staleness_aware = job.downpour.staleness_aware_learning_rate;
+    shard.average_weight = 1.0 / job.replicas().max(1) as f32;
     shard.sync = job
         .downpour
         .synchronous

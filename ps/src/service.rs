@@ -188,6 +188,7 @@ fn header(c: &GradientChunk) -> PushHeader {
         base_version: c.base_version,
         steps: c.steps.max(1),
         fence: c.fence,
+        average: c.average,
     }
 }
 

@@ -21,6 +21,8 @@ pub struct PushHeader {
     /// The lowest incarnation of the replica still allowed to push (at most
     /// `incarnation`; 0 means `incarnation`).
     pub fence: u64,
+    /// The values are a move to average in, not a gradient.
+    pub average: bool,
 }
 
 impl PushHeader {
@@ -96,6 +98,8 @@ pub struct Shard {
     pub sync: Option<SyncRound>,
     /// Synchronous pushes dropped for coming too late.
     pub pushes_late: u64,
+    /// Parameter averaging: the share of a replica's move a push adds (1/replicas).
+    pub average_weight: f32,
     /// Per replica: pushes from incarnations below this are refused.
     fences: HashMap<u32, u64>,
     /// Per (replica, incarnation): the last sequence applied, so that a
@@ -127,6 +131,7 @@ impl Shard {
             staleness_aware: false,
             sync: None,
             pushes_late: 0,
+            average_weight: 1.0,
             fences: HashMap::new(),
             last_sequence: HashMap::new(),
         }
@@ -184,7 +189,11 @@ impl Shard {
         } else {
             self.optimizer
         };
-        optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
+        if h.average {
+            crate::optimizer::sgd(&mut self.params, grad, -self.average_weight);
+        } else {
+            optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
+        }
         self.version += 1;
         self.updates_applied += 1;
         self.staleness.record(staleness);
@@ -417,6 +426,7 @@ mod tests {
             base_version: 0,
             steps: 1,
             fence: 0,
+            average: false,
         }
     }
 
@@ -585,6 +595,24 @@ mod tests {
             PushOutcome::Waiting { version: 1 },
             "the next step starts afresh"
         );
+    }
+
+    #[test]
+    fn an_averaging_push_adds_its_share_of_the_move_without_the_optimizer() {
+        let mut s = shard();
+        s.average_weight = 0.25;
+        let h = PushHeader {
+            average: true,
+            ..header(1)
+        };
+        s.apply_push(h, &[4.0, -4.0, 0.0, 8.0]).unwrap();
+        assert_eq!(s.params, vec![2.0, 1.0, 3.0, 6.0]);
+        assert_eq!(
+            s.accum,
+            vec![0.1; 4],
+            "Adagrad's accumulators are untouched"
+        );
+        assert_eq!(s.version, 1);
     }
 
     #[test]

@@ -75,6 +75,7 @@ spec:
             base_version: 0,
             steps: 1,
             fence: 0,
+            average: false,
         };
         shard
             .push(shard.dense_chunks(id, &vec![0.1; n]))

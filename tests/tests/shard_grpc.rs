@@ -29,6 +29,7 @@ fn id(sequence: u64) -> PushId {
         base_version: 0,
         steps: 1,
         fence: 0,
+        average: false,
     }
 }
 

@@ -1,5 +1,6 @@
 //! A model replica: the MLP, the data readers and the Downpour SGD client.
 
+mod averaging;
 pub mod data;
 mod error;
 mod link;

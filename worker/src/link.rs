@@ -216,6 +216,7 @@ impl Link {
         incarnation: u64,
         fence: Arc<AtomicU64>,
         threshold: Option<f32>,
+        average: bool,
         metrics: WorkerMetrics,
     ) {
         let mut client = self.client.clone();
@@ -240,6 +241,7 @@ impl Link {
                 base_version: p.base_version,
                 steps: p.steps,
                 fence: fence.load(Ordering::Relaxed),
+                average,
             };
             let chunks = match threshold {
                 Some(t) => {

@@ -25,6 +25,8 @@ pub struct PushId {
     pub steps: u32,
     /// The lowest incarnation of this replica the shard should still take.
     pub fence: u64,
+    /// The values are a move to average in (parameter averaging).
+    pub average: bool,
 }
 
 #[derive(Clone)]
@@ -216,6 +218,7 @@ impl ShardClient {
             base_version: id.base_version,
             steps: id.steps,
             fence: id.fence,
+            average: id.average,
             ..GradientChunk::default()
         }
     }

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use distbelief_api::Job;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{Action, ProgressReport, ReportReply};
+use distbelief_ps::Optimizer;
 use ndarray::ArrayView2;
 use tonic::transport::Channel;
 
+use crate::averaging::LocalTraining;
 use crate::data::{self, Dataset};
 use crate::error::WorkerError;
 use crate::link::Link;
@@ -264,11 +266,13 @@ pub async fn run_replica(
             incarnation,
             fence.clone(),
             job.downpour.compression.map(|c| c.threshold as f32),
+            job.downpour.averaging.is_some(),
             metrics.clone(),
         )));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let sync = job.downpour.synchronous.is_some();
+    let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
     let compute = {
         let ctx = Compute {
             mlp,
@@ -281,23 +285,25 @@ pub async fn run_replica(
             replica: opts.replica,
             seed: job.downpour.seed,
             batch: job.downpour.batch_size as usize,
-            n_fetch: if sync {
-                1
-            } else {
-                u64::from(job.downpour.n_fetch)
+            n_fetch: match (sync, period) {
+                (true, _) => 1,
+                (_, Some(p)) => p,
+                _ => u64::from(job.downpour.n_fetch),
             },
-            n_push: if sync {
-                1
-            } else {
-                u64::from(job.downpour.n_push)
+            n_push: match (sync, period) {
+                (true, _) => 1,
+                (_, Some(p)) => p,
+                _ => u64::from(job.downpour.n_push),
             },
             start_step,
-            // Synchronous: every step waits for the parameters of the next.
-            max_staleness: if sync {
+            // Synchronous SGD waits for every step's parameters, and
+            // averaging for the average at the end of every period.
+            max_staleness: if sync || period.is_some() {
                 Some(0)
             } else {
                 job.downpour.max_staleness.map(u64::from)
             },
+            local: period.map(|_| LocalTraining::new(Optimizer::from_spec(&job.downpour), &params)),
             slowdown: if opts.backup_of.is_some() {
                 1.0
             } else {
@@ -411,6 +417,8 @@ struct Compute {
     /// Bounded staleness: versions a shard may be ahead of the parameters
     /// computed on before the replica waits for a fetch.
     max_staleness: Option<u64>,
+    /// Parameter averaging: the replica's own training between averagings.
+    local: Option<LocalTraining>,
 }
 
 impl Compute {
@@ -437,7 +445,25 @@ impl Compute {
         }
     }
 
-    fn train_loop(self, mut params: Vec<f32>, mut versions: Vec<u64>, threads: usize) {
+    /// Makes fetched parameters the ones computed on.
+    fn install(
+        &mut self,
+        i: usize,
+        f: crate::link::Fetched,
+        params: &mut [f32],
+        versions: &mut [u64],
+    ) {
+        let link = &self.links[i];
+        let range = link.client.range.clone();
+        params[range.clone()].copy_from_slice(&f.values);
+        if let Some(local) = self.local.as_mut() {
+            local.rebase(range, &f.values);
+        }
+        versions[i] = f.version;
+        link.recycle(f.values);
+    }
+
+    fn train_loop(mut self, mut params: Vec<f32>, mut versions: Vec<u64>, threads: usize) {
         let batch = self.batch.min(self.indices.len());
         let dim = self.train.dim;
         let mut workspaces = self.mlp.workspaces(batch, threads);
@@ -457,23 +483,20 @@ impl Compute {
             // Fetched parameters are used from the first step after they
             // land: holding them back until the next nFetch boundary would
             // add nFetch steps of staleness for nothing.
-            for (i, link) in self.links.iter().enumerate() {
+            for i in 0..self.links.len() {
+                let link = self.links[i].clone();
                 if let Some(f) = link.take_fetched() {
-                    params[link.client.range.clone()].copy_from_slice(&f.values);
-                    versions[i] = f.version;
-                    link.recycle(f.values);
+                    self.install(i, f, &mut params, &mut versions);
                 }
                 if too_stale(link.shard_version(), versions[i], self.max_staleness) {
                     self.metrics.staleness_waits.inc();
                     if !link.exchange_coming() {
                         link.want_fetch();
                     }
-                    let Some(f) = self.wait_for_fetch(link) else {
+                    let Some(f) = self.wait_for_fetch(&link) else {
                         return;
                     };
-                    params[link.client.range.clone()].copy_from_slice(&f.values);
-                    versions[i] = f.version;
-                    link.recycle(f.values);
+                    self.install(i, f, &mut params, &mut versions);
                 }
             }
             if pos + batch > order.len() {
@@ -498,6 +521,9 @@ impl Compute {
             if self.slowdown > 1.0 {
                 std::thread::sleep(began.elapsed().mul_f64(self.slowdown - 1.0));
             }
+            if let Some(local) = self.local.as_mut() {
+                local.step(&mut params, &mut acc);
+            }
             acc_steps += 1;
             step += 1;
             // Every nFetch steps the replica asks for fresh parameters. When
@@ -505,6 +531,9 @@ impl Compute {
             // they then include this replica's own update, in one round trip.
             let fetch = step.is_multiple_of(self.n_fetch);
             if acc_steps == self.n_push {
+                if let Some(local) = &self.local {
+                    local.moved(&params, &mut acc);
+                }
                 for (i, link) in self.links.iter().enumerate() {
                     if !link.offer(
                         &acc[link.client.range.clone()],

@@ -1,7 +1,7 @@
 use super::*;
 use crate::spec::{
-    Activation, CheckpointVolume, CompressionSpec, DenseLayer, FASHION_MNIST_DIR, Loss,
-    SlowReplica, SynchronousSpec,
+    Activation, AveragingSpec, CheckpointVolume, CompressionSpec, DenseLayer, FASHION_MNIST_DIR,
+    Loss, SlowReplica, SynchronousSpec,
 };
 use crate::{load_job, parse_job};
 
@@ -456,6 +456,28 @@ const RULES: &[Rule] = &[
         "warmStartSteps 0",
     ),
     (
+        "averaging period at least 1",
+        |j| {
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.averaging = Some(AveragingSpec { period_steps: 0 });
+            }
+        },
+        "spec.algorithm.downpour.averaging.periodSteps",
+        "at least 1",
+    ),
+    (
+        "averaging not with synchronous",
+        |j| {
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.warm_start_steps = 0;
+                d.averaging = Some(AveragingSpec { period_steps: 4 });
+                d.synchronous = Some(SynchronousSpec { backup_workers: 0 });
+            }
+        },
+        "spec.algorithm.downpour.averaging",
+        "synchronous",
+    ),
+    (
         "slowed replica factor in [1, 100]",
         |j| {
             j.spec.faults.slow_replicas.push(SlowReplica {
@@ -550,7 +572,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 40, "{fields:#?}");
+    assert_eq!(fields.len(), 41, "{fields:#?}");
 }
 
 #[test]

@@ -17,6 +17,8 @@ pub struct LocalRun {
     pub time_to_target_seconds: Option<f64>,
     pub examples_to_target: Option<u64>,
     pub final_test_accuracy: f64,
+    /// (seconds of training, examples, test accuracy) at each evaluation.
+    pub curve: Vec<(f64, u64, f64)>,
 }
 
 /// Trains until the job's target accuracy or `max_seconds`, evaluating every
@@ -48,6 +50,7 @@ pub fn train(
         let target = job.spec.stop.target_test_accuracy.unwrap_or(1.0);
         let (mut examples, mut trained, mut epoch) = (0u64, 0.0f64, 0u64);
         let mut time_to_target = None;
+        let mut curve = Vec::new();
         let accuracy = 'outer: loop {
             let order = data::epoch_order(&indices, d.seed, 0, epoch);
             for chunk in order.chunks_exact(batch) {
@@ -67,6 +70,7 @@ pub fn train(
                     || trained >= max_seconds
                 {
                     let accuracy = mlp.evaluate(&params, test).0;
+                    curve.push((trained, examples, accuracy));
                     if accuracy >= target {
                         time_to_target = Some(trained);
                         break 'outer accuracy;
@@ -85,6 +89,7 @@ pub fn train(
             time_to_target_seconds: time_to_target,
             examples_to_target: time_to_target.map(|_| examples),
             final_test_accuracy: accuracy,
+            curve,
         }
     })
 }

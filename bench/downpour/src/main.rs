@@ -5,8 +5,9 @@
 //!   (a) one process, no parameter server
 //!   (b) 1 shard × 1 replica     (c) 2 shards × 2 replicas     (d) 2 shards × 4 replicas
 
-mod local;
 mod micro;
+
+use distbelief_bench_downpour::local;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

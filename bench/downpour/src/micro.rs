@@ -106,6 +106,7 @@ pub fn fetch_push(
             base_version: 0,
             steps: 1,
             fence: 0,
+            average: false,
         };
         client.fetch_into(&mut params).await?;
         client.push(client.dense_chunks(push(1), &grad)).await?;

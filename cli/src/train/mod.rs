@@ -338,6 +338,10 @@ impl Runtime {
         if let Err(e) = std::fs::write(&svg, plot::curve_svg(&self.job.name, &status.curve)) {
             eprintln!("distbelief: cannot write {}: {e}", svg.display());
         }
+        let points = self.out.join("curve.json");
+        if let Err(e) = std::fs::write(&points, plot::curve_json(&status.curve)) {
+            eprintln!("distbelief: cannot write {}: {e}", points.display());
+        }
         let summary = Summary::new(
             &self.job,
             &status,

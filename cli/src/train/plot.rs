@@ -12,6 +12,24 @@ const RIGHT: f64 = 60.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
 
+/// The evaluations as JSON, one object per evaluation, for tools that plot
+/// or compare runs.
+pub fn curve_json(curve: &[CurvePoint]) -> String {
+    let points: Vec<serde_json::Value> = curve
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "seconds": c.seconds,
+                "examples": c.examples,
+                "test_accuracy": c.test_accuracy,
+                "test_loss": c.test_loss,
+                "train_loss": c.train_loss,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(points).to_string()
+}
+
 pub fn curve_svg(title: &str, curve: &[CurvePoint]) -> String {
     let pw = W - LEFT - RIGHT;
     let ph = H - TOP - BOTTOM;

@@ -1,0 +1,370 @@
+//! `bench-convergence`: test accuracy against seconds and against examples
+//! for the data-parallel algorithms, on the same data, model and cores.
+//! Prints JSON (each figure also as a ratio to the one-process trainer
+//! measured in the same run) and writes one SVG plot. A second part times
+//! synchronous steps with one replica slowed down, with and without a
+//! backup worker.
+
+mod plot;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use distbelief_bench_downpour::local;
+use serde_json::{Value, json};
+use serde_yaml::Value as Yaml;
+
+#[derive(Parser)]
+struct Args {
+    /// The job every configuration starts from.
+    #[arg(long, default_value = "examples/fashion-mnist-downpour.yaml")]
+    job: String,
+    /// The distbelief binary. Default: next to this one.
+    #[arg(long)]
+    distbelief: Option<PathBuf>,
+    /// Where the plot goes.
+    #[arg(long, default_value = "bench/convergence/convergence.svg")]
+    plot: PathBuf,
+    /// Also write the JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Longest any one run may train, in seconds.
+    #[arg(long, default_value_t = 90)]
+    max_seconds: u64,
+    /// Only the configurations whose key contains one of these.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Skip the synchronous step-time measurement.
+    #[arg(long)]
+    no_step_time: bool,
+}
+
+/// A change to the starting job.
+type Edit = fn(&mut Yaml);
+
+struct Variant {
+    key: &'static str,
+    label: &'static str,
+    shards: u32,
+    replicas: u32,
+    edit: Edit,
+}
+
+fn downpour(doc: &mut Yaml) -> &mut Yaml {
+    &mut doc["spec"]["algorithm"]["downpour"]
+}
+
+fn unset(v: &mut Yaml, key: &str) {
+    if let Some(m) = v.as_mapping_mut() {
+        m.remove(key);
+    }
+}
+
+fn synchronous(doc: &mut Yaml, backup_workers: u32) {
+    let d = downpour(doc);
+    unset(d, "maxStaleness");
+    d["warmStartSteps"] = 0.into();
+    d["synchronous"] = serde_yaml::from_str(&format!("{{backupWorkers: {backup_workers}}}"))
+        .expect("literal YAML");
+}
+
+const VARIANTS: &[Variant] = &[
+    Variant {
+        key: "downpour_sgd_2x2",
+        label: "Downpour, fixed learning rate (SGD 0.1), 2 × 2",
+        shards: 2,
+        replicas: 2,
+        edit: |d| {
+            downpour(d)["adagrad"]["enabled"] = false.into();
+            downpour(d)["learningRate"] = 0.1.into();
+        },
+    },
+    Variant {
+        key: "downpour_1x1",
+        label: "Downpour Adagrad, 1 shard × 1 replica",
+        shards: 1,
+        replicas: 1,
+        edit: |_| {},
+    },
+    Variant {
+        key: "downpour_2x1",
+        label: "Downpour Adagrad, 2 × 1",
+        shards: 2,
+        replicas: 1,
+        edit: |_| {},
+    },
+    Variant {
+        key: "downpour_2x2",
+        label: "Downpour Adagrad, 2 × 2 (maxStaleness 1, the example)",
+        shards: 2,
+        replicas: 2,
+        edit: |_| {},
+    },
+    Variant {
+        key: "downpour_2x4",
+        label: "Downpour Adagrad, 2 × 4",
+        shards: 2,
+        replicas: 4,
+        edit: |_| {},
+    },
+    Variant {
+        key: "unbounded_2x2",
+        label: "Downpour Adagrad, 2 × 2, unbounded staleness",
+        shards: 2,
+        replicas: 2,
+        edit: |d| unset(downpour(d), "maxStaleness"),
+    },
+    Variant {
+        key: "staleness_aware_2x2",
+        label: "Downpour Adagrad, 2 × 2, staleness-aware learning rate",
+        shards: 2,
+        replicas: 2,
+        edit: |d| {
+            unset(downpour(d), "maxStaleness");
+            downpour(d)["stalenessAwareLearningRate"] = true.into();
+        },
+    },
+    Variant {
+        key: "compressed_2x2",
+        label: "Downpour Adagrad, 2 × 2, compressed pushes (τ 0.01)",
+        shards: 2,
+        replicas: 2,
+        edit: |d| {
+            downpour(d)["compression"] =
+                serde_yaml::from_str("{threshold: 0.01}").expect("literal YAML")
+        },
+    },
+    Variant {
+        key: "averaging_2x2",
+        label: "Parameter averaging every 16 steps, 2 × 2",
+        shards: 2,
+        replicas: 2,
+        edit: |d| {
+            unset(downpour(d), "maxStaleness");
+            downpour(d)["averaging"] =
+                serde_yaml::from_str("{periodSteps: 16}").expect("literal YAML")
+        },
+    },
+    Variant {
+        key: "synchronous_2x3",
+        label: "Synchronous SGD, 2 × 3, no backup",
+        shards: 2,
+        replicas: 3,
+        edit: |d| synchronous(d, 0),
+    },
+    Variant {
+        key: "synchronous_2x3_backup1",
+        label: "Synchronous SGD, 2 × 3, one backup worker",
+        shards: 2,
+        replicas: 3,
+        edit: |d| synchronous(d, 1),
+    },
+];
+
+/// What one `distbelief train` run reported.
+struct Run {
+    summary: Value,
+    curve: Vec<(f64, u64, f64)>,
+}
+
+fn train(exe: &Path, doc: &Yaml, name: &str, dir: &Path) -> anyhow::Result<Run> {
+    let mut doc = doc.clone();
+    doc["metadata"]["name"] = name.into();
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, serde_yaml::to_string(&doc)?)?;
+    let run_dir = dir.join(name);
+    let out = Command::new(exe)
+        .arg("train")
+        .arg(&file)
+        .arg("--out")
+        .arg(&run_dir)
+        .output()
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(last) = stdout.lines().last() else {
+        bail!(
+            "{name}: no summary; stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let summary: Value = serde_json::from_str(last)?;
+    let points: Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("curve.json"))?)?;
+    let curve = points
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    (
+                        p["seconds"].as_f64().unwrap_or(0.0),
+                        p["examples"].as_u64().unwrap_or(0),
+                        p["test_accuracy"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Run { summary, curve })
+}
+
+fn ratio(x: Option<f64>, base: Option<f64>) -> Option<f64> {
+    Some(x? / base?)
+}
+
+/// Seconds per synchronous step with 3 replicas, replica 0 slowed 3× or not,
+/// with and without a backup worker. Large batches make compute, not the
+/// shared cores' network work, the bulk of a step, as on real machines.
+fn step_times(exe: &Path, base: &Yaml, dir: &Path) -> anyhow::Result<Value> {
+    let mut figures = serde_json::Map::new();
+    for backup in [0, 1] {
+        let mut step = [0.0; 2];
+        for (k, slow) in [false, true].into_iter().enumerate() {
+            let mut doc = base.clone();
+            synchronous(&mut doc, backup);
+            downpour(&mut doc)["batchSize"] = 1024.into();
+            doc["spec"]["parameterServers"]["shards"] = 2.into();
+            doc["spec"]["replicas"]["count"] = 3.into();
+            doc["spec"]["stop"] = serde_yaml::from_str("{maxSeconds: 12, evalIntervalSeconds: 4}")?;
+            if slow {
+                doc["spec"]["faults"] =
+                    serde_yaml::from_str("{slowReplicas: [{replica: 0, factor: 3}]}")?;
+            }
+            let name = format!("step-b{backup}-{}", if slow { "slow" } else { "even" });
+            eprintln!("bench: {name}");
+            let run = train(exe, &doc, &name, dir)?;
+            let updates = run.summary["updates"].as_f64().unwrap_or(0.0).max(1.0);
+            step[k] = run.summary["train_seconds"].as_f64().unwrap_or(0.0) / updates;
+        }
+        figures.insert(
+            format!("backup_workers_{backup}"),
+            json!({
+                "step_seconds": step[0],
+                "step_seconds_one_replica_slowed_3x": step[1],
+                "slowed_vs_unslowed": step[1] / step[0],
+            }),
+        );
+    }
+    Ok(Value::Object(figures))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let exe = match &args.distbelief {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("distbelief"),
+    };
+    let text =
+        std::fs::read_to_string(&args.job).with_context(|| format!("cannot read {}", args.job))?;
+    let mut base: Yaml = serde_yaml::from_str(&text)?;
+    base["spec"]["stop"]["maxSeconds"] = args.max_seconds.into();
+    let job = distbelief_api::parse_job(&args.job, &text)?;
+    let target = job.spec.stop.target_test_accuracy;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let tmp = tempfile::tempdir()?;
+
+    eprintln!("bench: one process, {cores} threads");
+    let train_set = distbelief_worker::data::load(&job.spec.data, true)?;
+    let test_set = distbelief_worker::data::load(&job.spec.data, false)?;
+    let a = local::train(
+        &job,
+        &train_set,
+        &test_set,
+        cores,
+        job.spec.stop.eval_interval_seconds,
+        args.max_seconds as f64,
+    );
+    let (a_time, a_examples) = (
+        a.time_to_target_seconds,
+        a.examples_to_target.map(|e| e as f64),
+    );
+    let mut configs = serde_json::Map::new();
+    configs.insert(
+        "one_process".into(),
+        json!({
+            "label": "one process, no parameter server",
+            "time_to_target_seconds": a_time,
+            "examples_to_target": a_examples,
+            "examples_per_second": a.examples_per_second,
+            "final_test_accuracy": a.final_test_accuracy,
+            "push_bytes_per_example": 0.0,
+        }),
+    );
+    let mut curves = vec![(
+        "one process, no parameter server".to_string(),
+        a.curve.clone(),
+    )];
+    let mut dense_bytes = None;
+    for v in VARIANTS {
+        if !args.only.is_empty() && !args.only.iter().any(|o| v.key.contains(o.as_str())) {
+            continue;
+        }
+        let mut doc = base.clone();
+        doc["spec"]["parameterServers"]["shards"] = v.shards.into();
+        doc["spec"]["replicas"]["count"] = v.replicas.into();
+        (v.edit)(&mut doc);
+        eprintln!("bench: {}", v.label);
+        let run = train(&exe, &doc, &v.key.replace('_', "-"), tmp.path())?;
+        let s = &run.summary;
+        let time = s["time_to_target_seconds"].as_f64();
+        let examples = s["examples_to_target"].as_f64();
+        let bytes = s["push_bytes_per_example"].as_f64().unwrap_or(0.0);
+        if v.key == "downpour_2x2" {
+            dense_bytes = Some(bytes);
+        }
+        configs.insert(
+            v.key.into(),
+            json!({
+                "label": v.label,
+                "time_to_target_seconds": time,
+                "examples_to_target": examples,
+                "time_to_target_vs_one_process": ratio(time, a_time),
+                "examples_to_target_vs_one_process": ratio(examples, a_examples),
+                "examples_per_second": s["examples_per_second"],
+                "final_test_accuracy": s["final_test_accuracy"],
+                "best_test_accuracy": s["best_test_accuracy"],
+                "push_bytes_per_example": bytes,
+                "staleness": s["staleness"],
+                "updates": s["updates"],
+            }),
+        );
+        curves.push((v.label.to_string(), run.curve));
+    }
+    if let (Some(dense), Some(c)) = (dense_bytes, configs.get_mut("compressed_2x2")) {
+        let bytes = c["push_bytes_per_example"].as_f64().unwrap_or(0.0);
+        c["dense_push_bytes_vs_compressed"] = json!(dense / bytes.max(1e-9));
+    }
+    let series: Vec<plot::Series> = curves
+        .iter()
+        .map(|(label, points)| plot::Series { label, points })
+        .collect();
+    if let Some(parent) = args.plot.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(
+        &args.plot,
+        plot::svg(
+            "Fashion-MNIST, MLP 784-512-10: test accuracy",
+            &series,
+            target,
+        ),
+    )
+    .with_context(|| format!("cannot write {}", args.plot.display()))?;
+    let mut report = json!({
+        "machine": { "cores": cores },
+        "job": args.job,
+        "target_test_accuracy": target,
+        "plot": args.plot,
+        "configs": configs,
+    });
+    if !args.no_step_time {
+        report["synchronous_step_time"] = step_times(&exe, &base, tmp.path())?;
+    }
+    let text = serde_json::to_string_pretty(&report)?;
+    if let Some(p) = &args.out {
+        std::fs::write(p, &text)?;
+    }
+    println!("{text}");
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! What the benchmarks share: the one-process trainer every distributed
+//! configuration is compared with.
+
+pub mod local;
