@@ -190,6 +190,7 @@ impl Shard {
             self.optimizer
         };
         if h.average {
+            // p += weight · move: an SGD step with the sign turned round.
             crate::optimizer::sgd(&mut self.params, grad, -self.average_weight);
         } else {
             optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));

@@ -8,9 +8,8 @@
 mod plot;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use distbelief_bench_downpour::local;
 use serde_json::{Value, json};
@@ -62,12 +61,18 @@ fn unset(v: &mut Yaml, key: &str) {
     }
 }
 
+/// A one-field YAML object.
+fn object(key: &str, value: impl Into<Yaml>) -> Yaml {
+    let mut m = serde_yaml::Mapping::new();
+    m.insert(key.into(), value.into());
+    Yaml::Mapping(m)
+}
+
 fn synchronous(doc: &mut Yaml, backup_workers: u32) {
     let d = downpour(doc);
     unset(d, "maxStaleness");
     d["warmStartSteps"] = 0.into();
-    d["synchronous"] = serde_yaml::from_str(&format!("{{backupWorkers: {backup_workers}}}"))
-        .expect("literal YAML");
+    d["synchronous"] = object("backupWorkers", backup_workers);
 }
 
 const VARIANTS: &[Variant] = &[
@@ -131,10 +136,7 @@ const VARIANTS: &[Variant] = &[
         label: "Downpour Adagrad, 2 × 2, compressed pushes (τ 0.01)",
         shards: 2,
         replicas: 2,
-        edit: |d| {
-            downpour(d)["compression"] =
-                serde_yaml::from_str("{threshold: 0.01}").expect("literal YAML")
-        },
+        edit: |d| downpour(d)["compression"] = object("threshold", 0.01),
     },
     Variant {
         key: "averaging_2x2",
@@ -143,8 +145,7 @@ const VARIANTS: &[Variant] = &[
         replicas: 2,
         edit: |d| {
             unset(downpour(d), "maxStaleness");
-            downpour(d)["averaging"] =
-                serde_yaml::from_str("{periodSteps: 16}").expect("literal YAML")
+            downpour(d)["averaging"] = object("periodSteps", 16)
         },
     },
     Variant {
@@ -170,28 +171,11 @@ struct Run {
 }
 
 fn train(exe: &Path, doc: &Yaml, name: &str, dir: &Path) -> anyhow::Result<Run> {
-    let mut doc = doc.clone();
-    doc["metadata"]["name"] = name.into();
-    let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, serde_yaml::to_string(&doc)?)?;
-    let run_dir = dir.join(name);
-    let out = Command::new(exe)
-        .arg("train")
-        .arg(&file)
-        .arg("--out")
-        .arg(&run_dir)
-        .output()
-        .with_context(|| format!("cannot run {}", exe.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let Some(last) = stdout.lines().last() else {
-        bail!(
-            "{name}: no summary; stderr:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let summary: Value = serde_json::from_str(last)?;
-    let points: Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("curve.json"))?)?;
+    let summary = distbelief_bench_downpour::train(exe, doc, name, dir)?;
+    let file = dir.join(name).join("curve.json");
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    let points: Value = serde_json::from_str(&text)?;
     let curve = points
         .as_array()
         .map(|a| {

@@ -1,4 +1,38 @@
 //! What the benchmarks share: the one-process trainer every distributed
-//! configuration is compared with.
+//! configuration is compared with, and running `distbelief train` on a job.
 
 pub mod local;
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// Runs `distbelief train` on `doc` renamed to `name`, in `dir/name`;
+/// returns its summary (the last line of its stdout).
+pub fn train(
+    exe: &Path,
+    doc: &serde_yaml::Value,
+    name: &str,
+    dir: &Path,
+) -> anyhow::Result<serde_json::Value> {
+    let mut doc = doc.clone();
+    doc["metadata"]["name"] = name.into();
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, serde_yaml::to_string(&doc)?)?;
+    let out = Command::new(exe)
+        .arg("train")
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.join(name))
+        .output()
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Some(last) = stdout.lines().last() else {
+        bail!(
+            "{name}: no summary; stderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    serde_json::from_str(last).with_context(|| format!("{name}: summary is not JSON"))
+}

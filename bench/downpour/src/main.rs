@@ -10,9 +10,8 @@ mod micro;
 use distbelief_bench_downpour::local;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use serde_json::{Value, json};
 
@@ -65,27 +64,9 @@ fn downpour(
     let text =
         std::fs::read_to_string(job_file).with_context(|| format!("cannot read {job_file}"))?;
     let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
-    let name = format!("bench-{shards}x{replicas}");
-    doc["metadata"]["name"] = name.clone().into();
     doc["spec"]["parameterServers"]["shards"] = shards.into();
     doc["spec"]["replicas"]["count"] = replicas.into();
-    let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, serde_yaml::to_string(&doc)?)?;
-    let out = Command::new(exe)
-        .arg("train")
-        .arg(&file)
-        .arg("--out")
-        .arg(dir.join(&name))
-        .output()
-        .with_context(|| format!("cannot run {}", exe.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let Some(last) = stdout.lines().last() else {
-        bail!(
-            "{name}: no summary; stderr:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    Ok(serde_json::from_str(last)?)
+    distbelief_bench_downpour::train(exe, &doc, &format!("bench-{shards}x{replicas}"), dir)
 }
 
 fn config(
