@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Parser;
-use distbelief_bench_downpour::local;
+use distbelief_bench_downpour::{local, median, median_opt};
 use serde_json::{Value, json};
 use serde_yaml::Value as Yaml;
 
@@ -38,6 +38,10 @@ struct Args {
     /// Skip the synchronous step-time measurement.
     #[arg(long)]
     no_step_time: bool,
+    /// Rounds, each running every configuration once; medians are reported
+    /// and the plot shows the last round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
 }
 
 /// A change to the starting job.
@@ -248,20 +252,46 @@ fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let tmp = tempfile::tempdir()?;
 
-    eprintln!("bench: one process, {cores} threads");
     let train_set = distbelief_worker::data::load(&job.spec.data, true)?;
     let test_set = distbelief_worker::data::load(&job.spec.data, false)?;
-    let a = local::train(
-        &job,
-        &train_set,
-        &test_set,
-        cores,
-        job.spec.stop.eval_interval_seconds,
-        args.max_seconds as f64,
+    let variants: Vec<&Variant> = VARIANTS
+        .iter()
+        .filter(|v| args.only.is_empty() || args.only.iter().any(|o| v.key.contains(o.as_str())))
+        .collect();
+    // Rounds run every configuration once, so a slow spell on the shared
+    // machine falls on all of them rather than on one.
+    let mut one_process = Vec::new();
+    let mut runs: Vec<Vec<Run>> = variants.iter().map(|_| Vec::new()).collect();
+    for round in 1..=args.repeat {
+        eprintln!("bench: round {round}: one process, {cores} threads");
+        one_process.push(local::train(
+            &job,
+            &train_set,
+            &test_set,
+            cores,
+            job.spec.stop.eval_interval_seconds,
+            args.max_seconds as f64,
+        ));
+        for (v, runs) in variants.iter().zip(&mut runs) {
+            let mut doc = base.clone();
+            doc["spec"]["parameterServers"]["shards"] = v.shards.into();
+            doc["spec"]["replicas"]["count"] = v.replicas.into();
+            (v.edit)(&mut doc);
+            eprintln!("bench: round {round}: {}", v.label);
+            runs.push(train(&exe, &doc, &v.key.replace('_', "-"), tmp.path())?);
+        }
+    }
+    let a_time = median_opt(
+        one_process
+            .iter()
+            .map(|r| r.time_to_target_seconds)
+            .collect(),
     );
-    let (a_time, a_examples) = (
-        a.time_to_target_seconds,
-        a.examples_to_target.map(|e| e as f64),
+    let a_examples = median_opt(
+        one_process
+            .iter()
+            .map(|r| r.examples_to_target.map(|e| e as f64))
+            .collect(),
     );
     let mut configs = serde_json::Map::new();
     configs.insert(
@@ -270,32 +300,31 @@ fn main() -> anyhow::Result<()> {
             "label": "one process, no parameter server",
             "time_to_target_seconds": a_time,
             "examples_to_target": a_examples,
-            "examples_per_second": a.examples_per_second,
-            "final_test_accuracy": a.final_test_accuracy,
+            "examples_per_second": median(one_process.iter().map(|r| r.examples_per_second).collect()),
+            "final_test_accuracy": median(one_process.iter().map(|r| r.final_test_accuracy).collect()),
             "push_bytes_per_example": 0.0,
+            "runs": one_process.iter().map(|r| json!({
+                "time_to_target_seconds": r.time_to_target_seconds,
+                "examples_to_target": r.examples_to_target,
+            })).collect::<Vec<_>>(),
         }),
     );
     let mut curves = vec![(
         "one process, no parameter server".to_string(),
-        a.curve.clone(),
+        one_process
+            .last()
+            .map(|r| r.curve.clone())
+            .unwrap_or_default(),
     )];
-    let mut dense_bytes = None;
-    for v in VARIANTS {
-        if !args.only.is_empty() && !args.only.iter().any(|o| v.key.contains(o.as_str())) {
-            continue;
-        }
-        let mut doc = base.clone();
-        doc["spec"]["parameterServers"]["shards"] = v.shards.into();
-        doc["spec"]["replicas"]["count"] = v.replicas.into();
-        (v.edit)(&mut doc);
-        eprintln!("bench: {}", v.label);
-        let run = train(&exe, &doc, &v.key.replace('_', "-"), tmp.path())?;
-        let s = &run.summary;
-        let time = s["time_to_target_seconds"].as_f64();
-        let examples = s["examples_to_target"].as_f64();
-        let bytes = s["push_bytes_per_example"].as_f64().unwrap_or(0.0);
+    let mut dense = None;
+    for (v, runs) in variants.iter().zip(runs) {
+        let figure = |k: &str| median(runs.iter().filter_map(|r| r.summary[k].as_f64()).collect());
+        let reached = |k: &str| median_opt(runs.iter().map(|r| r.summary[k].as_f64()).collect());
+        let time = reached("time_to_target_seconds");
+        let examples = reached("examples_to_target");
+        let bytes = figure("push_bytes_per_example");
         if v.key == "downpour_2x2" {
-            dense_bytes = Some(bytes);
+            dense = Some((bytes, time));
         }
         configs.insert(
             v.key.into(),
@@ -305,19 +334,27 @@ fn main() -> anyhow::Result<()> {
                 "examples_to_target": examples,
                 "time_to_target_vs_one_process": ratio(time, a_time),
                 "examples_to_target_vs_one_process": ratio(examples, a_examples),
-                "examples_per_second": s["examples_per_second"],
-                "final_test_accuracy": s["final_test_accuracy"],
-                "best_test_accuracy": s["best_test_accuracy"],
+                "examples_per_second": figure("examples_per_second"),
+                "final_test_accuracy": figure("final_test_accuracy"),
+                "best_test_accuracy": figure("best_test_accuracy"),
                 "push_bytes_per_example": bytes,
-                "staleness": s["staleness"],
-                "updates": s["updates"],
+                "updates": figure("updates"),
+                "runs": runs.iter().map(|r| json!({
+                    "time_to_target_seconds": r.summary["time_to_target_seconds"],
+                    "examples_to_target": r.summary["examples_to_target"],
+                    "staleness": r.summary["staleness"],
+                })).collect::<Vec<_>>(),
             }),
         );
-        curves.push((v.label.to_string(), run.curve));
+        if let Some(last) = runs.into_iter().last() {
+            curves.push((v.label.to_string(), last.curve));
+        }
     }
-    if let (Some(dense), Some(c)) = (dense_bytes, configs.get_mut("compressed_2x2")) {
+    if let (Some((dense_bytes, dense_time)), Some(c)) = (dense, configs.get_mut("compressed_2x2")) {
         let bytes = c["push_bytes_per_example"].as_f64().unwrap_or(0.0);
-        c["dense_push_bytes_vs_compressed"] = json!(dense / bytes.max(1e-9));
+        c["dense_push_bytes_vs_compressed"] = json!(dense_bytes / bytes.max(1e-9));
+        c["time_to_target_vs_dense"] =
+            json!(ratio(c["time_to_target_seconds"].as_f64(), dense_time));
     }
     let series: Vec<plot::Series> = curves
         .iter()
@@ -337,6 +374,7 @@ fn main() -> anyhow::Result<()> {
     .with_context(|| format!("cannot write {}", args.plot.display()))?;
     let mut report = json!({
         "machine": { "cores": cores },
+        "repeat": args.repeat,
         "job": args.job,
         "target_test_accuracy": target,
         "plot": args.plot,

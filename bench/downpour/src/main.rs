@@ -7,7 +7,7 @@
 
 mod micro;
 
-use distbelief_bench_downpour::local;
+use distbelief_bench_downpour::{local, median, median_opt};
 
 use std::path::{Path, PathBuf};
 
@@ -38,19 +38,6 @@ struct Args {
     /// The Downpour configurations to run beside (a), by letter.
     #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d"])]
     configs: Vec<String>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn median_opt(v: Vec<Option<f64>>) -> Option<f64> {
-    // A run that missed the target counts as slower than any that reached it.
-    let mut v: Vec<f64> = v.into_iter().map(|x| x.unwrap_or(f64::INFINITY)).collect();
-    v.sort_by(f64::total_cmp);
-    let m = v[v.len() / 2];
-    m.is_finite().then_some(m)
 }
 
 /// Runs `distbelief train` on `job` with the given layout; returns its summary.
@@ -102,9 +89,17 @@ fn main() -> anyhow::Result<()> {
         let train = distbelief_worker::data::load(&job.spec.data, true)?;
         let test = distbelief_worker::data::load(&job.spec.data, false)?;
         let cap = job.spec.stop.max_seconds as f64;
+        let chosen: Vec<_> = [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)]
+            .into_iter()
+            .filter(|(key, _, _)| args.configs.iter().any(|c| key.starts_with(c.as_str())))
+            .collect();
+        let tmp = tempfile::tempdir()?;
+        // Rounds run every configuration once, so a slow spell on the shared
+        // machine falls on all of them rather than on one.
         let mut runs = Vec::new();
-        for i in 0..args.repeat {
-            eprintln!("bench: (a) one process, {cores} threads, run {}", i + 1);
+        let mut summaries = vec![Vec::new(); chosen.len()];
+        for round in 1..=args.repeat {
+            eprintln!("bench: (a) one process, {cores} threads, round {round}");
             runs.push(local::train(
                 &job,
                 &train,
@@ -113,6 +108,13 @@ fn main() -> anyhow::Result<()> {
                 job.spec.stop.eval_interval_seconds,
                 cap,
             ));
+            for (i, &(key, shards, replicas)) in chosen.iter().enumerate() {
+                eprintln!(
+                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), round {round}",
+                    &key[..1]
+                );
+                summaries[i].push(downpour(&exe, &args.job, shards, replicas, tmp.path())?);
+            }
         }
         let a = config(
             median(runs.iter().map(|r| r.examples_per_second).collect()),
@@ -130,49 +132,24 @@ fn main() -> anyhow::Result<()> {
                 "examples_to_target": r.examples_to_target,
                 "final_test_accuracy": r.final_test_accuracy })).collect::<Vec<_>>() }),
         );
-        let tmp = tempfile::tempdir()?;
         let mut configs = serde_json::Map::new();
         let a_eps = a["examples_per_second"].as_f64().unwrap_or(0.0);
         let a_ttt = a["time_to_target_seconds"].as_f64();
         let a_ett = a["examples_to_target"].as_f64();
         configs.insert("a_one_process".into(), a);
         let mut ratios = serde_json::Map::new();
-        for (key, shards, replicas) in [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)] {
-            if !args.configs.iter().any(|c| key.starts_with(c.as_str())) {
-                continue;
-            }
-            let mut summaries = Vec::new();
-            for i in 0..args.repeat {
-                eprintln!(
-                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), run {}",
-                    &key[..1],
-                    i + 1
-                );
-                summaries.push(downpour(&exe, &args.job, shards, replicas, tmp.path())?);
-            }
+        for ((key, _, _), summaries) in chosen.into_iter().zip(summaries) {
             let f = |k: &str| {
                 summaries
                     .iter()
                     .map(|s| s[k].as_f64().unwrap_or(0.0))
                     .collect::<Vec<_>>()
             };
+            let opt = |k: &str| median_opt(summaries.iter().map(|s| s[k].as_f64()).collect());
             let eps = median(f("examples_per_second"));
-            let ttt = median_opt(
-                summaries
-                    .iter()
-                    .map(|s| s["time_to_target_seconds"].as_f64())
-                    .collect(),
-            );
-            let ett = median_opt(
-                summaries
-                    .iter()
-                    .map(|s| s["examples_to_target"].as_f64())
-                    .collect(),
-            );
-            let ratio = |x: Option<f64>, a: Option<f64>| match (x, a) {
-                (Some(x), Some(a)) => Some(x / a),
-                _ => None,
-            };
+            let ttt = opt("time_to_target_seconds");
+            let ett = opt("examples_to_target");
+            let ratio = |x: Option<f64>, a: Option<f64>| Some(x? / a?);
             ratios.insert(
                 key.into(),
                 json!({
