@@ -62,7 +62,7 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
     let checkpoint_dir = a
         .checkpoint_dir
         .or_else(|| job.spec.checkpoint.dir.clone().map(Into::into));
-    let opts = distbelief_ps::ShardOptions {
+    let opts = distbelief_ps_server::ShardOptions {
         index: a.shard,
         checkpoint_dir,
         checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),
@@ -72,7 +72,7 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
         let registry = registry("ps", Some(a.shard))?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;
         let listener = bind(a.listen).await?;
-        distbelief_ps::serve(&job, opts, listener, &registry, terminated()).await?;
+        distbelief_ps_server::serve(&job, opts, listener, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -112,7 +112,7 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
     runtime()?.block_on(async {
         let publish = match &a.publish_status {
-            Some(name) => Some(distbelief_coordinator::publish::StatusTarget {
+            Some(name) => Some(distbelief_coordinator::kubernetes::StatusTarget {
                 client: kube::Client::try_default()
                     .await
                     .context("--publish-status needs a Kubernetes client configuration")?,
@@ -190,9 +190,9 @@ pub fn crd() -> anyhow::Result<ExitCode> {
 
 pub fn eval(a: EvalArgs) -> anyhow::Result<ExitCode> {
     let job = distbelief_api::load_job(&a.job)?;
-    let params = distbelief_worker::saved::load(&a.model, &job.layout)?;
-    let test = distbelief_worker::data::load(&job.spec.data, false)?;
-    let mlp = distbelief_worker::model::Mlp::new(&job.layout);
+    let params = distbelief_model::saved::load(&a.model, &job.layout)?;
+    let test = distbelief_model::data::load(&job.spec.data, false)?;
+    let mlp = distbelief_model::Mlp::new(&job.layout);
     test.check_fits("test data", mlp.layout().inputs(), mlp.layout().classes())?;
     let (accuracy, loss) = mlp.evaluate(&params, &test);
     if a.json {

@@ -463,7 +463,8 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
                 let _ = jobs
                     .patch_status(
                         "fm",
-                        &PatchParams::apply(distbelief_coordinator::publish::FIELD_MANAGER).force(),
+                        &PatchParams::apply(distbelief_coordinator::kubernetes::FIELD_MANAGER)
+                            .force(),
                         &Patch::Apply(&patch),
                     )
                     .await;

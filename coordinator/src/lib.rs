@@ -2,6 +2,8 @@
 //! evaluates the model on the test set from a fetched parameter snapshot,
 //! and applies the stopping rule.
 
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 mod metrics;
 pub mod output;
 pub mod publish;
@@ -11,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distbelief_api::{Job, ShardProgress};
+use distbelief_model::Mlp;
+use distbelief_model::data::{self, DataError, Dataset};
+use distbelief_proto::staleness::StalenessHistogram;
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{JobStatus, ProgressReport, ReportReply, StatusRequest};
-use distbelief_ps::StalenessHistogram;
-use distbelief_worker::data::{self, DataError, Dataset};
-use distbelief_worker::model::Mlp;
-use distbelief_worker::ps_client::{ShardClient, fetch_all, shard_clients};
+use distbelief_ps_client::{ClientError, ShardClient, fetch_all, shard_clients};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
@@ -29,7 +31,7 @@ pub enum CoordinatorError {
     #[error(transparent)]
     Data(#[from] DataError),
     #[error(transparent)]
-    Worker(#[from] distbelief_worker::WorkerError),
+    Shard(#[from] ClientError),
     #[error("metrics registration failed: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error("gRPC server failed: {0}")]
@@ -41,7 +43,7 @@ impl CoordinatorError {
     pub fn category(&self) -> &'static str {
         match self {
             CoordinatorError::Data(_) => "data",
-            CoordinatorError::Worker(e) => e.category(),
+            CoordinatorError::Shard(e) => e.category(),
             CoordinatorError::Metrics(_) => "metrics",
             CoordinatorError::Transport(_) => "transport",
         }
@@ -54,11 +56,27 @@ pub struct CoordinatorOptions {
     pub shards: Vec<String>,
     pub rpc_timeout: Duration,
     /// On Kubernetes: the job whose status.progress this coordinator writes.
-    pub publish: Option<publish::StatusTarget>,
+    #[cfg(feature = "kubernetes")]
+    pub publish: Option<kubernetes::StatusTarget>,
     /// Where the finished job's model goes; None keeps no model.
     pub output: Option<output::OutputTarget>,
     /// Beaten while the job's tracker can be locked.
     pub heartbeat: distbelief_net::Heartbeat,
+}
+
+impl CoordinatorOptions {
+    /// Options for a coordinator of these shards that writes no status and
+    /// keeps no model.
+    pub fn new(shards: Vec<String>, rpc_timeout: Duration) -> Self {
+        CoordinatorOptions {
+            shards,
+            rpc_timeout,
+            #[cfg(feature = "kubernetes")]
+            publish: None,
+            output: None,
+            heartbeat: Default::default(),
+        }
+    }
 }
 
 struct Shared {
@@ -161,9 +179,10 @@ pub async fn serve(
         output: opts.output.clone(),
         saved: Mutex::new(Saved::Pending),
     });
+    #[cfg(feature = "kubernetes")]
     let publisher = opts.publish.clone().map(|target| {
         tracing::info!(job = ?target, "writing progress to the job's status");
-        tokio::spawn(publish::publish_loop(
+        tokio::spawn(kubernetes::publish_loop(
             shared.clone(),
             target,
             Duration::from_secs(5).min(every.max(Duration::from_secs(1))),
@@ -197,6 +216,7 @@ pub async fn serve(
     .unwrap_or(Ok(()));
     evaluator.abort();
     beating.abort();
+    #[cfg(feature = "kubernetes")]
     if let Some(p) = publisher {
         p.abort();
     }

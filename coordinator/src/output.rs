@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use distbelief_api::{Layout, SavedModel};
+use distbelief_model::saved::{self, MODEL_FILE};
 use distbelief_proto::v1::JobStatus;
-use distbelief_worker::saved::{self, MODEL_FILE};
 use serde_json::json;
 
 /// Where the model goes.

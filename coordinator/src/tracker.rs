@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 
 use distbelief_api::StopSpec;
+use distbelief_proto::staleness::StalenessHistogram;
 use distbelief_proto::v1::{
     Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, ReportReply, Staleness,
 };
-use distbelief_ps::StalenessHistogram;
 
 use backup::Race;
 

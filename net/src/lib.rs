@@ -8,9 +8,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-pub mod memory;
-
-use distbelief_proto::codec::MAX_MESSAGE_BYTES;
 use tonic::transport::{Channel, Endpoint, Server};
 
 /// HTTP/2 flow-control windows. Large windows let a multi-MiB chunk cross
@@ -20,8 +17,10 @@ const CONNECTION_WINDOW: u32 = 64 << 20;
 /// HTTP/2 frame size: fewer, larger frames cut per-frame work on both ends.
 const FRAME_SIZE: u32 = 1 << 20;
 
-/// Largest gRPC message a role accepts or sends.
-pub const MAX_MESSAGE: usize = MAX_MESSAGE_BYTES;
+/// Largest gRPC message a role accepts or sends: chunks of up to 4 MiB (ours
+/// are 1 MiB), plus headroom for the message's other fields. Models of any
+/// size travel as many chunks, so tonic's 4 MiB default is never what breaks one.
+pub const MAX_MESSAGE: usize = (4 << 20) + 64 * 1024;
 
 /// Default deadline of one RPC.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);

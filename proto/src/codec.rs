@@ -8,11 +8,6 @@ use bytes::{Bytes, BytesMut};
 /// costs vanish.
 pub const MAX_CHUNK_VALUES: usize = 1 << 18;
 
-/// gRPC message limit: chunks of up to 4 MiB are accepted (ours are 1 MiB),
-/// plus headroom for the message's other fields. Models of any size travel
-/// as many chunks, so tonic's 4 MiB default is never what breaks one.
-pub const MAX_MESSAGE_BYTES: usize = (4 << 20) + 64 * 1024;
-
 /// Encodes values as little-endian f32 bytes.
 pub fn encode_f32(values: &[f32]) -> Bytes {
     let mut out = BytesMut::with_capacity(values.len() * 4);

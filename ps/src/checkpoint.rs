@@ -159,8 +159,8 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::optimizer::Optimizer;
     use crate::shard::PushHeader;
+    use distbelief_model::Optimizer;
 
     fn trained_shard() -> Shard {
         let opt = Optimizer::Adagrad {

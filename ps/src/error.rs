@@ -63,31 +63,3 @@ impl PsError {
         }
     }
 }
-
-/// The one place a shard error becomes a gRPC status.
-impl From<PsError> for tonic::Status {
-    fn from(e: PsError) -> Self {
-        let msg = e.to_string();
-        match e {
-            PsError::WrongShard { .. } | PsError::OutOfRange { .. } => {
-                tonic::Status::out_of_range(msg)
-            }
-            PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => {
-                tonic::Status::internal(msg)
-            }
-            PsError::Superseded { .. } => tonic::Status::failed_precondition(msg),
-            _ => tonic::Status::invalid_argument(msg),
-        }
-    }
-}
-
-/// Why a shard process could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error(transparent)]
-    Shard(#[from] PsError),
-    #[error("shard {index} does not exist: the job has {shards} shards")]
-    NoSuchShard { index: u32, shards: usize },
-    #[error("gRPC server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
-}

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use crate::error::PsError;
-use crate::optimizer::Optimizer;
-use crate::staleness::StalenessHistogram;
+use distbelief_model::Optimizer;
+use distbelief_proto::staleness::StalenessHistogram;
 
 /// Who sent a push, and from which parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +112,7 @@ impl Shard {
         assert_eq!(params.len(), range.len());
         let accum = optimizer.new_accumulators(range.len());
         let params = {
-            let mut p = distbelief_net::memory::with_capacity(params.len());
+            let mut p = distbelief_model::memory::with_capacity(params.len());
             p.extend_from_slice(&params);
             p
         };
@@ -191,7 +191,7 @@ impl Shard {
         };
         if h.average {
             // p += weight · move: an SGD step with the sign turned round.
-            crate::optimizer::sgd(&mut self.params, grad, -self.average_weight);
+            distbelief_model::optimizer::sgd(&mut self.params, grad, -self.average_weight);
         } else {
             optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
         }

@@ -51,7 +51,7 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
     let mut shards = Vec::new();
     for i in 0..job.shards() {
         let (l, addr) = listener().await;
-        let opts = distbelief_ps::ShardOptions {
+        let opts = distbelief_ps_server::ShardOptions {
             index: i as u32,
             checkpoint_dir: checkpoint_dir.clone(),
             checkpoint_interval: Duration::from_secs(1),
@@ -59,7 +59,7 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
         };
         let (job, rx) = (job.clone(), rx.clone());
         tokio::spawn(async move {
-            distbelief_ps::serve(&job, opts, l, &prometheus::Registry::new(), stopped(rx))
+            distbelief_ps_server::serve(&job, opts, l, &prometheus::Registry::new(), stopped(rx))
                 .await
                 .expect("shard serves");
         });
@@ -67,13 +67,10 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
     }
     let coordinator = if with_coordinator {
         let (l, addr) = listener().await;
-        let opts = distbelief_coordinator::CoordinatorOptions {
-            shards: shards.clone(),
-            rpc_timeout: Duration::from_secs(10),
-            publish: None,
-            output: None,
-            heartbeat: Default::default(),
-        };
+        let opts = distbelief_coordinator::CoordinatorOptions::new(
+            shards.clone(),
+            Duration::from_secs(10),
+        );
         let (job, rx) = (job.clone(), rx.clone());
         tokio::spawn(async move {
             distbelief_coordinator::serve(&job, opts, l, &prometheus::Registry::new(), stopped(rx))

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use distbelief_worker::ps_client::{PushId, ShardClient};
+use distbelief_ps_client::{PushId, ShardClient};
 
 fn get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut s =
@@ -43,7 +43,7 @@ spec:
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
-    let opts = distbelief_ps::ShardOptions {
+    let opts = distbelief_ps_server::ShardOptions {
         index: 0,
         checkpoint_dir: None,
         checkpoint_interval: Duration::from_secs(60),
@@ -51,7 +51,7 @@ spec:
     };
     let (j, r) = (job.clone(), registry.clone());
     tokio::spawn(async move {
-        distbelief_ps::serve(&j, opts, listener, &r, std::future::pending()).await
+        distbelief_ps_server::serve(&j, opts, listener, &r, std::future::pending()).await
     });
     let metrics =
         distbelief_net::serve_metrics("127.0.0.1:0".parse().expect("addr"), registry, None)

@@ -7,8 +7,8 @@ use std::time::Duration;
 use distbelief_proto::codec::encode_f32;
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{GradientChunk, InfoRequest};
+use distbelief_ps_client::{PushId, ShardClient};
 use distbelief_tests::start;
-use distbelief_worker::ps_client::{PushId, ShardClient};
 
 /// 784·700 + 700 + 700·10 + 10 = 556,510 parameters: two 1 MiB chunks per shard.
 const JOB: &str = "

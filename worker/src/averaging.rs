@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use distbelief_ps::Optimizer;
+use distbelief_model::Optimizer;
 
 pub struct LocalTraining {
     optimizer: Optimizer,

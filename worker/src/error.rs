@@ -1,26 +1,19 @@
-use crate::data::DataError;
+use distbelief_model::data::DataError;
+use distbelief_ps_client::ClientError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     #[error(transparent)]
     Data(#[from] DataError),
-    #[error("{peer}: {status}")]
-    Rpc { peer: String, status: tonic::Status },
-    #[error("bad address {addr}: {source}")]
-    Address {
+    #[error(transparent)]
+    Shard(#[from] ClientError),
+    #[error("bad coordinator address {addr}: {source}")]
+    CoordinatorAddress {
         addr: String,
         source: tonic::transport::Error,
     },
-    #[error("shard {shard} at {peer} sent {message}")]
-    BadReply {
-        shard: u32,
-        peer: String,
-        message: String,
-    },
     #[error("coordinator at {peer} has not answered for {seconds:.0} s; giving up")]
     CoordinatorLost { peer: String, seconds: f64 },
-    #[error("the job has {expected} shards but {got} shard addresses were given")]
-    ShardCount { expected: usize, got: usize },
     #[error("replica {replica} does not exist: the job has {replicas} replicas")]
     NoSuchReplica { replica: u32, replicas: usize },
     #[error(
@@ -36,13 +29,9 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
-    /// The peer understood the call and refused it; repeating it cannot help.
+    /// A shard understood the call and refused it; repeating it cannot help.
     pub fn is_refusal(&self) -> bool {
-        matches!(self, WorkerError::Rpc { status, .. }
-        if matches!(
-            status.code(),
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::FailedPrecondition
-        ))
+        matches!(self, WorkerError::Shard(e) if e.is_refusal())
     }
 
     /// A shard or the coordinator did not answer for the replica's whole
@@ -50,10 +39,7 @@ impl WorkerError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             WorkerError::CoordinatorLost { .. } => true,
-            WorkerError::Rpc { status, .. } => matches!(
-                status.code(),
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-            ),
+            WorkerError::Shard(e) => e.is_unavailable(),
             _ => false,
         }
     }
@@ -62,11 +48,9 @@ impl WorkerError {
     pub fn category(&self) -> &'static str {
         match self {
             WorkerError::Data(_) => "data",
-            WorkerError::Rpc { .. } => "rpc",
-            WorkerError::Address { .. } => "address",
-            WorkerError::BadReply { .. } => "bad_reply",
+            WorkerError::Shard(e) => e.category(),
+            WorkerError::CoordinatorAddress { .. } => "address",
             WorkerError::CoordinatorLost { .. } => "coordinator_lost",
-            WorkerError::ShardCount { .. } => "shard_count",
             WorkerError::NoSuchReplica { .. } => "no_such_replica",
             WorkerError::NoData { .. } => "no_data",
             WorkerError::Compute(_) => "compute",

@@ -1,14 +1,11 @@
-//! A model replica: the MLP, the data readers and the Downpour SGD client.
+//! A model replica: trains the model on its part of the data with Downpour
+//! SGD, talking to the shards through the parameter-server client.
 
 mod averaging;
-pub mod data;
 mod error;
 mod link;
 mod metrics;
-pub mod model;
-pub mod ps_client;
 mod replica;
-pub mod saved;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;

@@ -10,7 +10,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::metrics::WorkerMetrics;
-use crate::ps_client::{PushId, ShardClient};
+use distbelief_ps_client::{PushId, ShardClient};
 
 /// Mini-batch gradients merged into one pending push while the shard is slow
 /// or away. Beyond this the oldest sum is dropped: parameters that stale
@@ -70,7 +70,7 @@ impl Link {
     fn buffer(&self) -> Vec<f32> {
         lock(&self.spare)
             .pop()
-            .unwrap_or_else(|| distbelief_net::memory::large_buffer(self.client.range.len(), 0.0))
+            .unwrap_or_else(|| distbelief_model::memory::large_buffer(self.client.range.len(), 0.0))
     }
 
     pub fn recycle(&self, v: Vec<f32>) {

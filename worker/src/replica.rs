@@ -8,19 +8,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distbelief_api::Job;
+use distbelief_model::Optimizer;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{Action, ProgressReport, ReportReply};
-use distbelief_ps::Optimizer;
 use ndarray::ArrayView2;
 use tonic::transport::Channel;
 
 use crate::averaging::LocalTraining;
-use crate::data::{self, Dataset};
 use crate::error::WorkerError;
 use crate::link::Link;
 use crate::metrics::WorkerMetrics;
-use crate::model::Mlp;
-use crate::ps_client::{fetch_all, shard_clients};
+use distbelief_model::Mlp;
+use distbelief_model::data::{self, Dataset};
+use distbelief_ps_client::{fetch_all, shard_clients};
 
 #[derive(Debug, Clone)]
 pub struct ReplicaOptions {
@@ -145,7 +145,7 @@ pub async fn run_replica(
     let mut clients = shard_clients(&job, &opts.shards, opts.rpc_timeout)?;
     let channel =
         distbelief_net::channel(&opts.coordinator, opts.rpc_timeout).map_err(|source| {
-            WorkerError::Address {
+            WorkerError::CoordinatorAddress {
                 addr: opts.coordinator.clone(),
                 source,
             }
@@ -244,7 +244,7 @@ pub async fn run_replica(
     let versions = loop {
         match fetch_all(&mut clients, &mut params).await {
             Ok(v) => break v,
-            Err(e) if e.is_refusal() || Instant::now() > give_up => return Err(e),
+            Err(e) if e.is_refusal() || Instant::now() > give_up => return Err(e.into()),
             Err(e) => {
                 tracing::warn!("initial fetch failed, retrying: {e}");
                 tokio::time::sleep(backoff.next_delay()).await;

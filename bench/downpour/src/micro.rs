@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use distbelief_api::Job;
-use distbelief_worker::ps_client::{PushId, ShardClient};
+use distbelief_ps_client::{PushId, ShardClient};
 
 /// A job whose model has about ten million parameters, on one shard.
 pub const TEN_MILLION_JOB: &str = "apiVersion: distbelief.dev/v1alpha1
@@ -20,15 +20,15 @@ spec:
 
 pub fn adagrad_gparams_per_second(len: usize, seconds: f64) -> f64 {
     // Allocated as the shard allocates its state (and its staging buffer).
-    let mut params = distbelief_net::memory::large_buffer(len, 0.5);
-    let mut accum = distbelief_net::memory::large_buffer(len, 0.1);
-    let mut grad = distbelief_net::memory::with_capacity(len);
+    let mut params = distbelief_model::memory::large_buffer(len, 0.5);
+    let mut accum = distbelief_model::memory::large_buffer(len, 0.1);
+    let mut grad = distbelief_model::memory::with_capacity(len);
     grad.extend((0..len).map(|i| ((i % 17) as f32 - 8.0) * 1e-3));
-    distbelief_ps::optimizer::adagrad(&mut params, &mut accum, &grad, 0.01, 1e-8);
+    distbelief_model::optimizer::adagrad(&mut params, &mut accum, &grad, 0.01, 1e-8);
     let started = Instant::now();
     let mut applied = 0usize;
     while started.elapsed().as_secs_f64() < seconds {
-        distbelief_ps::optimizer::adagrad(&mut params, &mut accum, &grad, 0.01, 1e-8);
+        distbelief_model::optimizer::adagrad(&mut params, &mut accum, &grad, 0.01, 1e-8);
         applied += len;
     }
     std::hint::black_box(&params);
@@ -97,8 +97,8 @@ pub fn fetch_push(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Allocated as a replica allocates its fetch and push buffers.
-        let mut params = distbelief_net::memory::large_buffer(len, 0.0);
-        let grad = distbelief_net::memory::large_buffer(len, 1e-4);
+        let mut params = distbelief_model::memory::large_buffer(len, 0.0);
+        let grad = distbelief_model::memory::large_buffer(len, 1e-4);
         let push = |sequence| PushId {
             replica: 0,
             incarnation: 1,

@@ -83,7 +83,7 @@ impl Runtime {
             }
         };
         // A model left by an earlier run must not pass for this run's.
-        let model = out.join(distbelief_worker::saved::MODEL_FILE);
+        let model = out.join(distbelief_model::saved::MODEL_FILE);
         if model.exists() {
             std::fs::remove_file(&model)
                 .with_context(|| format!("cannot remove the old {}", model.display()))?;

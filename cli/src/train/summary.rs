@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use distbelief_api::Job;
+use distbelief_model::saved::MODEL_FILE;
 use distbelief_proto::v1::JobStatus;
-use distbelief_worker::saved::MODEL_FILE;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -349,7 +349,7 @@ pub async fn write_progress(kit: &Kit, ns: &str, job: &str, progress: Value) {
     kit.jobs(ns)
         .patch_status(
             job,
-            &PatchParams::apply(distbelief_coordinator::publish::FIELD_MANAGER).force(),
+            &PatchParams::apply(distbelief_coordinator::kubernetes::FIELD_MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await

@@ -7,7 +7,7 @@ mod replica;
 
 use std::time::Duration;
 
-use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, Phase};
+use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, Phase, Progress};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -94,35 +94,25 @@ pub fn invalid(
     plan
 }
 
-/// Decides the reconcile of a valid job.
+/// Decides the reconcile of a valid job: one decision after another, each
+/// of which may end the reconcile.
 pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan {
     let job = t.job;
     let old = job.status.clone().unwrap_or_default();
+    let generation = job.metadata.generation;
     let mut plan = Plan {
         status: DistBeliefJobStatus {
             progress: None,
+            observed_generation: generation,
             ..old.clone()
         },
         ..Plan::default()
     };
-    let generation = job.metadata.generation;
-    plan.status.observed_generation = generation;
     let live: Vec<&Pod> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .collect();
-
-    let was_unusable = old
-        .conditions
-        .iter()
-        .any(|c| c.status == "True" && (c.reason == "InvalidSpec" || c.reason == "MalformedSpec"));
-    let finished = old.phase.is_some_and(Phase::is_finished) && !was_unusable;
-    if was_unusable {
-        // The spec was fixed: the job starts now, not when it was refused.
-        plan.status.completion_time = None;
-        plan.status.start_time = None;
-    }
-    if finished {
+    if finished(&mut plan, &old) {
         cleanup(&mut plan, job, &live);
         expire(&mut plan, job, now);
         return plan;
@@ -130,74 +120,135 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
     checkpoint_storage(&mut plan, t, generation, now);
     let progress = old.progress.clone().unwrap_or_default();
     if progress.done {
-        let reason = match progress.stop_reason.as_deref() {
-            Some("target_reached") => "TargetReached",
-            Some("max_epochs") => "MaxEpochs",
-            Some("max_seconds") => "MaxSeconds",
-            _ => "Done",
-        };
-        let model = match &progress.model {
-            Some(m) => format!("; model saved to {}", m.path),
-            None if job.spec.output.volume_claim_name.is_some() => {
-                "; the model could not be saved (see the coordinator's log)".into()
-            }
-            None => String::new(),
-        };
-        let message = format!(
-            "training stopped ({}) at step {}, test accuracy {}{model}",
-            progress.stop_reason.as_deref().unwrap_or("done"),
-            progress.step,
-            progress
-                .test_accuracy
-                .map_or("unknown".into(), |a| format!("{a:.4}"))
-        );
-        finish(
-            &mut plan,
-            generation,
-            Phase::Succeeded,
-            reason,
-            &message,
-            now,
-        );
+        succeed(&mut plan, job, &progress, now);
         cleanup(&mut plan, job, &live);
         expire(&mut plan, job, now);
         return plan;
     }
-
     plan.apply_children = true;
-    if plan.status.start_time.is_none() {
-        plan.status.start_time = Some(Time(now));
-    }
+    plan.status.start_time.get_or_insert(Time(now));
     if job.spec.suspend {
-        // The StatefulSet is applied with 0 replicas; the other pods go.
-        plan.delete_pods = live
-            .iter()
-            .filter(|p| role(p) != Some("ps"))
-            .map(|p| p.name_any())
-            .collect();
-        plan.status.replicas_ready = Some(0);
-        plan.status.shards_ready = Some(0);
-        // Resuming starts every replica afresh: not a replacement, not a restart.
-        plan.status.replicas.clear();
-        let message = match t.checkpoint_storage {
-            CheckpointStorage::PersistentVolumeClaim => {
-                "spec.suspend is true; shard checkpoints are kept on their claims"
-            }
-            CheckpointStorage::EmptyDir => {
-                "spec.suspend is true; shard checkpoints were in emptyDir volumes and are lost: resuming starts from scratch"
-            }
-        };
-        transition(
-            &mut plan,
-            generation,
-            Phase::Suspended,
-            "Suspended",
-            message,
-            now,
-        );
+        suspend(&mut plan, t, &live, now);
         return plan;
     }
+    let Some(servers) = servers(&mut plan, job, &old, &live, now) else {
+        cleanup(&mut plan, job, &live);
+        return plan;
+    };
+    let scene = Scene {
+        t,
+        live: &live,
+        all: pods,
+        progress: &progress,
+        backoff,
+        now,
+        servers_ready: servers.ready,
+    };
+    match replicas(&mut plan, &scene, &old) {
+        Err(message) => {
+            let reason = "RestartBudgetExhausted";
+            finish(&mut plan, generation, Phase::Failed, reason, &message, now);
+            plan.create_pods.clear();
+            cleanup(&mut plan, job, &live);
+        }
+        Ok(waiting) => {
+            let (phase, reason, message) = phase(&plan, job, &servers, waiting);
+            transition(&mut plan, generation, phase, reason, &message, now);
+        }
+    }
+    plan
+}
 
+/// The job has finished and stays so; a job refused for its spec starts
+/// afresh once the spec is fixed.
+fn finished(plan: &mut Plan, old: &DistBeliefJobStatus) -> bool {
+    let refused = |c: &Condition| {
+        c.status == "True" && (c.reason == "InvalidSpec" || c.reason == "MalformedSpec")
+    };
+    if old.conditions.iter().any(refused) {
+        // The spec was fixed: the job starts now, not when it was refused.
+        plan.status.completion_time = None;
+        plan.status.start_time = None;
+        return false;
+    }
+    old.phase.is_some_and(Phase::is_finished)
+}
+
+/// The coordinator said training is done: the job succeeded, and says why.
+fn succeed(plan: &mut Plan, job: &DistBeliefJob, progress: &Progress, now: Timestamp) {
+    let reason = match progress.stop_reason.as_deref() {
+        Some("target_reached") => "TargetReached",
+        Some("max_epochs") => "MaxEpochs",
+        Some("max_seconds") => "MaxSeconds",
+        _ => "Done",
+    };
+    let model = match &progress.model {
+        Some(m) => format!("; model saved to {}", m.path),
+        None if job.spec.output.volume_claim_name.is_some() => {
+            "; the model could not be saved (see the coordinator's log)".into()
+        }
+        None => String::new(),
+    };
+    let message = format!(
+        "training stopped ({}) at step {}, test accuracy {}{model}",
+        progress.stop_reason.as_deref().unwrap_or("done"),
+        progress.step,
+        progress
+            .test_accuracy
+            .map_or("unknown".into(), |a| format!("{a:.4}"))
+    );
+    let generation = job.metadata.generation;
+    finish(plan, generation, Phase::Succeeded, reason, &message, now);
+}
+
+/// A suspended job keeps its shards' StatefulSet (at 0 replicas) and loses
+/// every other pod.
+fn suspend(plan: &mut Plan, t: &Target, live: &[&Pod], now: Timestamp) {
+    plan.delete_pods = live
+        .iter()
+        .filter(|p| role(p) != Some("ps"))
+        .map(|p| p.name_any())
+        .collect();
+    plan.status.replicas_ready = Some(0);
+    plan.status.shards_ready = Some(0);
+    // Resuming starts every replica afresh: not a replacement, not a restart.
+    plan.status.replicas.clear();
+    let message = match t.checkpoint_storage {
+        CheckpointStorage::PersistentVolumeClaim => {
+            "spec.suspend is true; shard checkpoints are kept on their claims"
+        }
+        CheckpointStorage::EmptyDir => {
+            "spec.suspend is true; shard checkpoints were in emptyDir volumes and are lost: resuming starts from scratch"
+        }
+    };
+    let generation = t.job.metadata.generation;
+    transition(
+        plan,
+        generation,
+        Phase::Suspended,
+        "Suspended",
+        message,
+        now,
+    );
+}
+
+/// What the job's servers (shards and coordinator) look like.
+struct Servers {
+    shards_ready: u32,
+    coordinator_ready: bool,
+    /// Every shard and the coordinator are ready: replicas may start.
+    ready: bool,
+}
+
+/// Counts the shards, fails the job when they restarted over budget (None),
+/// and replaces a coordinator that failed.
+fn servers(
+    plan: &mut Plan,
+    job: &DistBeliefJob,
+    old: &DistBeliefJobStatus,
+    live: &[&Pod],
+    now: Timestamp,
+) -> Option<Servers> {
     let ps_pods: Vec<&Pod> = live
         .iter()
         .copied()
@@ -207,68 +258,59 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
     let shard_restarts: u32 = ps_pods.iter().map(|p| restart_count(p)).sum();
     plan.status.shards_ready = Some(shards_ready);
     plan.status.shard_restarts = old.shard_restarts.max(shard_restarts);
-    if plan.status.shard_restarts > job.spec.parameter_servers.max_restarts {
+    let budget = job.spec.parameter_servers.max_restarts;
+    if plan.status.shard_restarts > budget {
         let message = format!(
-            "parameter-server shards restarted {} times, over spec.parameterServers.maxRestarts ({})",
-            plan.status.shard_restarts, job.spec.parameter_servers.max_restarts
+            "parameter-server shards restarted {} times, over spec.parameterServers.maxRestarts ({budget})",
+            plan.status.shard_restarts
         );
+        let reason = "ShardRestartBudgetExhausted";
         finish(
-            &mut plan,
-            generation,
+            plan,
+            job.metadata.generation,
             Phase::Failed,
-            "ShardRestartBudgetExhausted",
+            reason,
             &message,
             now,
         );
-        cleanup(&mut plan, job, &live);
-        return plan;
+        return None;
     }
-
     let coordinator = live.iter().find(|p| role(p) == Some("coordinator"));
     // An evicted coordinator stays Failed; it must go before it can be re-applied.
     if let Some(c) = coordinator
         && phase_of(c) == "Failed"
     {
         plan.delete_pods.push(c.name_any());
-        plan.note(
-            true,
-            "CoordinatorReplaced",
-            format!(
-                "coordinator pod failed ({}); recreating it",
-                pods::failure(c)
-            ),
+        let message = format!(
+            "coordinator pod failed ({}); recreating it",
+            pods::failure(c)
         );
+        plan.note(true, "CoordinatorReplaced", message);
     }
     plan.coordinator_missing = coordinator.is_none_or(|c| phase_of(c) == "Failed");
     plan.shards_missing = (ps_pods.len() as u32) < job.spec.parameter_servers.shards;
     let coordinator_ready = coordinator.is_some_and(|c| phase_of(c) == "Running" && is_ready(c));
-    let servers_ready = shards_ready == job.spec.parameter_servers.shards && coordinator_ready;
+    Some(Servers {
+        shards_ready,
+        coordinator_ready,
+        ready: shards_ready == job.spec.parameter_servers.shards && coordinator_ready,
+    })
+}
 
+/// Decides every replica; Ok(whether one waits out its restart backoff), or
+/// Err(why) when one is over its restart budget.
+fn replicas(plan: &mut Plan, scene: &Scene, old: &DistBeliefJobStatus) -> Result<bool, String> {
+    let (job, pods) = (scene.t.job, scene.all);
     // Counts from the pods themselves, which a stale cache cannot undo.
-    plan.status.replica_restarts =
-        old.replica_restarts
-            .max(count_cause(pods, Cause::Restart, None));
-    plan.status.replica_reschedules =
-        old.replica_reschedules
-            .max(count_cause(pods, Cause::Reschedule, None));
-    plan.status.backups_launched = old
-        .backups_launched
-        .max(count_cause(pods, Cause::Backup, None));
-
-    let scene = Scene {
-        t,
-        live: &live,
-        all: pods,
-        progress: &progress,
-        backoff,
-        now,
-        servers_ready,
-    };
+    let counted = |c| count_cause(pods, c, None);
+    plan.status.replica_restarts = old.replica_restarts.max(counted(Cause::Restart));
+    plan.status.replica_reschedules = old.replica_reschedules.max(counted(Cause::Reschedule));
+    plan.status.backups_launched = old.backups_launched.max(counted(Cause::Backup));
     let mut waiting = false;
     let mut failed: Option<String> = None;
     for r in 0..job.spec.replicas.count {
         let prev = old.replicas.iter().find(|s| s.replica == r).cloned();
-        match replica::replica(&scene, r, prev, &mut plan) {
+        match replica::replica(scene, r, prev, plan) {
             Outcome::Waiting => waiting = true,
             Outcome::OverBudget(m) => failed = failed.or(Some(m)),
             Outcome::Fine => {}
@@ -278,53 +320,41 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
     plan.status
         .replicas
         .retain(|s| s.replica < job.spec.replicas.count);
-    plan.status.replicas_ready = Some(
-        live.iter()
-            .filter(|p| role(p) == Some("replica") && phase_of(p) == "Running")
-            .count() as u32,
-    );
-    if let Some(message) = failed {
-        finish(
-            &mut plan,
-            generation,
-            Phase::Failed,
-            "RestartBudgetExhausted",
-            &message,
-            now,
-        );
-        plan.create_pods.clear();
-        cleanup(&mut plan, job, &live);
-        return plan;
-    }
-    let (phase, reason, message) = if waiting && servers_ready {
-        (
-            Phase::Restarting,
-            "BackingOff",
-            "a failed replica is waiting out its restart backoff".to_string(),
-        )
-    } else if servers_ready && plan.status.replicas_ready.unwrap_or(0) > 0 {
-        (
-            Phase::Running,
-            "Training",
-            "shards, coordinator and replicas are running".to_string(),
-        )
+    let running = scene
+        .live
+        .iter()
+        .filter(|p| role(p) == Some("replica") && phase_of(p) == "Running")
+        .count();
+    plan.status.replicas_ready = Some(running as u32);
+    failed.map_or(Ok(waiting), Err)
+}
+
+/// The phase of a job that is neither finished nor suspended.
+fn phase(
+    plan: &Plan,
+    job: &DistBeliefJob,
+    servers: &Servers,
+    waiting: bool,
+) -> (Phase, &'static str, String) {
+    if waiting && servers.ready {
+        let message = "a failed replica is waiting out its restart backoff";
+        (Phase::Restarting, "BackingOff", message.to_string())
+    } else if servers.ready && plan.status.replicas_ready.unwrap_or(0) > 0 {
+        let message = "shards, coordinator and replicas are running";
+        (Phase::Running, "Training", message.to_string())
     } else {
-        (
-            Phase::Pending,
-            "Starting",
-            format!(
-                "waiting for the job's servers before starting replicas: {shards_ready}/{} shards ready, coordinator {}",
-                job.spec.parameter_servers.shards,
-                if coordinator_ready {
-                    "ready"
-                } else {
-                    "not ready"
-                }
-            ),
-        )
-    };
-    transition(&mut plan, generation, phase, reason, &message, now);
-    plan
+        let message = format!(
+            "waiting for the job's servers before starting replicas: {}/{} shards ready, coordinator {}",
+            servers.shards_ready,
+            job.spec.parameter_servers.shards,
+            if servers.coordinator_ready {
+                "ready"
+            } else {
+                "not ready"
+            }
+        );
+        (Phase::Pending, "Starting", message)
+    }
 }
 
 /// Records where checkpoints live, once, and says loudly when they are not durable.

@@ -52,15 +52,10 @@ pub(super) fn count_cause(pods: &[Pod], c: Cause, replica: Option<u32>) -> u32 {
 /// Decides for replica `r` and records its state in `plan.status.replicas`,
 /// unless it has not started yet.
 pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut Plan) -> Outcome {
-    let t = s.t;
-    let job = t.job;
     let mine: BTreeMap<u32, &Pod> = replica_pods(s.live.iter().copied(), r)
         .filter_map(|p| label_u32(p, LABEL_ATTEMPT).map(|a| (a, p)))
         .collect();
     let known = prev.is_some();
-    let newest_any = replica_pods(s.all.iter(), r)
-        .filter_map(|p| label_u32(p, LABEL_ATTEMPT))
-        .max();
     let mut st = prev.unwrap_or(ReplicaState {
         replica: r,
         ..ReplicaState::default()
@@ -70,280 +65,305 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
     if let Some((&a, _)) = mine.last_key_value() {
         st.attempt = st.attempt.max(a);
     }
-    let mut outcome = Outcome::Fine;
-    let launch = |plan: &mut Plan, st: &mut ReplicaState, attempt: u32, c: Cause| {
-        let backup_of = (c == Cause::Backup).then_some(st.attempt);
-        match children::replica_pod(t, r, attempt, c, backup_of) {
-            Ok(p) => plan.create_pods.push(p),
-            Err(e) => tracing::error!("cannot build replica pod: {e}"),
+    let mut d = Decision { s, r, mine, st };
+    let outcome = match d.mine.get(&d.st.attempt).copied() {
+        None if !known && !s.servers_ready => return Outcome::Fine,
+        None if !known => d.start(plan),
+        None if !s.servers_ready => Outcome::Waiting,
+        None => d.replace(plan),
+        Some(pod) if phase_of(pod) == "Failed" && d.straggler_running() => {
+            d.keep_straggler(plan, pod)
         }
-        st.attempt = attempt;
-    };
-    match mine.get(&st.attempt) {
-        None if !known => {
-            if !s.servers_ready {
-                // Not started: nothing to record until it is.
-                return Outcome::Fine;
-            }
-            // After a suspension the old pods may still be terminating under
-            // their names: start past them.
-            let first = match newest_any {
-                Some(a) if a >= st.attempt => a + 1,
-                _ => st.attempt,
-            };
-            launch(plan, &mut st, first, Cause::Start);
-        }
-        None if !s.servers_ready => outcome = Outcome::Waiting,
-        None => {
-            // Deleted (by a user, or its node went away): not the replica's fault.
-            let next = st.attempt + 1;
-            plan.status.replica_reschedules += 1;
-            plan.note(
-                false,
-                "ReplicaReplaced",
-                format!(
-                    "replica {r}'s pod is gone; starting {}",
-                    children::replica_pod_name(&t.name, r, next)
-                ),
-            );
-            launch(plan, &mut st, next, Cause::Reschedule);
-            st.backup_of = None;
-        }
-        Some(pod)
-            if phase_of(pod) == "Failed"
-                && st
-                    .backup_of
-                    .and_then(|old| mine.get(&old))
-                    .is_some_and(|p| phase_of(p) == "Running") =>
-        {
-            // The backup failed but the straggler still trains: keep it.
-            let old = st.backup_of.take().unwrap_or(st.attempt);
-            plan.note(
-                true,
-                "BackupFailed",
-                format!(
-                    "replica {r}'s backup failed ({}); keeping {}",
-                    failure(pod),
-                    children::replica_pod_name(&t.name, r, old)
-                ),
-            );
-            st.attempt = old;
-            st.slow_since = None;
-        }
-        Some(pod) if phase_of(pod) == "Failed" => {
-            let next = st.attempt + 1;
-            let free = is_disruption(pod) || gave_up_waiting(pod);
-            if free && !s.servers_ready {
-                outcome = Outcome::Waiting;
-            } else if free {
-                plan.status.replica_reschedules += 1;
-                let why = if is_disruption(pod) {
-                    format!("was {}", failure(pod))
-                } else {
-                    "gave up waiting for the job's shards or coordinator".to_string()
-                };
-                plan.note(
-                    false,
-                    "ReplicaRescheduled",
-                    format!(
-                        "replica {r} {why}; starting {} (no restart budget used)",
-                        children::replica_pod_name(&t.name, r, next)
-                    ),
-                );
-                launch(plan, &mut st, next, Cause::Reschedule);
-            } else if plan.status.replica_restarts >= job.spec.replicas.max_restarts {
-                outcome = Outcome::OverBudget(format!(
-                    "replica {r} failed ({}) and all {} restarts in spec.replicas.maxRestarts are used",
-                    failure(pod),
-                    job.spec.replicas.max_restarts
-                ));
-            } else {
-                let delay = s.backoff.delay(st.restarts);
-                let failed_at = finished_at(pod).unwrap_or(s.now);
-                let elapsed = s.now.duration_since(failed_at).unsigned_abs();
-                if elapsed < delay {
-                    plan.requeue(delay - elapsed);
-                    outcome = Outcome::Waiting;
-                } else if !s.servers_ready {
-                    outcome = Outcome::Waiting;
-                } else {
-                    st.restarts += 1;
-                    plan.status.replica_restarts += 1;
-                    plan.restarts += 1;
-                    plan.note(true, "ReplicaRestarted", format!(
-                        "replica {r} failed ({}); starting {} after {}s backoff (restart {} of {})",
-                        failure(pod),
-                        children::replica_pod_name(&t.name, r, next),
-                        delay.as_secs(),
-                        plan.status.replica_restarts,
-                        job.spec.replicas.max_restarts
-                    ));
-                    launch(plan, &mut st, next, Cause::Restart);
-                }
-            }
-            st.backup_of = None;
-            st.slow_since = None;
-        }
+        Some(pod) if phase_of(pod) == "Failed" => d.failed(plan, pod),
         // A backup that lost its race stops and succeeds; the race decides.
         Some(pod)
             if phase_of(pod) == "Running"
-                || (phase_of(pod) == "Succeeded" && st.backup_of.is_some()) =>
+                || (phase_of(pod) == "Succeeded" && d.st.backup_of.is_some()) =>
         {
-            stragglers(s, r, &mut st, &mine, plan, &mut |plan, st, attempt| {
-                launch(plan, st, attempt, Cause::Backup)
-            });
+            d.stragglers(plan)
         }
-        Some(_) => {}
-    }
+        Some(_) => Outcome::Fine,
+    };
     plan.status.replicas.retain(|x| x.replica != r);
-    plan.status.replicas.push(st);
+    plan.status.replicas.push(d.st);
     outcome
 }
 
-/// Backs up a replica that stays slow or goes silent; once the coordinator
-/// has kept the faster of the two, retires the other.
-fn stragglers(
-    s: &Scene,
+/// One replica's decision under way: its live pods by attempt, and its state.
+struct Decision<'a> {
+    s: &'a Scene<'a>,
     r: u32,
-    st: &mut ReplicaState,
-    mine: &BTreeMap<u32, &Pod>,
-    plan: &mut Plan,
-    launch: &mut impl FnMut(&mut Plan, &mut ReplicaState, u32),
-) {
-    let t = s.t;
-    let spec = &t.job.spec.replicas.stragglers;
-    let seen = s.progress.replicas.iter().find(|p| p.replica == r);
-    if let Some(old) = st.backup_of {
-        race(s, r, st, old, mine, plan);
-        return;
+    mine: BTreeMap<u32, &'a Pod>,
+    st: ReplicaState,
+}
+
+impl Decision<'_> {
+    fn name(&self, attempt: u32) -> String {
+        children::replica_pod_name(&self.s.t.name, self.r, attempt)
     }
-    if !spec.enabled {
-        st.slow_since = None;
-        return;
-    }
-    let Some(seen) = seen else {
-        return;
-    };
-    let window = Duration::from_secs(u64::from(spec.for_seconds));
-    let silent = seen.silent_seconds.map(Duration::from_secs);
-    let why = if let Some(quiet) = silent.filter(|q| *q >= window) {
-        // A replica that stopped reporting has been slow all along.
-        format!("replica {r} has not reported for {}s", quiet.as_secs())
-    } else {
-        let Some(median) = median_speed(s.progress) else {
-            return;
-        };
-        let threshold = spec.slow_fraction * median;
-        if seen.examples_per_second >= threshold && silent.is_none() {
-            st.slow_since = None;
-            return;
+
+    fn launch(&mut self, plan: &mut Plan, attempt: u32, c: Cause) {
+        let backup_of = (c == Cause::Backup).then_some(self.st.attempt);
+        match children::replica_pod(self.s.t, self.r, attempt, c, backup_of) {
+            Ok(p) => plan.create_pods.push(p),
+            Err(e) => tracing::error!("cannot build replica pod: {e}"),
         }
-        let since = st.slow_since.clone().map_or(s.now, |t| t.0);
-        st.slow_since = Some(Time(since));
+        self.st.attempt = attempt;
+    }
+
+    /// The replica's first pod. After a suspension the old pods may still be
+    /// terminating under their names: start past them.
+    fn start(&mut self, plan: &mut Plan) -> Outcome {
+        let newest = replica_pods(self.s.all.iter(), self.r)
+            .filter_map(|p| label_u32(p, LABEL_ATTEMPT))
+            .max();
+        let first = match newest {
+            Some(a) if a >= self.st.attempt => a + 1,
+            _ => self.st.attempt,
+        };
+        self.launch(plan, first, Cause::Start);
+        Outcome::Fine
+    }
+
+    /// The pod was deleted (by a user, or its node went away): not the
+    /// replica's fault, so no restart budget is used.
+    fn replace(&mut self, plan: &mut Plan) -> Outcome {
+        let next = self.st.attempt + 1;
+        plan.status.replica_reschedules += 1;
+        let message = format!(
+            "replica {}'s pod is gone; starting {}",
+            self.r,
+            self.name(next)
+        );
+        plan.note(false, "ReplicaReplaced", message);
+        self.launch(plan, next, Cause::Reschedule);
+        self.st.backup_of = None;
+        Outcome::Fine
+    }
+
+    /// This is a backup whose straggler still trains.
+    fn straggler_running(&self) -> bool {
+        let straggler = self.st.backup_of.and_then(|old| self.mine.get(&old));
+        straggler.is_some_and(|p| phase_of(p) == "Running")
+    }
+
+    /// The backup failed but the straggler still trains: keep it.
+    fn keep_straggler(&mut self, plan: &mut Plan, backup: &Pod) -> Outcome {
+        let old = self.st.backup_of.take().unwrap_or(self.st.attempt);
+        let message = format!(
+            "replica {}'s backup failed ({}); keeping {}",
+            self.r,
+            failure(backup),
+            self.name(old)
+        );
+        plan.note(true, "BackupFailed", message);
+        self.st.attempt = old;
+        self.st.slow_since = None;
+        Outcome::Fine
+    }
+
+    /// The replica's pod failed: reschedule it free of charge when the
+    /// failure was not its own, else restart it within its budget.
+    fn failed(&mut self, plan: &mut Plan, pod: &Pod) -> Outcome {
+        let free = is_disruption(pod) || gave_up_waiting(pod);
+        let max = self.s.t.job.spec.replicas.max_restarts;
+        let outcome = if free && !self.s.servers_ready {
+            Outcome::Waiting
+        } else if free {
+            self.reschedule(plan, pod)
+        } else if plan.status.replica_restarts >= max {
+            Outcome::OverBudget(format!(
+                "replica {} failed ({}) and all {max} restarts in spec.replicas.maxRestarts are used",
+                self.r,
+                failure(pod),
+            ))
+        } else {
+            self.restart(plan, pod)
+        };
+        self.st.backup_of = None;
+        self.st.slow_since = None;
+        outcome
+    }
+
+    fn reschedule(&mut self, plan: &mut Plan, pod: &Pod) -> Outcome {
+        let next = self.st.attempt + 1;
+        plan.status.replica_reschedules += 1;
+        let why = if is_disruption(pod) {
+            format!("was {}", failure(pod))
+        } else {
+            "gave up waiting for the job's shards or coordinator".to_string()
+        };
+        let message = format!(
+            "replica {} {why}; starting {} (no restart budget used)",
+            self.r,
+            self.name(next)
+        );
+        plan.note(false, "ReplicaRescheduled", message);
+        self.launch(plan, next, Cause::Reschedule);
+        Outcome::Fine
+    }
+
+    /// Restarts the replica once its backoff (doubling per earlier restart)
+    /// has passed since the pod failed.
+    fn restart(&mut self, plan: &mut Plan, pod: &Pod) -> Outcome {
+        let s = self.s;
+        let delay = s.backoff.delay(self.st.restarts);
+        let failed_at = finished_at(pod).unwrap_or(s.now);
+        let elapsed = s.now.duration_since(failed_at).unsigned_abs();
+        if elapsed < delay {
+            plan.requeue(delay - elapsed);
+            return Outcome::Waiting;
+        }
+        if !s.servers_ready {
+            return Outcome::Waiting;
+        }
+        let next = self.st.attempt + 1;
+        self.st.restarts += 1;
+        plan.status.replica_restarts += 1;
+        plan.restarts += 1;
+        let message = format!(
+            "replica {} failed ({}); starting {} after {}s backoff (restart {} of {})",
+            self.r,
+            failure(pod),
+            self.name(next),
+            delay.as_secs(),
+            plan.status.replica_restarts,
+            s.t.job.spec.replicas.max_restarts
+        );
+        plan.note(true, "ReplicaRestarted", message);
+        self.launch(plan, next, Cause::Restart);
+        Outcome::Fine
+    }
+
+    /// Backs up a replica that stays slow or goes silent; once the
+    /// coordinator has kept the faster of the two, retires the other.
+    fn stragglers(&mut self, plan: &mut Plan) -> Outcome {
+        if let Some(old) = self.st.backup_of {
+            self.race(plan, old);
+        } else if !self.s.t.job.spec.replicas.stragglers.enabled {
+            self.st.slow_since = None;
+        } else if let Some(why) = self.straggling(plan)
+            && self.s.servers_ready
+        {
+            self.backup(plan, &why);
+        }
+        Outcome::Fine
+    }
+
+    /// Why the replica needs a backup now, if it does: silent, or slow for
+    /// the whole window.
+    fn straggling(&mut self, plan: &mut Plan) -> Option<String> {
+        let (s, r) = (self.s, self.r);
+        let spec = &s.t.job.spec.replicas.stragglers;
+        let seen = s.progress.replicas.iter().find(|p| p.replica == r)?;
+        let window = Duration::from_secs(u64::from(spec.for_seconds));
+        let silent = seen.silent_seconds.map(Duration::from_secs);
+        if let Some(quiet) = silent.filter(|q| *q >= window) {
+            // A replica that stopped reporting has been slow all along.
+            return Some(format!(
+                "replica {r} has not reported for {}s",
+                quiet.as_secs()
+            ));
+        }
+        let median = median_speed(s.progress)?;
+        if seen.examples_per_second >= spec.slow_fraction * median && silent.is_none() {
+            self.st.slow_since = None;
+            return None;
+        }
+        let since = self.st.slow_since.clone().map_or(s.now, |t| t.0);
+        self.st.slow_since = Some(Time(since));
         let slow_for = s.now.duration_since(since).unsigned_abs();
         if slow_for < window {
             plan.requeue(window - slow_for);
-            return;
+            return None;
         }
-        format!(
-            "replica {r} ran at {:.0} examples/s, under {:.0}% of the median {:.0} for {}s",
+        Some(format!(
+            "replica {r} ran at {:.0} examples/s, under {:.0}% of the median {median:.0} for {}s",
             seen.examples_per_second,
             spec.slow_fraction * 100.0,
-            median,
             slow_for.as_secs(),
-        )
-    };
-    if !s.servers_ready {
-        return;
+        ))
     }
-    let (straggler, next) = (st.attempt, st.attempt + 1);
-    plan.status.backups_launched += 1;
-    plan.backups += 1;
-    plan.note(
-        false,
-        "BackupLaunched",
-        format!(
-            "{why}; starting backup {}",
-            children::replica_pod_name(&t.name, r, next)
-        ),
-    );
-    launch(plan, st, next);
-    st.backup_of = Some(straggler);
+
+    fn backup(&mut self, plan: &mut Plan, why: &str) {
+        let (straggler, next) = (self.st.attempt, self.st.attempt + 1);
+        plan.status.backups_launched += 1;
+        plan.backups += 1;
+        let message = format!("{why}; starting backup {}", self.name(next));
+        plan.note(false, "BackupLaunched", message);
+        self.launch(plan, next, Cause::Backup);
+        self.st.backup_of = Some(straggler);
+    }
+
+    /// While backup `st.attempt` races straggler `old`: retire whichever the
+    /// coordinator did not keep, or keep the backup if the straggler has gone.
+    fn race(&mut self, plan: &mut Plan, old: u32) {
+        let (r, backup_attempt) = (self.r, self.st.attempt);
+        let (straggler, backup) = (
+            children::incarnation(old),
+            children::incarnation(backup_attempt),
+        );
+        let decided = self
+            .s
+            .progress
+            .replicas
+            .iter()
+            .find(|p| p.replica == r)
+            .and_then(|p| p.backup.as_ref())
+            .filter(|b| b.straggler == straggler && b.backup == backup)
+            .and_then(|b| Some((b.kept?, b)));
+        let (retire, reason, message) = match decided {
+            Some((kept, b)) if kept == backup => (
+                old,
+                "StragglerRetired",
+                format!(
+                    "replica {r}: {}; kept the backup {}, retired {}",
+                    speeds(b),
+                    self.name(backup_attempt),
+                    self.name(old)
+                ),
+            ),
+            Some((_, b)) => (
+                backup_attempt,
+                "BackupRetired",
+                format!(
+                    "replica {r}: {}; kept {}, retired the backup {}",
+                    speeds(b),
+                    self.name(old),
+                    self.name(backup_attempt)
+                ),
+            ),
+            // Succeeded means the coordinator stopped it: its figures follow.
+            None if self.mine.get(&old).is_none_or(|p| phase_of(p) == "Failed") => (
+                old,
+                "StragglerRetired",
+                format!(
+                    "replica {r}'s straggler {} stopped while its backup ran; kept the backup {}",
+                    self.name(old),
+                    self.name(backup_attempt)
+                ),
+            ),
+            None => return,
+        };
+        if let Some(pod) = self.mine.get(&retire) {
+            plan.delete_pods.push(pod.name_any());
+        }
+        plan.note(false, reason, message);
+        if retire == backup_attempt {
+            self.st.attempt = old;
+        }
+        self.st.backup_of = None;
+        self.st.slow_since = None;
+    }
 }
 
-/// While backup `st.attempt` races straggler `old`: retire whichever the
-/// coordinator did not keep, or keep the backup if the straggler has gone.
-fn race(
-    s: &Scene,
-    r: u32,
-    st: &mut ReplicaState,
-    old: u32,
-    mine: &BTreeMap<u32, &Pod>,
-    plan: &mut Plan,
-) {
-    let name = |attempt| children::replica_pod_name(&s.t.name, r, attempt);
-    let (straggler, backup) = (
-        children::incarnation(old),
-        children::incarnation(st.attempt),
-    );
-    let decided = s
-        .progress
-        .replicas
-        .iter()
-        .find(|p| p.replica == r)
-        .and_then(|p| p.backup.as_ref())
-        .filter(|b| b.straggler == straggler && b.backup == backup)
-        .and_then(|b| Some((b.kept?, b)));
-    let speeds = |b: &distbelief_api::BackupRace| {
-        format!(
-            "over {:.0}s the backup ran at {:.0} examples/s, the straggler at {:.0}",
-            b.seconds.unwrap_or(0.0),
-            b.backup_examples_per_second.unwrap_or(0.0),
-            b.straggler_examples_per_second.unwrap_or(0.0)
-        )
-    };
-    let (retire, reason, message) = match decided {
-        Some((kept, b)) if kept == backup => (
-            old,
-            "StragglerRetired",
-            format!(
-                "replica {r}: {}; kept the backup {}, retired {}",
-                speeds(b),
-                name(st.attempt),
-                name(old)
-            ),
-        ),
-        Some((_, b)) => (
-            st.attempt,
-            "BackupRetired",
-            format!(
-                "replica {r}: {}; kept {}, retired the backup {}",
-                speeds(b),
-                name(old),
-                name(st.attempt)
-            ),
-        ),
-        // Succeeded means the coordinator stopped it: its figures follow.
-        None if mine.get(&old).is_none_or(|p| phase_of(p) == "Failed") => (
-            old,
-            "StragglerRetired",
-            format!(
-                "replica {r}'s straggler {} stopped while its backup ran; kept the backup {}",
-                name(old),
-                name(st.attempt)
-            ),
-        ),
-        None => return,
-    };
-    if let Some(pod) = mine.get(&retire) {
-        plan.delete_pods.push(pod.name_any());
-    }
-    plan.note(false, reason, message);
-    if retire == st.attempt {
-        st.attempt = old;
-    }
-    st.backup_of = None;
-    st.slow_since = None;
+fn speeds(b: &distbelief_api::BackupRace) -> String {
+    format!(
+        "over {:.0}s the backup ran at {:.0} examples/s, the straggler at {:.0}",
+        b.seconds.unwrap_or(0.0),
+        b.backup_examples_per_second.unwrap_or(0.0),
+        b.straggler_examples_per_second.unwrap_or(0.0)
+    )
 }
 
 /// Median examples/s of the replicas that have reported; None below two.

@@ -12,7 +12,9 @@ use distbelief_proto::v1::{
 };
 use tonic::transport::Channel;
 
-use crate::error::WorkerError;
+mod error;
+
+pub use error::ClientError;
 
 /// Identity of a push: who sends it and from which parameters.
 #[derive(Debug, Clone, Copy)]
@@ -50,9 +52,9 @@ impl ShardClient {
         range: Range<usize>,
         addr: &str,
         timeout: Duration,
-    ) -> Result<Self, WorkerError> {
+    ) -> Result<Self, ClientError> {
         let channel =
-            distbelief_net::channel(addr, timeout).map_err(|source| WorkerError::Address {
+            distbelief_net::channel(addr, timeout).map_err(|source| ClientError::Address {
                 addr: addr.to_string(),
                 source,
             })?;
@@ -68,15 +70,15 @@ impl ShardClient {
         })
     }
 
-    fn rpc(&self, status: tonic::Status) -> WorkerError {
-        WorkerError::Rpc {
+    fn rpc(&self, status: tonic::Status) -> ClientError {
+        ClientError::Rpc {
             peer: format!("shard {} at {}", self.index, self.addr),
             status,
         }
     }
 
-    fn bad(&self, message: String) -> WorkerError {
-        WorkerError::BadReply {
+    fn bad(&self, message: String) -> ClientError {
+        ClientError::BadReply {
             shard: self.index,
             peer: self.addr.clone(),
             message,
@@ -85,7 +87,7 @@ impl ShardClient {
 
     /// Fetches the shard's range into `out` (which must be exactly that long)
     /// and returns the shard version it reflects.
-    pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<u64, WorkerError> {
+    pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
         // The channel's deadline covers the response headers only; this one
         // covers every chunk.
         let deadline = self.timeout;
@@ -98,7 +100,7 @@ impl ShardClient {
             })
     }
 
-    async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<u64, WorkerError> {
+    async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
         let stream = self
             .client
             .fetch(FetchRequest { shard: self.index })
@@ -113,7 +115,7 @@ impl ShardClient {
         &self,
         mut stream: tonic::Streaming<ParameterChunk>,
         out: &mut [f32],
-    ) -> Result<u64, WorkerError> {
+    ) -> Result<u64, ClientError> {
         debug_assert_eq!(out.len(), self.range.len());
         let mut next = self.range.start;
         let mut version = None;
@@ -142,7 +144,7 @@ impl ShardClient {
 
     /// Pushes one gradient for the whole range, as chunks made by
     /// [`Self::dense_chunks`] or [`Self::threshold_chunks`].
-    pub async fn push(&mut self, chunks: Vec<GradientChunk>) -> Result<PushReply, WorkerError> {
+    pub async fn push(&mut self, chunks: Vec<GradientChunk>) -> Result<PushReply, ClientError> {
         self.client
             .push(tokio_stream::iter(chunks))
             .await
@@ -157,7 +159,7 @@ impl ShardClient {
         &mut self,
         chunks: Vec<GradientChunk>,
         out: &mut [f32],
-    ) -> Result<u64, WorkerError> {
+    ) -> Result<u64, ClientError> {
         let deadline = self.timeout;
         let exchange = async {
             let stream = self
@@ -223,7 +225,7 @@ impl ShardClient {
         }
     }
 
-    pub async fn info(&mut self) -> Result<ShardInfo, WorkerError> {
+    pub async fn info(&mut self) -> Result<ShardInfo, ClientError> {
         self.client
             .info(InfoRequest {})
             .await
@@ -237,10 +239,10 @@ pub fn shard_clients(
     job: &distbelief_api::Job,
     addrs: &[String],
     timeout: Duration,
-) -> Result<Vec<ShardClient>, WorkerError> {
+) -> Result<Vec<ShardClient>, ClientError> {
     let ranges = job.layout.shard_ranges(job.shards());
     if ranges.len() != addrs.len() {
-        return Err(WorkerError::ShardCount {
+        return Err(ClientError::ShardCount {
             expected: ranges.len(),
             got: addrs.len(),
         });
@@ -257,7 +259,7 @@ pub fn shard_clients(
 pub async fn fetch_all(
     clients: &mut [ShardClient],
     params: &mut [f32],
-) -> Result<Vec<u64>, WorkerError> {
+) -> Result<Vec<u64>, ClientError> {
     let mut rest = params;
     let mut jobs = Vec::with_capacity(clients.len());
     for c in clients.iter_mut() {

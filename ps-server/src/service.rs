@@ -16,9 +16,11 @@ use futures::Stream;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::error::PsError;
+use distbelief_ps::PsError;
+use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushOutcome, Shard};
+
+use crate::error::status;
 use crate::metrics::PsMetrics;
-use crate::shard::{Payload, PushAssembly, PushHeader, PushOutcome, Shard};
 
 type FetchStream = Pin<Box<dyn Stream<Item = Result<ParameterChunk, Status>> + Send>>;
 
@@ -96,7 +98,7 @@ impl ShardService {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
-            .unwrap_or_else(|| distbelief_net::memory::with_capacity(range.len()));
+            .unwrap_or_else(|| distbelief_model::memory::with_capacity(range.len()));
         let mut assembly = PushAssembly::new(range, buffer);
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
@@ -175,7 +177,7 @@ impl ShardService {
             .with_label_values(&[e.category()])
             .inc();
         tracing::warn!(reason = e.category(), "push refused: {e}");
-        Status::from(e)
+        status(e)
     }
 }
 
@@ -214,11 +216,10 @@ impl ParameterServer for ShardService {
         };
         let asked = req.into_inner().shard;
         if asked != index {
-            return Err(PsError::WrongShard {
+            return Err(status(PsError::WrongShard {
                 expected: index,
                 got: asked,
-            }
-            .into());
+            }));
         }
         self.metrics.fetches.inc();
         Ok(Response::new(self.parameters(version)))
@@ -307,7 +308,7 @@ pub async fn checkpoint_now(
         let _writer = CHECKPOINT_WRITER.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let s = state.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let r = crate::checkpoint::save(&dir, &s).map(|p| (p, s.version));
+        let r = distbelief_ps::checkpoint::save(&dir, &s).map(|p| (p, s.version));
         metrics
             .checkpoint_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -54,7 +54,7 @@ impl Optimizer {
             Optimizer::Adagrad {
                 initial_accumulator,
                 ..
-            } => distbelief_net::memory::large_buffer(len, initial_accumulator),
+            } => crate::memory::large_buffer(len, initial_accumulator),
         }
     }
 

@@ -1,0 +1,12 @@
+//! The model and its math, with no IO beyond reading data and model files:
+//! the MLP's forward and backward passes, the update rules that shards and
+//! local training apply, the data readers, and saved-model files.
+
+pub mod data;
+pub mod memory;
+pub mod mlp;
+pub mod optimizer;
+pub mod saved;
+
+pub use mlp::Mlp;
+pub use optimizer::Optimizer;

@@ -1,0 +1,179 @@
+//! The planner's decisions, one at a time, as pure functions of a job, its
+//! pods and the time: no API server, not even a mock.
+
+mod common;
+
+use distbelief_api::{CheckpointStorage, DistBeliefJob, Phase};
+use distbelief_operator::children;
+use distbelief_operator::plan::{Plan, plan};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+fn job(status: Value, spec: Value) -> DistBeliefJob {
+    let mut j = serde_json::to_value(common::job("fm")).expect("job encodes");
+    j["status"] = status;
+    if let (Some(to), Some(from)) = (j["spec"].as_object_mut(), spec.as_object()) {
+        to.extend(from.clone());
+    }
+    serde_json::from_value(j).expect("job decodes")
+}
+
+fn decide(job: &DistBeliefJob, pods: &[Pod], now: Timestamp) -> Plan {
+    let cfg = common::config();
+    let t = children::target(job, &cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid");
+    plan(&t, pods, cfg.backoff, now)
+}
+
+fn created(plan: &Plan) -> Vec<(String, String)> {
+    plan.create_pods
+        .iter()
+        .map(|p| (p.name_any(), p.labels()["distbelief.dev/cause"].clone()))
+        .collect()
+}
+
+fn ago(seconds: i64) -> Timestamp {
+    Timestamp::now() - SignedDuration::from_secs(seconds)
+}
+
+/// The running job's pods with replica 0's pod failed at `finished`.
+fn with_replica_0_failed(finished: Timestamp) -> Vec<Pod> {
+    let mut pods = common::running_pods("fm");
+    pods.retain(|p| p.name_any() != "fm-replica-0-0");
+    pods.push(common::failed_replica("fm", 0, 0, 1, finished));
+    pods
+}
+
+#[test]
+fn restart_waits_out_the_backoff_then_starts_the_next_attempt() {
+    let job = job(common::running_status(), json!({}));
+    let now = Timestamp::now();
+    let early = decide(&job, &with_replica_0_failed(now), now);
+    assert!(early.create_pods.is_empty(), "still backing off");
+    assert!(
+        early.requeue_after.is_some(),
+        "comes back when the backoff ends"
+    );
+    assert_eq!(early.status.phase, Some(Phase::Restarting));
+
+    let late = decide(&job, &with_replica_0_failed(ago(3600)), now);
+    assert_eq!(
+        created(&late),
+        [("fm-replica-0-1".into(), "restart".into())]
+    );
+    assert_eq!((late.restarts, late.status.replica_restarts), (1, 1));
+}
+
+#[test]
+fn restart_over_the_budget_fails_the_job_and_starts_nothing() {
+    let mut status = common::running_status();
+    status["replicaRestarts"] = json!(3);
+    let plan = decide(
+        &job(status, json!({})),
+        &with_replica_0_failed(ago(3600)),
+        Timestamp::now(),
+    );
+    assert!(plan.create_pods.is_empty());
+    assert_eq!(plan.status.phase, Some(Phase::Failed));
+    assert!(
+        plan.status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "RestartBudgetExhausted")
+    );
+}
+
+#[test]
+fn backup_starts_for_a_replica_slow_for_the_whole_window_only() {
+    let progress = json!({
+        "step": 5000, "examples": 640000, "examplesPerSecond": 30000.0, "epochs": 2.0, "trainSeconds": 20.0,
+        "replicas": (0..4).map(|r| json!({
+            "replica": r, "steps": 1000, "examplesPerSecond": if r == 2 { 1500.0 } else { 9000.0 },
+            "epoch": 1, "incarnations": 1, "incarnation": 1,
+        })).collect::<Vec<_>>(),
+    });
+    let with_slow_since = |seconds| {
+        let mut status = common::running_status();
+        status["progress"] = progress.clone();
+        status["replicas"][2]["slowSince"] = json!(ago(seconds).to_string());
+        job(status, json!({}))
+    };
+    let pods = common::running_pods("fm");
+    let young = decide(&with_slow_since(10), &pods, Timestamp::now());
+    assert!(
+        young.create_pods.is_empty(),
+        "slow for 10 s of a 60 s window"
+    );
+    assert!(young.requeue_after.is_some());
+
+    let old = decide(&with_slow_since(90), &pods, Timestamp::now());
+    assert_eq!(created(&old), [("fm-replica-2-1".into(), "backup".into())]);
+    assert_eq!(old.status.replicas[2].backup_of, Some(0));
+}
+
+#[test]
+fn finish_when_the_coordinator_is_done_succeeds_and_cleans_up() {
+    let mut status = common::running_status();
+    status["progress"] = json!({
+        "step": 9000, "examples": 1152000, "examplesPerSecond": 40000.0, "epochs": 19.2, "trainSeconds": 28.8,
+        "testAccuracy": 0.8612, "done": true, "stopReason": "target_reached",
+    });
+    let plan = decide(
+        &job(status, json!({})),
+        &common::running_pods("fm"),
+        Timestamp::now(),
+    );
+    assert_eq!(plan.status.phase, Some(Phase::Succeeded));
+    assert!(plan.delete_stateful_set);
+    assert_eq!(
+        plan.delete_pods.len(),
+        5,
+        "the coordinator and four replicas"
+    );
+    assert!(plan.create_pods.is_empty() && !plan.apply_children);
+}
+
+#[test]
+fn suspend_deletes_every_pod_but_the_shards() {
+    let job = job(common::running_status(), json!({"suspend": true}));
+    let plan = decide(&job, &common::running_pods("fm"), Timestamp::now());
+    assert_eq!(plan.status.phase, Some(Phase::Suspended));
+    assert!(
+        !plan.delete_stateful_set,
+        "the StatefulSet is scaled to 0, not deleted"
+    );
+    let mut deleted = plan.delete_pods.clone();
+    deleted.sort();
+    assert_eq!(
+        deleted,
+        [
+            "fm-coordinator",
+            "fm-replica-0-0",
+            "fm-replica-1-0",
+            "fm-replica-2-0",
+            "fm-replica-3-0"
+        ]
+    );
+    assert!(
+        plan.status.replicas.is_empty(),
+        "resuming starts replicas afresh"
+    );
+}
+
+#[test]
+fn ttl_deletes_a_finished_job_only_once_it_has_passed() {
+    let finished = |seconds| {
+        job(
+            json!({"phase": "Succeeded", "completionTime": ago(seconds).to_string()}),
+            json!({"ttlSecondsAfterFinished": 60}),
+        )
+    };
+    let young = decide(&finished(30), &[], Timestamp::now());
+    assert!(!young.delete_job);
+    assert!(
+        young.requeue_after.is_some(),
+        "comes back when the TTL ends"
+    );
+    assert!(decide(&finished(120), &[], Timestamp::now()).delete_job);
+}

@@ -1,0 +1,150 @@
+//! Serves a parameter-server shard over gRPC: pushes, fetches and exchanges,
+//! periodic checkpoints, Prometheus metrics and a liveness heartbeat.
+
+mod error;
+mod metrics;
+mod service;
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use distbelief_api::Job;
+use distbelief_model::Optimizer;
+use distbelief_proto::v1::parameter_server_server::ParameterServerServer;
+use distbelief_ps::shard::SyncRound;
+use distbelief_ps::{PsError, Shard, checkpoint};
+use tokio::net::TcpListener;
+
+pub use error::ServeError;
+pub use metrics::PsMetrics;
+pub use service::ShardService;
+
+/// How to run one shard.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    pub index: u32,
+    /// Where checkpoints are written and restored from; none disables them.
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_interval: Duration,
+    /// Beaten while the shard's state can be locked.
+    pub heartbeat: distbelief_net::Heartbeat,
+}
+
+/// Builds shard `index` of `job`: from its checkpoint when one exists,
+/// otherwise from the job's initial values.
+pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
+    let ranges = job.layout.shard_ranges(job.shards());
+    let range = ranges
+        .get(opts.index as usize)
+        .cloned()
+        .ok_or(ServeError::NoSuchShard {
+            index: opts.index,
+            shards: ranges.len(),
+        })?;
+    let optimizer = Optimizer::from_spec(&job.downpour);
+    let saved = match &opts.checkpoint_dir {
+        Some(dir) => checkpoint::load(dir, opts.index, range.clone())?,
+        None => None,
+    };
+    let mut shard = match saved {
+        Some(saved) => {
+            let mut s = Shard::new(opts.index, range, optimizer, saved.params);
+            if s.accum.len() == saved.accum.len() {
+                s.accum = saved.accum;
+            }
+            s.version = saved.version;
+            s.updates_applied = saved.updates_applied;
+            s.restored_version = Some(saved.version);
+            tracing::info!(
+                shard = opts.index,
+                version = s.version,
+                "restored from checkpoint"
+            );
+            s
+        }
+        None => {
+            let params = job.layout.initial_values(range.clone(), job.downpour.seed);
+            Shard::new(opts.index, range, optimizer, params)
+        }
+    };
+    shard.staleness_aware = job.downpour.staleness_aware_learning_rate;
+    shard.average_weight = 1.0 / job.replicas().max(1) as f32;
+    shard.sync = job
+        .downpour
+        .synchronous
+        .map(|s| SyncRound::new(job.replicas().saturating_sub(s.backup_workers as usize)));
+    Ok(shard)
+}
+
+/// Serves the shard on `listener` until `shutdown` resolves, checkpointing
+/// every interval and once more on the way out.
+pub async fn serve(
+    job: &Job,
+    opts: ShardOptions,
+    listener: TcpListener,
+    registry: &prometheus::Registry,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let shard = open_shard(job, &opts)?;
+    let metrics = PsMetrics::register(registry).map_err(|e| PsError::Checkpoint {
+        path: String::new(),
+        message: format!("metrics registration failed: {e}"),
+    })?;
+    metrics.version.set(shard.version as i64);
+    tracing::info!(
+        shard = opts.index,
+        start = shard.range.start,
+        end = shard.range.end,
+        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "parameter-server shard serving"
+    );
+    let state = Arc::new(RwLock::new(shard));
+    let checkpointer = opts.checkpoint_dir.clone().map(|dir| {
+        let state = state.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(service::checkpoint_loop(
+            state,
+            dir,
+            opts.checkpoint_interval,
+            metrics,
+        ))
+    });
+    let beating = tokio::spawn(beat_while_unlocked(state.clone(), opts.heartbeat.clone()));
+    let svc = ShardService::new(state.clone(), metrics.clone());
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let router = distbelief_net::server().add_service(
+        ParameterServerServer::new(svc)
+            .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+            .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
+    );
+    let result = distbelief_net::serve_until(shutdown, |stop| {
+        router.serve_with_incoming_shutdown(incoming, stop)
+    })
+    .await
+    .unwrap_or(Ok(()));
+    if let Some(handle) = checkpointer {
+        handle.abort();
+    }
+    beating.abort();
+    if let Some(dir) = &opts.checkpoint_dir {
+        service::checkpoint_now(&state, dir, &metrics).await;
+    }
+    result.map_err(ServeError::from)
+}
+
+/// A shard is alive while its state can be read: a push or checkpoint that
+/// never lets go of it stops the beat.
+async fn beat_while_unlocked(state: Arc<RwLock<Shard>>, heartbeat: distbelief_net::Heartbeat) {
+    loop {
+        let state = state.clone();
+        let readable = tokio::task::spawn_blocking(move || {
+            drop(state.read().unwrap_or_else(|p| p.into_inner()));
+        })
+        .await;
+        if readable.is_ok() {
+            heartbeat.beat();
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
