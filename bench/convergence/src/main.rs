@@ -252,8 +252,8 @@ fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let tmp = tempfile::tempdir()?;
 
-    let train_set = distbelief_worker::data::load(&job.spec.data, true)?;
-    let test_set = distbelief_worker::data::load(&job.spec.data, false)?;
+    let train_set = distbelief_model::data::load(&job.spec.data, true)?;
+    let test_set = distbelief_model::data::load(&job.spec.data, false)?;
     let variants: Vec<&Variant> = VARIANTS
         .iter()
         .filter(|v| args.only.is_empty() || args.only.iter().any(|o| v.key.contains(o.as_str())))
@@ -306,6 +306,7 @@ fn main() -> anyhow::Result<()> {
             "runs": one_process.iter().map(|r| json!({
                 "time_to_target_seconds": r.time_to_target_seconds,
                 "examples_to_target": r.examples_to_target,
+                "eval_seconds": r.eval_seconds,
             })).collect::<Vec<_>>(),
         }),
     );

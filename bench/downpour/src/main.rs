@@ -86,8 +86,8 @@ fn main() -> anyhow::Result<()> {
         let job = distbelief_api::load_job(&args.job)?;
         let target = job.spec.stop.target_test_accuracy;
         eprintln!("bench: loading data for (a)");
-        let train = distbelief_worker::data::load(&job.spec.data, true)?;
-        let test = distbelief_worker::data::load(&job.spec.data, false)?;
+        let train = distbelief_model::data::load(&job.spec.data, true)?;
+        let test = distbelief_model::data::load(&job.spec.data, false)?;
         let cap = job.spec.stop.max_seconds as f64;
         let chosen: Vec<_> = [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)]
             .into_iter()
@@ -130,7 +130,8 @@ fn main() -> anyhow::Result<()> {
                 "examples_per_second": r.examples_per_second,
                 "time_to_target_seconds": r.time_to_target_seconds,
                 "examples_to_target": r.examples_to_target,
-                "final_test_accuracy": r.final_test_accuracy })).collect::<Vec<_>>() }),
+                "final_test_accuracy": r.final_test_accuracy,
+                "eval_seconds": r.eval_seconds })).collect::<Vec<_>>() }),
         );
         let mut configs = serde_json::Map::new();
         let a_eps = a["examples_per_second"].as_f64().unwrap_or(0.0);
