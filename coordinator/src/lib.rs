@@ -272,10 +272,18 @@ async fn eval_loop(
                         version: info.version,
                         restored_version: info.restored_version,
                     });
-                    staleness.merge(&StalenessHistogram::from_counts(
+                    let merged = StalenessHistogram::from_buckets(
+                        info.staleness_bounds,
                         info.staleness_counts,
                         info.staleness_max,
-                    ))
+                    )
+                    .is_some_and(|h| staleness.merge(&h));
+                    if !merged {
+                        tracing::warn!(
+                            shard = info.shard,
+                            "staleness buckets do not fit; left out"
+                        );
+                    }
                 }
                 Err(e) => tracing::debug!("shard info unavailable: {e}"),
             }

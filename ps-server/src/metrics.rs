@@ -40,10 +40,15 @@ impl PsMetrics {
                     "ps_staleness",
                     "Shard versions between a gradient's fetch and its application",
                 )
-                .buckets(vec![
-                    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0,
-                ]),
+                // One value wide up to 16, so the job's quantiles are exact there.
+                .buckets(
+                    (0..=16)
+                        .chain([24, 32, 48, 64, 128, 256])
+                        .map(f64::from)
+                        .collect(),
+                ),
             )?,
+
             version: IntGauge::new("ps_version", "Shard version: updates since initialisation")?,
             apply_seconds: Histogram::with_opts(
                 HistogramOpts::new("ps_apply_seconds", "Time to apply one push to the shard")
@@ -69,5 +74,23 @@ impl PsMetrics {
             ],
         )?;
         Ok(m)
+    }
+}
+
+impl PsMetrics {
+    /// The staleness histogram as `ShardInfo` carries it: upper bounds, and
+    /// per-bucket (not cumulative) counts with one more for the rest.
+    pub fn staleness_buckets(&self) -> (Vec<f64>, Vec<u64>) {
+        use prometheus::core::Metric;
+        let metric = self.staleness.metric();
+        let h = metric.get_histogram();
+        let (mut bounds, mut counts, mut below) = (Vec::new(), Vec::new(), 0);
+        for b in h.get_bucket() {
+            bounds.push(b.upper_bound());
+            counts.push(b.cumulative_count().saturating_sub(below));
+            below = b.cumulative_count();
+        }
+        counts.push(h.get_sample_count().saturating_sub(below));
+        (bounds, counts)
     }
 }

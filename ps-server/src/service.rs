@@ -253,6 +253,7 @@ impl ParameterServer for ShardService {
     }
 
     async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {
+        let (staleness_bounds, staleness_counts) = self.metrics.staleness_buckets();
         let s = self.read();
         Ok(Response::new(ShardInfo {
             shard: s.index,
@@ -263,8 +264,9 @@ impl ParameterServer for ShardService {
             pushes_refused: s.pushes_refused,
             push_bytes: s.push_bytes,
             pushes_late: s.pushes_late,
-            staleness_counts: s.staleness.counts().to_vec(),
-            staleness_max: s.staleness.max(),
+            staleness_counts,
+            staleness_max: s.staleness_max,
+            staleness_bounds,
             restored_version: s.restored_version,
         }))
     }
