@@ -8,6 +8,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use backon::BackoffBuilder;
+
 use tonic::transport::{Channel, Endpoint, Server};
 
 /// HTTP/2 flow-control windows. Large windows let a multi-MiB chunk cross
@@ -88,25 +90,29 @@ where
     }
 }
 
-/// Exponential backoff between retries: 50 ms doubling to at most 2 s.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-}
+/// Delays between retries of one call: from 50 ms, doubling to 1 s, each
+/// with up to as much again of random jitter so that replicas retrying one
+/// shard spread out: never over 2 s. It never runs out; deadlines and the
+/// callers' patience end a retry loop.
+#[derive(Debug)]
+pub struct Backoff(backon::ExponentialBackoff);
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff {
-            next: Duration::from_millis(50),
-        }
+        Backoff(
+            backon::ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(50))
+                .with_max_delay(Duration::from_secs(1))
+                .with_jitter()
+                .without_max_times()
+                .build(),
+        )
     }
 }
 
 impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(Duration::from_secs(2));
-        d
+        self.0.next().unwrap_or(Duration::from_secs(1))
     }
 
     pub fn reset(&mut self) {
@@ -201,11 +207,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_and_caps() {
+    fn backoff_doubles_with_jitter_and_caps() {
         let mut b = Backoff::default();
-        let d: Vec<_> = (0..8).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(d, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        let bases = [50, 100, 200, 400, 800, 1000, 1000, 1000];
+        for base in bases {
+            let d = b.next_delay().as_millis();
+            assert!(base <= d && d < 2 * base, "{d} ms for a {base} ms step");
+        }
         b.reset();
-        assert_eq!(b.next_delay().as_millis(), 50);
+        assert!(b.next_delay().as_millis() < 100);
     }
 }

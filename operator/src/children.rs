@@ -316,7 +316,7 @@ pub fn job_file(job: &DistBeliefJob) -> Result<String, BuildError> {
         "metadata": {"name": job.name_any()},
         "spec": job.spec,
     });
-    serde_yaml::to_string(&doc).map_err(|e| BuildError::Object {
+    serde_norway::to_string(&doc).map_err(|e| BuildError::Object {
         what: "ConfigMap",
         source: serde::ser::Error::custom(e),
     })

@@ -68,10 +68,16 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// The delay before the restart that follows `failures` earlier ones.
     pub fn delay(&self, failures: u32) -> Duration {
-        self.initial
-            .saturating_mul(1u32 << failures.min(20))
-            .min(self.max)
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.initial)
+            .with_max_delay(self.max)
+            .without_max_times()
+            .build()
+            .nth(failures.min(64) as usize)
+            .unwrap_or(self.max)
     }
 }
 
