@@ -6,38 +6,9 @@ mod common;
 use distbelief_api::CheckpointStorage;
 use distbelief_operator::children::{self, BuildError, Cause};
 
-/// Regenerate with UPDATE_SNAPSHOTS=1 after an intended change, then review the diff.
-fn snapshot(name: &str, actual: &str) {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/snapshots")
-        .join(name);
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-        std::fs::write(&path, actual).expect("write snapshot");
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with UPDATE_SNAPSHOTS=1 to create it)",
-            path.display()
-        )
-    });
-    if expected != actual {
-        let first = expected
-            .lines()
-            .zip(actual.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or(expected.lines().count().min(actual.lines().count()));
-        panic!(
-            "{name} differs from the snapshot from line {}:\n  expected: {:?}\n  actual:   {:?}",
-            first + 1,
-            expected.lines().nth(first),
-            actual.lines().nth(first)
-        );
-    }
-}
-
 fn yaml<T: serde::Serialize>(docs: &[T]) -> String {
     docs.iter()
-        .map(|d| serde_yaml::to_string(d).expect("serialize"))
+        .map(|d| serde_norway::to_string(d).expect("serialize"))
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -64,7 +35,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
         docs.push(serde_json::to_value(p).unwrap());
     }
     assert!(c.network_policy.is_none(), "off unless configured");
-    snapshot("two-shards-four-replicas.yaml", &yaml(&docs));
+    insta::assert_snapshot!("two-shards-four-replicas", yaml(&docs));
 
     // The facts the snapshot must keep, stated so that a careless
     // regeneration cannot slip past them.
@@ -146,7 +117,7 @@ fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
         "the claim replaces the emptyDir"
     );
     let np = c.network_policy.expect("network policy configured");
-    snapshot("network-policy.yaml", &yaml(&[np]));
+    insta::assert_snapshot!("network-policy", yaml(&[np]));
 }
 
 #[test]

@@ -35,7 +35,7 @@ spec:
   checkpoint: {{intervalSeconds: 5}}
 "
     );
-    serde_yaml::from_str(&yaml).expect("fixture job decodes")
+    serde_norway::from_str(&yaml).expect("fixture job decodes")
 }
 
 pub fn config() -> distbelief_operator::Config {
