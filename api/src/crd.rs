@@ -35,7 +35,7 @@ pub fn crd() -> CustomResourceDefinition {
 /// The CRD as YAML, with exponents written so that YAML 1.1 tools read them
 /// as numbers (`1.0e-8`, not `1e-8`).
 pub fn crd_yaml() -> String {
-    let text = serde_yaml::to_string(&crd()).expect("a CRD serializes");
+    let text = serde_norway::to_string(&crd()).expect("a CRD serializes");
     text.lines()
         .map(|line| yaml11_number(line).unwrap_or_else(|| line.to_string()))
         .collect::<Vec<_>>()

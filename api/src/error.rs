@@ -24,7 +24,7 @@ pub enum ApiError {
     #[error("job file {path} is not a valid DistBeliefJob: {source}")]
     Parse {
         path: String,
-        source: serde_yaml::Error,
+        source: serde_norway::Error,
     },
     #[error("job file {path}: {message}")]
     Resource { path: String, message: String },

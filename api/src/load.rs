@@ -13,10 +13,11 @@ pub fn load_job(path: &str) -> Result<Job, ApiError> {
 
 /// Parses and validates a job given as YAML (or JSON) text; `path` names it in errors.
 pub fn parse_job(path: &str, text: &str) -> Result<Job, ApiError> {
-    let raw: serde_yaml::Value = serde_yaml::from_str(text).map_err(|source| ApiError::Parse {
-        path: path.to_string(),
-        source,
-    })?;
+    let raw: serde_norway::Value =
+        serde_norway::from_str(text).map_err(|source| ApiError::Parse {
+            path: path.to_string(),
+            source,
+        })?;
     let field = |k: &str| raw.get(k).and_then(|v| v.as_str()).unwrap_or("");
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     if api_version != API_VERSION || kind != KIND {
@@ -28,7 +29,7 @@ pub fn parse_job(path: &str, text: &str) -> Result<Job, ApiError> {
         });
     }
     // Parsed again from the text, not the value, so that errors carry a line and column.
-    let job: DistBeliefJob = serde_yaml::from_str(text).map_err(|source| ApiError::Parse {
+    let job: DistBeliefJob = serde_norway::from_str(text).map_err(|source| ApiError::Parse {
         path: path.to_string(),
         source,
     })?;

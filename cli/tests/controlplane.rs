@@ -223,7 +223,7 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "yaml") {
                 let job: Value =
-                    serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                    serde_norway::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
                 dry_run(&kit, &ns, &job)
                     .await
                     .unwrap_or_else(|e| panic!("{} is refused: {e}", path.display()));

@@ -2,12 +2,12 @@
 //! OpenAPI schema (types, required fields, enums, no unknown fields) and
 //! against the job rules, the way the API server and the operator see it.
 
-use serde_yaml::Value;
+use serde_norway::Value;
 
 fn crd_schema() -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crd.yaml");
     let crd: Value =
-        serde_yaml::from_str(&std::fs::read_to_string(path).expect("CRD")).expect("YAML");
+        serde_norway::from_str(&std::fs::read_to_string(path).expect("CRD")).expect("YAML");
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
 }
 
@@ -108,7 +108,7 @@ fn shipped_jobs_validate_against_the_crd_schema_and_the_job_rules() {
     assert!(files.len() >= 2, "examples found: {files:?}");
     for path in files {
         let text = std::fs::read_to_string(&path).expect("read");
-        let doc: Value = serde_yaml::from_str(&text).expect("YAML");
+        let doc: Value = serde_norway::from_str(&text).expect("YAML");
         let mut errors = Vec::new();
         check(
             &schema["properties"]["spec"],
@@ -152,7 +152,7 @@ fn the_schema_check_catches_what_the_api_server_would_refuse() {
             "is not one of",
         ),
     ] {
-        let value: Value = serde_yaml::from_str(bad).unwrap();
+        let value: Value = serde_norway::from_str(bad).unwrap();
         let mut errors = Vec::new();
         check(spec, &value, "spec", &mut errors);
         assert!(

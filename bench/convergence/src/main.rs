@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Parser;
 use distbelief_bench_downpour::{local, median, median_opt};
 use serde_json::{Value, json};
-use serde_yaml::Value as Yaml;
+use serde_norway::Value as Yaml;
 
 #[derive(Parser)]
 struct Args {
@@ -67,7 +67,7 @@ fn unset(v: &mut Yaml, key: &str) {
 
 /// A one-field YAML object.
 fn object(key: &str, value: impl Into<Yaml>) -> Yaml {
-    let mut m = serde_yaml::Mapping::new();
+    let mut m = serde_norway::Mapping::new();
     m.insert(key.into(), value.into());
     Yaml::Mapping(m)
 }
@@ -214,10 +214,11 @@ fn step_times(exe: &Path, base: &Yaml, dir: &Path) -> anyhow::Result<Value> {
             downpour(&mut doc)["batchSize"] = 1024.into();
             doc["spec"]["parameterServers"]["shards"] = 2.into();
             doc["spec"]["replicas"]["count"] = 3.into();
-            doc["spec"]["stop"] = serde_yaml::from_str("{maxSeconds: 12, evalIntervalSeconds: 4}")?;
+            doc["spec"]["stop"] =
+                serde_norway::from_str("{maxSeconds: 12, evalIntervalSeconds: 4}")?;
             if slow {
                 doc["spec"]["faults"] =
-                    serde_yaml::from_str("{slowReplicas: [{replica: 0, factor: 3}]}")?;
+                    serde_norway::from_str("{slowReplicas: [{replica: 0, factor: 3}]}")?;
             }
             let name = format!("step-b{backup}-{}", if slow { "slow" } else { "even" });
             eprintln!("bench: {name}");
@@ -245,7 +246,7 @@ fn main() -> anyhow::Result<()> {
     };
     let text =
         std::fs::read_to_string(&args.job).with_context(|| format!("cannot read {}", args.job))?;
-    let mut base: Yaml = serde_yaml::from_str(&text)?;
+    let mut base: Yaml = serde_norway::from_str(&text)?;
     base["spec"]["stop"]["maxSeconds"] = args.max_seconds.into();
     let job = distbelief_api::parse_job(&args.job, &text)?;
     let target = job.spec.stop.target_test_accuracy;
@@ -364,15 +365,10 @@ fn main() -> anyhow::Result<()> {
     if let Some(parent) = args.plot.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(
-        &args.plot,
-        plot::svg(
-            "Fashion-MNIST, MLP 784-512-10: test accuracy",
-            &series,
-            target,
-        ),
-    )
-    .with_context(|| format!("cannot write {}", args.plot.display()))?;
+    let title = "Fashion-MNIST, MLP 784-512-10: test accuracy";
+    let text = plot::svg(title, &series, target).map_err(anyhow::Error::msg)?;
+    std::fs::write(&args.plot, text)
+        .with_context(|| format!("cannot write {}", args.plot.display()))?;
     let mut report = json!({
         "machine": { "cores": cores },
         "repeat": args.repeat,

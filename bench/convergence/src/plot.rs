@@ -1,121 +1,103 @@
-//! One SVG: test accuracy against seconds (left) and against examples
-//! (right), one line per configuration.
+//! One SVG, drawn with plotters: test accuracy against seconds (left) and
+//! against examples (right), one line per configuration, legend below.
 
-use std::fmt::Write;
+use plotters::prelude::*;
 
-/// A configuration's curve: (seconds, examples, test accuracy) points.
+/// (seconds, examples, test accuracy) at one evaluation.
+pub type Point = (f64, u64, f64);
+
+/// A configuration's curve.
 pub struct Series<'a> {
     pub label: &'a str,
-    pub points: &'a [(f64, u64, f64)],
+    pub points: &'a [Point],
 }
 
-const PANEL_W: f64 = 480.0;
-const PANEL_H: f64 = 320.0;
-const MARGIN: f64 = 60.0;
-const LEGEND_ROW: f64 = 18.0;
-const COLOURS: [&str; 12] = [
-    "#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-    "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8",
-];
+const PANEL: (u32, u32) = (540, 380);
+const LEGEND_ROW: u32 = 18;
 /// Accuracy axis: below this the curves are all the same early climb.
-const ACC_MIN: f64 = 0.6;
-const ACC_MAX: f64 = 0.9;
+const ACCURACY: std::ops::Range<f64> = 0.6..0.9;
 
-pub fn svg(title: &str, series: &[Series], target: Option<f64>) -> String {
-    let legend_h = LEGEND_ROW * series.len().div_ceil(2) as f64 + 10.0;
-    let (w, h) = (
-        2.0 * (PANEL_W + MARGIN) + MARGIN,
-        PANEL_H + 2.0 * MARGIN + legend_h,
-    );
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/><text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#,
-        w / 2.0,
-        escape(title)
-    );
-    let x_of = [|p: &(f64, u64, f64)| p.0, |p: &(f64, u64, f64)| p.1 as f64];
-    for (panel, name) in ["seconds of training", "examples trained on"]
+fn colour(k: usize) -> RGBColor {
+    const COLOURS: [(u8, u8, u8); 12] = [
+        (0, 0, 0),
+        (0x1f, 0x77, 0xb4),
+        (0xff, 0x7f, 0x0e),
+        (0x2c, 0xa0, 0x2c),
+        (0xd6, 0x27, 0x28),
+        (0x94, 0x67, 0xbd),
+        (0x8c, 0x56, 0x4b),
+        (0xe3, 0x77, 0xc2),
+        (0x7f, 0x7f, 0x7f),
+        (0xbc, 0xbd, 0x22),
+        (0x17, 0xbe, 0xcf),
+        (0xae, 0xc7, 0xe8),
+    ];
+    let (r, g, b) = COLOURS[k % COLOURS.len()];
+    RGBColor(r, g, b)
+}
+
+/// The plot as SVG text; an error names what plotters could not draw.
+pub fn svg(title: &str, series: &[Series], target: Option<f64>) -> Result<String, String> {
+    let mut out = String::new();
+    draw(&mut out, title, series, target).map_err(|e| format!("cannot draw the plot: {e}"))?;
+    Ok(out)
+}
+
+type Drawn<'a> = Result<(), Box<dyn std::error::Error + 'a>>;
+
+fn draw<'a>(out: &'a mut String, title: &str, series: &[Series], target: Option<f64>) -> Drawn<'a> {
+    let legend_h = LEGEND_ROW * series.len().div_ceil(2) as u32 + 20;
+    let size = (2 * PANEL.0, PANEL.1 + 40 + legend_h);
+    let root = SVGBackend::with_string(out, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 18))?;
+    let (panels, legend) = root.split_vertically(PANEL.1);
+    let halves = panels.split_evenly((1, 2));
+    let x_of: [fn(&Point) -> f64; 2] = [|p| p.0, |p| p.1 as f64];
+    for (panel, (area, name)) in halves
         .iter()
+        .zip(["seconds of training", "examples trained on"])
         .enumerate()
     {
-        let x0 = MARGIN + panel as f64 * (PANEL_W + MARGIN);
         let x_max = series
             .iter()
             .flat_map(|s| s.points.iter().map(x_of[panel]))
-            .fold(0.0, f64::max)
-            .max(1e-9);
-        let px = |x: f64| x0 + x / x_max * PANEL_W;
-        let py =
-            |a: f64| MARGIN + (ACC_MAX - a.clamp(ACC_MIN, ACC_MAX)) / (ACC_MAX - ACC_MIN) * PANEL_H;
-        let _ = write!(
-            s,
-            r##"<rect x="{x0}" y="{MARGIN}" width="{PANEL_W}" height="{PANEL_H}" fill="none" stroke="#444"/><text x="{}" y="{}" text-anchor="middle">{name}</text>"##,
-            x0 + PANEL_W / 2.0,
-            MARGIN + PANEL_H + 36.0
-        );
-        for i in 0..=5 {
-            let (x, a) = (
-                x_max * i as f64 / 5.0,
-                ACC_MIN + (ACC_MAX - ACC_MIN) * i as f64 / 5.0,
-            );
-            let label = if panel == 0 {
-                format!("{x:.0}")
-            } else {
-                format!("{:.0}k", x / 1000.0)
-            };
-            let _ = write!(
-                s,
-                r#"<text x="{}" y="{}" text-anchor="middle">{label}</text><text x="{}" y="{}" text-anchor="end">{a:.2}</text>"#,
-                px(x),
-                MARGIN + PANEL_H + 16.0,
-                x0 - 6.0,
-                py(a) + 4.0
-            );
-        }
+            .fold(1e-9, f64::max);
+        let mut chart = ChartBuilder::on(area)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0.0..x_max, ACCURACY)?;
+        let thousands = |x: &f64| format!("{:.0}k", x / 1000.0);
+        let whole = |x: &f64| format!("{x:.0}");
+        let label: &dyn Fn(&f64) -> String = if panel == 0 { &whole } else { &thousands };
+        chart
+            .configure_mesh()
+            .x_desc(name)
+            .y_desc("test accuracy")
+            .x_label_formatter(label)
+            .draw()?;
         if let Some(t) = target {
-            let _ = write!(
-                s,
-                r##"<line x1="{x0}" x2="{}" y1="{y}" y2="{y}" stroke="#999" stroke-dasharray="4 4"/>"##,
-                x0 + PANEL_W,
-                y = py(t)
-            );
+            let dashed = DashedLineSeries::new([(0.0, t), (x_max, t)], 4, 4, BLACK.mix(0.4).into());
+            chart.draw_series(dashed)?;
         }
-        for (k, series) in series.iter().enumerate() {
-            let pts: Vec<String> = series
-                .points
-                .iter()
-                .map(|p| format!("{:.1},{:.1}", px(x_of[panel](p)), py(p.2)))
-                .collect();
-            let _ = write!(
-                s,
-                r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
-                COLOURS[k % COLOURS.len()],
-                pts.join(" ")
-            );
+        for (k, s) in series.iter().enumerate() {
+            let points = s.points.iter().map(|p| {
+                let a = p.2.clamp(ACCURACY.start, ACCURACY.end);
+                (x_of[panel](p), a)
+            });
+            chart.draw_series(LineSeries::new(points, colour(k).stroke_width(2)))?;
         }
     }
-    for (k, series) in series.iter().enumerate() {
-        let x = MARGIN + (k % 2) as f64 * (PANEL_W + MARGIN);
-        let y = 2.0 * MARGIN + PANEL_H + LEGEND_ROW * (k / 2) as f64;
-        let _ = write!(
-            s,
-            r#"<line x1="{x}" x2="{}" y1="{y}" y2="{y}" stroke="{}" stroke-width="3"/><text x="{}" y="{}">{}</text>"#,
-            x + 24.0,
-            COLOURS[k % COLOURS.len()],
-            x + 30.0,
-            y + 4.0,
-            escape(series.label)
-        );
+    for (k, s) in series.iter().enumerate() {
+        let x = 60 + (k % 2) as i32 * PANEL.0 as i32;
+        let y = 10 + LEGEND_ROW as i32 * (k / 2) as i32;
+        let line = PathElement::new([(x, y), (x + 24, y)], colour(k).stroke_width(3));
+        legend.draw(&line)?;
+        legend.draw(&Text::new(s.label, (x + 30, y - 6), ("sans-serif", 12)))?;
     }
-    s.push_str("</svg>\n");
-    s
-}
-
-fn escape(t: &str) -> String {
-    t.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    root.present()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -134,9 +116,11 @@ mod tests {
                 points: &b,
             },
         ];
-        let svg = super::svg("t", &series, Some(0.85));
-        assert_eq!(svg.matches("<polyline").count(), 4);
+        let svg = super::svg("t", &series, Some(0.85)).unwrap();
+        // Two series in two panels, two legend swatches, the target line in
+        // each panel as dashes.
+        assert!(svg.matches("<polyline").count() >= 6);
         assert!(svg.contains("one &amp; only"));
-        assert!(svg.contains("stroke-dasharray"), "the target line");
+        assert!(svg.contains("examples trained on") && svg.contains("seconds of training"));
     }
 }

@@ -12,14 +12,14 @@ use anyhow::{Context, bail};
 /// returns its summary (the last line of its stdout).
 pub fn train(
     exe: &Path,
-    doc: &serde_yaml::Value,
+    doc: &serde_norway::Value,
     name: &str,
     dir: &Path,
 ) -> anyhow::Result<serde_json::Value> {
     let mut doc = doc.clone();
     doc["metadata"]["name"] = name.into();
     let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, serde_yaml::to_string(&doc)?)?;
+    std::fs::write(&file, serde_norway::to_string(&doc)?)?;
     let out = Command::new(exe)
         .arg("train")
         .arg(&file)

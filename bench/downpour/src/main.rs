@@ -50,7 +50,7 @@ fn downpour(
 ) -> anyhow::Result<Value> {
     let text =
         std::fs::read_to_string(job_file).with_context(|| format!("cannot read {job_file}"))?;
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text)?;
+    let mut doc: serde_norway::Value = serde_norway::from_str(&text)?;
     doc["spec"]["parameterServers"]["shards"] = shards.into();
     doc["spec"]["replicas"]["count"] = replicas.into();
     distbelief_bench_downpour::train(exe, &doc, &format!("bench-{shards}x{replicas}"), dir)

@@ -279,7 +279,7 @@ impl Runtime {
 
     fn run(mut self) -> anyhow::Result<Summary> {
         let started = Instant::now();
-        let mut display = progress::Display::new();
+        let mut display = progress::Display::new(&self.job.spec.stop);
         let mut last_status: Option<JobStatus> = None;
         let mut last_answer = Instant::now();
         let mut next_status = Instant::now();
@@ -335,7 +335,9 @@ impl Runtime {
         };
         let status = last_status.unwrap_or_default();
         let svg = self.out.join("curve.svg");
-        if let Err(e) = std::fs::write(&svg, plot::curve_svg(&self.job.name, &status.curve)) {
+        let written = plot::curve_svg(&self.job.name, &status.curve)
+            .and_then(|text| std::fs::write(&svg, text).map_err(|e| e.to_string()));
+        if let Err(e) = written {
             eprintln!("distbelief: cannot write {}: {e}", svg.display());
         }
         let points = self.out.join("curve.json");

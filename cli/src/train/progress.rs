@@ -1,25 +1,39 @@
 //! The live progress line on stderr: redrawn in place on a terminal, one
 //! line every few seconds otherwise (logs, CI).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use distbelief_api::StopSpec;
 use distbelief_proto::v1::JobStatus;
+use indicatif::{ProgressBar, ProgressStyle};
 
+/// On a terminal, a bar of the share of the job's limit used (its epochs
+/// or its seconds, whichever is nearer) and the progress line beside it,
+/// both redrawn (indicatif); elsewhere the line alone every few seconds.
 pub struct Display {
-    tty: bool,
+    bar: Option<ProgressBar>,
+    limits: (f64, f64),
     last_line: Option<Instant>,
-    drawn: bool,
 }
 
 const PLAIN_EVERY: Duration = Duration::from_secs(5);
+/// The bar's length: its position is the share of the limit in thousandths.
+const BAR_STEPS: u64 = 1000;
 
 impl Display {
-    pub fn new() -> Self {
+    pub fn new(stop: &StopSpec) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(BAR_STEPS);
+            if let Ok(style) = ProgressStyle::with_template("{bar:24.cyan/blue} {msg}") {
+                bar.set_style(style.progress_chars("=> "));
+            }
+            bar
+        });
         Display {
-            tty: std::io::stderr().is_terminal(),
+            bar,
+            limits: (stop.max_epochs, stop.max_seconds as f64),
             last_line: None,
-            drawn: false,
         }
     }
 
@@ -32,23 +46,29 @@ impl Display {
         shard_restarts: u32,
     ) {
         let line = format_line(s, live, replicas, replica_restarts, shard_restarts);
-        let mut err = std::io::stderr().lock();
-        if self.tty {
-            let _ = write!(err, "\r\x1b[2K{line}");
-            self.drawn = true;
+        if let Some(bar) = &self.bar {
+            let share = limit_share(s, self.limits);
+            bar.set_position((share * BAR_STEPS as f64) as u64);
+            bar.set_message(line);
         } else if self.last_line.is_none_or(|t| t.elapsed() >= PLAIN_EVERY) || s.done {
-            let _ = writeln!(err, "{line}");
+            eprintln!("{line}");
             self.last_line = Some(Instant::now());
         }
-        let _ = err.flush();
     }
 
     pub fn finish(&mut self) {
-        if self.drawn {
-            eprintln!();
-            self.drawn = false;
+        if let Some(bar) = self.bar.take() {
+            bar.abandon();
         }
     }
+}
+
+/// How much of the nearer limit (epochs or seconds) the job has used, 0 to 1.
+fn limit_share(s: &JobStatus, (max_epochs, max_seconds): (f64, f64)) -> f64 {
+    let of = |x: f64, max: f64| if max > 0.0 { x / max } else { 0.0 };
+    of(s.epochs, max_epochs)
+        .max(of(s.train_seconds, max_seconds))
+        .clamp(0.0, 1.0)
 }
 
 /// `[  12.3s] epoch 1.23 | step 4200 | 31200 ex/s | loss 0.412 | test acc 0.8431 (best 0.8431) | staleness p50 1 p99 3 | replicas 2/2 | restarts 0 replica, 0 shard`
@@ -136,5 +156,12 @@ mod tests {
         ] {
             assert!(line.contains(part), "{part:?} missing from {line}");
         }
+        assert_eq!(limit_share(&s, (3.0, 1000.0)), 0.5, "1.5 of 3 epochs");
+        assert_eq!(
+            limit_share(&s, (0.0, 24.68)),
+            0.5,
+            "no epoch limit: 12.34 of 24.68 s"
+        );
+        assert_eq!(limit_share(&s, (1.0, 0.0)), 1.0, "never past the end");
     }
 }

@@ -212,7 +212,7 @@ pub fn example_job(name: &str) -> Value {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fashion-mnist-downpour.yaml");
     let text = std::fs::read_to_string(&path).expect("example job");
-    let mut job: Value = serde_yaml::from_str(&text).expect("example job is YAML");
+    let mut job: Value = serde_norway::from_str(&text).expect("example job is YAML");
     job["metadata"] = json!({"name": name});
     job["spec"]["nodeSelector"] = json!({NOWHERE.0: NOWHERE.1});
     job
