@@ -456,6 +456,49 @@ PY
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$STRAGGLER" --wait=false >/dev/null || return 1
 }
 
+# --- 3c. the data-parallel variants run on the operator as they do locally --
+# Copies of the example with synchronous SGD (3 replicas, one backup worker,
+# replica 0 slowed 3x), compressed pushes, and parameter averaging, one after
+# another: each must reach phase Succeeded at its target. The synchronous
+# copy aims at 0.8, as each of its steps waits for two replicas.
+VARIANT=fashion-mnist-variant
+variants() {
+  local v name target
+  for v in synchronous compressed averaging; do
+    name="$VARIANT-$v" target=0.85
+    [ "$v" = synchronous ] && target=0.8
+    python3 - "$EXAMPLE" "$work/$v.yaml" "$name" "$v" <<'PY' || { echo "could not derive $name from $EXAMPLE"; return 1; }
+import sys
+src, dst, name, variant = sys.argv[1:]
+s = open(src).read()
+edits = {
+    "synchronous": [
+        ("      maxStaleness: 1\n", "      synchronous:\n        backupWorkers: 1\n"),
+        ("      warmStartSteps: 50\n", "      warmStartSteps: 0\n"),
+        ("  replicas:\n    count: 2\n", "  replicas:\n    count: 3\n"),
+        ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.8\n"),
+    ],
+    "compressed": [("      maxStaleness: 1\n", "      maxStaleness: 1\n      compression:\n        threshold: 0.01\n")],
+    "averaging": [("      maxStaleness: 1\n", "      averaging:\n        periodSteps: 16\n")],
+}[variant]
+for old, new in [("  name: fashion-mnist-downpour\n", f"  name: {name}\n")] + edits:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+if variant == "synchronous":
+    s = s.rstrip("\n") + "\n  faults:\n    slowReplicas:\n      - replica: 0\n        factor: 3\n"
+open(dst, "w").write(s)
+PY
+    "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/$v.yaml" >/dev/null || return 1
+    log "applied $JOB_NS/$name (the example with $v)"
+    job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+    log "$name: final phase $J_PHASE, testAccuracy $J_ACC, step $J_STEP"
+    [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
+    ge "$J_ACC" "$target" || { echo "$name: testAccuracy $J_ACC < $target"; return 1; }
+    "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+  done
+}
+
 # --- 4. the long job: failures it must survive --------------------------------
 # The example stops within seconds of reaching 85%, too soon to be sure of
 # catching it mid-training. So the same job runs under another name with a
@@ -719,6 +762,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
   if step "helm install (chart, CRD, operator Ready)" install_chart; then
     step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj" run_example
     step "$STRAGGLER: a slowed replica's backup starts at its data position and is kept, the straggler retired" straggler_race
+    step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
       step "${LONG_STEPS[1]}" long_shard
