@@ -2,6 +2,7 @@
 //! evaluates the model on the test set from a fetched parameter snapshot,
 //! and applies the stopping rule.
 
+mod evaluate;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 mod metrics;
@@ -14,11 +15,10 @@ use std::time::{Duration, Instant};
 
 use distbelief_api::{Job, ShardProgress};
 use distbelief_model::Mlp;
-use distbelief_model::data::{self, DataError, Dataset};
-use distbelief_proto::staleness::StalenessHistogram;
+use distbelief_model::data::{self, DataError};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{JobStatus, ProgressReport, ReportReply, StatusRequest};
-use distbelief_ps_client::{ClientError, ShardClient, fetch_all, shard_clients};
+use distbelief_ps_client::{ClientError, shard_clients};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
@@ -198,15 +198,15 @@ pub async fn serve(
             }
         })
     };
-    let evaluator = tokio::spawn(eval_loop(
-        shared.clone(),
-        job.name.clone(),
+    let evaluator = evaluate::Evaluator {
+        shared: shared.clone(),
+        job: job.name.clone(),
         clients,
-        mlp,
-        Arc::new(test),
-        every,
+        mlp: Arc::new(mlp),
+        test: Arc::new(test),
         metrics,
-    ));
+    };
+    let evaluator = tokio::spawn(evaluator.run(every));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let router = distbelief_net::server().add_service(CoordinatorServer::new(Service { shared }));
     let result = distbelief_net::serve_until(shutdown, |stop| {
@@ -221,173 +221,4 @@ pub async fn serve(
         p.abort();
     }
     Ok(result?)
-}
-
-/// Evaluates every interval once training has started; stops the job when a
-/// limit or the target is reached, with one last evaluation for the record.
-#[allow(clippy::too_many_arguments)]
-async fn eval_loop(
-    shared: Arc<Shared>,
-    job: String,
-    mut clients: Vec<ShardClient>,
-    mlp: Mlp,
-    test: Arc<Dataset>,
-    every: Duration,
-    metrics: CoordinatorMetrics,
-) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut params = vec![0.0f32; mlp.layout().len()];
-    let mlp = Arc::new(mlp);
-    loop {
-        tick.tick().await;
-        let (started, done, limit) = {
-            let t = shared.tracker();
-            (t.has_started(), t.is_done(), t.limit_reached(shared.now()))
-        };
-        if done {
-            return;
-        }
-        if !started {
-            continue;
-        }
-        if let Err(e) = fetch_all(&mut clients, &mut params).await {
-            tracing::warn!("evaluation skipped, parameters unavailable: {e}");
-            if let Some(reason) = limit {
-                shared.tracker().finish(reason, shared.now());
-                no_model(&shared, "the shards did not answer at the end");
-            }
-            continue;
-        }
-        let mut staleness = StalenessHistogram::default();
-        let (mut push_bytes, mut updates) = (0, 0);
-        let mut shards = Vec::with_capacity(clients.len());
-        for c in clients.iter_mut() {
-            match c.info().await {
-                Ok(info) => {
-                    push_bytes += info.push_bytes;
-                    updates = info.updates_applied.max(updates);
-                    shards.push(ShardProgress {
-                        shard: info.shard,
-                        version: info.version,
-                        restored_version: info.restored_version,
-                    });
-                    let merged = StalenessHistogram::from_buckets(
-                        info.staleness_bounds,
-                        info.staleness_counts,
-                        info.staleness_max,
-                    )
-                    .is_some_and(|h| staleness.merge(&h));
-                    if !merged {
-                        tracing::warn!(
-                            shard = info.shard,
-                            "staleness buckets do not fit; left out"
-                        );
-                    }
-                }
-                Err(e) => tracing::debug!("shard info unavailable: {e}"),
-            }
-        }
-        *shared.shards.lock().unwrap_or_else(|p| p.into_inner()) = shards;
-        let started_eval = Instant::now();
-        let snapshot = std::mem::take(&mut params);
-        let (m, t) = (mlp.clone(), test.clone());
-        let Ok((snapshot, accuracy, loss)) = tokio::task::spawn_blocking(move || {
-            let (a, l) = m.evaluate(&snapshot, &t);
-            (snapshot, a, l)
-        })
-        .await
-        else {
-            // Keep the stopping rule alive: the limits still end the job.
-            tracing::error!("evaluation task failed; skipping this evaluation");
-            params = vec![0.0f32; mlp.layout().len()];
-            if let Some(reason) = limit {
-                shared.tracker().finish(reason, shared.now());
-                no_model(&shared, "the last evaluation failed");
-            }
-            continue;
-        };
-        params = snapshot;
-        metrics
-            .eval_seconds
-            .observe(started_eval.elapsed().as_secs_f64());
-        let now = shared.now();
-        let status = {
-            let mut t = shared.tracker();
-            t.set_shard_figures(staleness, push_bytes, updates);
-            t.on_eval(now, accuracy, loss);
-            if let Some(reason) = limit {
-                t.finish(reason, now);
-            }
-            t.status(now)
-        };
-        metrics.observe(&status);
-        tracing::info!(
-            seconds = format!("{:.1}", status.train_seconds),
-            test_accuracy = format!("{accuracy:.4}"),
-            test_loss = format!("{loss:.4}"),
-            examples = status.examples,
-            done = status.done,
-            "evaluated"
-        );
-        if status.done {
-            let version = shared.shards().iter().map(|s| s.version).sum();
-            save(&shared, &job, &mlp, &params, accuracy, version, &status).await;
-        }
-    }
-}
-
-/// Saves the evaluated parameters as the job's model, if it keeps one.
-async fn save(
-    shared: &Arc<Shared>,
-    job: &str,
-    mlp: &Arc<Mlp>,
-    params: &[f32],
-    accuracy: f64,
-    version: u64,
-    status: &JobStatus,
-) {
-    let Some(target) = shared.output.clone() else {
-        return;
-    };
-    let (job, mlp, params, status) = (
-        job.to_string(),
-        mlp.clone(),
-        params.to_vec(),
-        status.clone(),
-    );
-    let written = tokio::task::spawn_blocking(move || {
-        output::write(
-            &target,
-            &job,
-            mlp.layout(),
-            &params,
-            accuracy,
-            version,
-            &status,
-        )
-    })
-    .await
-    .unwrap_or_else(|e| Err(e.to_string()));
-    match written {
-        Ok(model) => {
-            tracing::info!(
-                path = model.path,
-                test_accuracy = format!("{accuracy:.4}"),
-                "model saved"
-            );
-            *shared.saved() = Saved::Written(model);
-        }
-        Err(e) => {
-            tracing::error!("cannot save the model: {e}");
-            *shared.saved() = Saved::Failed;
-        }
-    }
-}
-
-fn no_model(shared: &Shared, why: &str) {
-    if shared.output.is_some() {
-        tracing::error!("no model saved: {why}");
-        *shared.saved() = Saved::Failed;
-    }
 }

@@ -21,7 +21,7 @@ use distbelief_proto::v1::{JobStatus, StatusRequest};
 
 use crate::TrainArgs;
 use procs::{Proc, Role, free_port, wait_listening};
-use summary::{Outcome, Summary};
+use summary::{Outcome, RunRecord, Summary};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STATUS_EVERY: Duration = Duration::from_millis(500);
@@ -344,16 +344,15 @@ impl Runtime {
         if let Err(e) = std::fs::write(&points, plot::curve_json(&status.curve)) {
             eprintln!("distbelief: cannot write {}: {e}", points.display());
         }
-        let summary = Summary::new(
-            &self.job,
-            &status,
+        let run = RunRecord {
             outcome,
             error,
-            self.replica_restarts,
-            self.shard_restarts,
-            &self.out,
-            started.elapsed().as_secs_f64(),
-        );
+            replica_restarts: self.replica_restarts,
+            shard_restarts: self.shard_restarts,
+            out: &self.out,
+            wall_seconds: started.elapsed().as_secs_f64(),
+        };
+        let summary = Summary::new(&self.job, &status, run);
         eprintln!("distbelief: {}", summary.headline());
         Ok(summary)
     }

@@ -60,18 +60,27 @@ pub struct Summary {
     pub model: Option<String>,
 }
 
+/// How the local runtime's run went, beside the coordinator's last status.
+pub struct RunRecord<'a> {
+    pub outcome: Outcome,
+    pub error: Option<String>,
+    pub replica_restarts: u32,
+    pub shard_restarts: u32,
+    /// The run directory.
+    pub out: &'a Path,
+    pub wall_seconds: f64,
+}
+
 impl Summary {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        job: &Job,
-        s: &JobStatus,
-        outcome: Outcome,
-        error: Option<String>,
-        replica_restarts: u32,
-        shard_restarts: u32,
-        out: &Path,
-        wall_seconds: f64,
-    ) -> Summary {
+    pub fn new(job: &Job, s: &JobStatus, run: RunRecord) -> Summary {
+        let RunRecord {
+            outcome,
+            error,
+            replica_restarts,
+            shard_restarts,
+            out,
+            wall_seconds,
+        } = run;
         let st = s.staleness.unwrap_or_default();
         Summary {
             job: job.name.clone(),

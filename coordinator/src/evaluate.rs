@@ -1,0 +1,203 @@
+//! The evaluation loop: every interval once training has started, fetch the
+//! parameters and the shards' figures, evaluate on the test set, apply the
+//! stopping rule, and save the model when the job is done.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distbelief_api::ShardProgress;
+use distbelief_model::Mlp;
+use distbelief_model::data::Dataset;
+use distbelief_proto::staleness::StalenessHistogram;
+use distbelief_proto::v1::JobStatus;
+use distbelief_ps_client::{ShardClient, fetch_all};
+
+use crate::Shared;
+use crate::metrics::CoordinatorMetrics;
+use crate::output::{self, Saved};
+use crate::tracker::StopReason;
+
+pub(crate) struct Evaluator {
+    pub shared: Arc<Shared>,
+    /// The job's name, for the saved model.
+    pub job: String,
+    pub clients: Vec<ShardClient>,
+    pub mlp: Arc<Mlp>,
+    pub test: Arc<Dataset>,
+    pub metrics: CoordinatorMetrics,
+}
+
+/// What the shards said beside their parameters.
+struct ShardFigures {
+    staleness: StalenessHistogram,
+    push_bytes: u64,
+    updates: u64,
+}
+
+impl Evaluator {
+    /// Evaluates every `every` once training has started; stops the job when
+    /// a limit or the target is reached, with one last evaluation for the record.
+    pub async fn run(mut self, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut params = vec![0.0f32; self.mlp.layout().len()];
+        loop {
+            tick.tick().await;
+            let shared = &self.shared;
+            let (started, done, limit) = {
+                let t = shared.tracker();
+                (t.has_started(), t.is_done(), t.limit_reached(shared.now()))
+            };
+            if done {
+                return;
+            }
+            if started {
+                params = self.evaluate_once(params, limit).await;
+            }
+        }
+    }
+
+    /// One evaluation; hands back the parameter buffer for the next.
+    async fn evaluate_once(&mut self, mut params: Vec<f32>, limit: Option<StopReason>) -> Vec<f32> {
+        if let Err(e) = fetch_all(&mut self.clients, &mut params).await {
+            tracing::warn!("evaluation skipped, parameters unavailable: {e}");
+            self.give_up_at(limit, "the shards did not answer at the end");
+            return params;
+        }
+        let figures = self.shard_figures().await;
+        let started = Instant::now();
+        let (mlp, test) = (self.mlp.clone(), self.test.clone());
+        let Ok((params, accuracy, loss)) = tokio::task::spawn_blocking(move || {
+            let (a, l) = mlp.evaluate(&params, &test);
+            (params, a, l)
+        })
+        .await
+        else {
+            // Keep the stopping rule alive: the limits still end the job.
+            tracing::error!("evaluation task failed; skipping this evaluation");
+            self.give_up_at(limit, "the last evaluation failed");
+            return vec![0.0f32; self.mlp.layout().len()];
+        };
+        self.metrics
+            .eval_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let status = self.record(figures, accuracy, loss, limit);
+        if status.done {
+            let version = self.shared.shards().iter().map(|s| s.version).sum();
+            self.save(&params, accuracy, version, &status).await;
+        }
+        params
+    }
+
+    /// Each shard's version and restore, into the shared state; their
+    /// staleness buckets merged, bytes pushed summed, updates at most.
+    async fn shard_figures(&mut self) -> ShardFigures {
+        let mut f = ShardFigures {
+            staleness: StalenessHistogram::default(),
+            push_bytes: 0,
+            updates: 0,
+        };
+        let mut shards = Vec::with_capacity(self.clients.len());
+        for c in self.clients.iter_mut() {
+            let info = match c.info().await {
+                Ok(info) => info,
+                Err(e) => {
+                    tracing::debug!("shard info unavailable: {e}");
+                    continue;
+                }
+            };
+            f.push_bytes += info.push_bytes;
+            f.updates = info.updates_applied.max(f.updates);
+            shards.push(ShardProgress {
+                shard: info.shard,
+                version: info.version,
+                restored_version: info.restored_version,
+            });
+            let merged = StalenessHistogram::from_buckets(
+                info.staleness_bounds,
+                info.staleness_counts,
+                info.staleness_max,
+            )
+            .is_some_and(|h| f.staleness.merge(&h));
+            if !merged {
+                tracing::warn!(shard = info.shard, "staleness buckets do not fit; left out");
+            }
+        }
+        *self.shared.shards.lock().unwrap_or_else(|p| p.into_inner()) = shards;
+        f
+    }
+
+    /// Feeds the evaluation to the tracker and the metrics; the job's status after it.
+    fn record(
+        &self,
+        f: ShardFigures,
+        accuracy: f64,
+        loss: f64,
+        limit: Option<StopReason>,
+    ) -> JobStatus {
+        let now = self.shared.now();
+        let status = {
+            let mut t = self.shared.tracker();
+            t.set_shard_figures(f.staleness, f.push_bytes, f.updates);
+            t.on_eval(now, accuracy, loss);
+            if let Some(reason) = limit {
+                t.finish(reason, now);
+            }
+            t.status(now)
+        };
+        self.metrics.observe(&status);
+        tracing::info!(
+            seconds = format!("{:.1}", status.train_seconds),
+            test_accuracy = format!("{accuracy:.4}"),
+            test_loss = format!("{loss:.4}"),
+            examples = status.examples,
+            done = status.done,
+            "evaluated"
+        );
+        status
+    }
+
+    /// At a limit without an evaluation: the job ends all the same, without a model.
+    fn give_up_at(&self, limit: Option<StopReason>, why: &str) {
+        if let Some(reason) = limit {
+            self.shared.tracker().finish(reason, self.shared.now());
+            if self.shared.output.is_some() {
+                tracing::error!("no model saved: {why}");
+                *self.shared.saved() = Saved::Failed;
+            }
+        }
+    }
+
+    /// Saves the evaluated parameters as the job's model, if it keeps one.
+    async fn save(&self, params: &[f32], accuracy: f64, version: u64, status: &JobStatus) {
+        let Some(target) = self.shared.output.clone() else {
+            return;
+        };
+        let (job, mlp, params, status) = (
+            self.job.clone(),
+            self.mlp.clone(),
+            params.to_vec(),
+            status.clone(),
+        );
+        let written = tokio::task::spawn_blocking(move || {
+            let layout = mlp.layout();
+            output::write(&target, &job, layout, &params, accuracy, version, &status)
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        match written {
+            Ok(model) => {
+                tracing::info!(
+                    path = model.path,
+                    test_accuracy = format!("{accuracy:.4}"),
+                    "model saved"
+                );
+                *self.shared.saved() = Saved::Written(model);
+            }
+            Err(e) => {
+                tracing::error!("cannot save the model: {e}");
+                *self.shared.saved() = Saved::Failed;
+            }
+        }
+    }
+}
