@@ -1,5 +1,6 @@
-//! Wire types of distbelief: the gRPC services and messages, and the f32 codec
-//! that tensors travel in.
+//! Wire types of distbelief: the f32 and threshold-signs codecs tensors
+//! travel in, the staleness histogram as shards report it, and, with the
+//! default `grpc` feature, the gRPC services and messages.
 
 #[cfg(feature = "grpc")]
 pub mod v1 {
