@@ -1,0 +1,252 @@
+//! The build step: the objects a `DistBeliefJob` is made of, computed from
+//! the job alone. Nothing here talks to the API server.
+
+use std::collections::BTreeMap;
+
+use distbelief_api::{DistBeliefJob, ValidationError};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use serde_json::json;
+
+mod pod;
+mod servers;
+mod target;
+
+pub use target::{Target, target};
+
+pub const PS_PORT: u16 = 7000;
+pub const COORDINATOR_PORT: u16 = 7100;
+pub const METRICS_PORT: u16 = 9090;
+pub const JOB_FILE: &str = "/etc/distbelief/job.yaml";
+pub const CHECKPOINT_DIR: &str = "/var/lib/distbelief/checkpoints";
+pub const OUTPUT_DIR: &str = "/var/lib/distbelief/output";
+/// Size of a shard's checkpoint claim when the spec names none.
+pub const DEFAULT_CHECKPOINT_SIZE: &str = "1Gi";
+
+pub const LABEL_JOB: &str = "distbelief.dev/job";
+pub const LABEL_ROLE: &str = "distbelief.dev/role";
+pub const LABEL_REPLICA: &str = "distbelief.dev/replica";
+pub const LABEL_ATTEMPT: &str = "distbelief.dev/attempt";
+/// Why a replica pod was created: the durable record its job's restart and
+/// reschedule counts are derived from.
+pub const LABEL_CAUSE: &str = "distbelief.dev/cause";
+
+/// Why a replica pod exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The replica's first pod, or its first after a resume.
+    Start,
+    /// Replaces a pod that failed: uses restart budget.
+    Restart,
+    /// Replaces a pod Kubernetes took away (deleted, evicted, preempted) or
+    /// one that gave up waiting for the job's servers: no budget used.
+    Reschedule,
+    /// Runs beside a straggler.
+    Backup,
+}
+
+impl Cause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Start => "start",
+            Cause::Restart => "restart",
+            Cause::Reschedule => "reschedule",
+            Cause::Backup => "backup",
+        }
+    }
+}
+
+pub use distbelief_api::admission::MAX_JOB_NAME;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("the job is invalid:\n{}", distbelief_api::list_errors(.0))]
+    Invalid(Vec<ValidationError>),
+    #[error("cannot write the job file: {0}")]
+    JobFile(#[from] serde_norway::Error),
+}
+
+/// The job's long-lived children. Replica pods are built one at a time by
+/// [`replica_pod`], because the operator creates, restarts and backs them up
+/// individually.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Children {
+    pub config_map: ConfigMap,
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub ps_service: Service,
+    pub ps_stateful_set: StatefulSet,
+    pub ps_disruption_budget: PodDisruptionBudget,
+    pub coordinator_service: Service,
+    /// None while the job is suspended.
+    pub coordinator_pod: Option<Pod>,
+    pub network_policy: Option<NetworkPolicy>,
+}
+
+/// The job file every pod reads: the resource as the user wrote it, without
+/// status or server-set metadata.
+pub fn job_file(job: &DistBeliefJob) -> Result<String, BuildError> {
+    let doc = json!({
+        "apiVersion": distbelief_api::API_VERSION,
+        "kind": distbelief_api::KIND,
+        "metadata": {"name": job.name_any()},
+        "spec": job.spec,
+    });
+    Ok(serde_norway::to_string(&doc)?)
+}
+
+pub fn children(t: &Target) -> Result<Children, BuildError> {
+    let coordinator = t.coordinator_name();
+    let config_map = ConfigMap {
+        metadata: t.metadata(&t.config_map_name(), "config"),
+        data: Some(BTreeMap::from([("job.yaml".into(), job_file(t.job)?)])),
+        ..Default::default()
+    };
+    let service_account = ServiceAccount {
+        metadata: t.metadata(&coordinator, "coordinator"),
+        ..Default::default()
+    };
+    // The coordinator writes status.progress; this is all it may do.
+    let role = Role {
+        metadata: t.metadata(&coordinator, "coordinator"),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![distbelief_api::API_GROUP.into()]),
+            resources: Some(vec!["distbeliefjobs/status".into()]),
+            resource_names: Some(vec![t.name.clone()]),
+            verbs: vec!["patch".into()],
+            non_resource_urls: None,
+        }]),
+    };
+    let role_binding = RoleBinding {
+        metadata: t.metadata(&coordinator, "coordinator"),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: coordinator.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: coordinator.clone(),
+            namespace: Some(t.namespace.clone()),
+            api_group: None,
+        }]),
+    };
+    let (ps_service, ps_stateful_set, ps_disruption_budget) = servers::parameter_servers(t);
+    let (coordinator_service, coordinator_pod) = servers::coordinator(t);
+    Ok(Children {
+        config_map,
+        service_account,
+        role,
+        role_binding,
+        ps_service,
+        ps_stateful_set,
+        ps_disruption_budget,
+        coordinator_service,
+        coordinator_pod,
+        network_policy: t.cfg.network_policy.then(|| network_policy(t)),
+    })
+}
+
+/// Only the job's own pods reach its shards and coordinator; anyone may
+/// scrape metrics.
+fn network_policy(t: &Target) -> NetworkPolicy {
+    let job = BTreeMap::from([(LABEL_JOB.to_string(), t.name.clone())]);
+    let port = |p: u16| NetworkPolicyPort {
+        port: Some(IntOrString::Int(p.into())),
+        ..Default::default()
+    };
+    NetworkPolicy {
+        metadata: t.metadata(&t.name, "network"),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(job.clone()),
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: LABEL_ROLE.into(),
+                    operator: "In".into(),
+                    values: Some(vec!["ps".into(), "coordinator".into()]),
+                }]),
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![NetworkPolicyPeer {
+                        pod_selector: Some(LabelSelector {
+                            match_labels: Some(job),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
+                    ports: Some(vec![port(PS_PORT), port(COORDINATOR_PORT)]),
+                },
+                // Prometheus scrapes from wherever it runs.
+                NetworkPolicyIngressRule {
+                    from: None,
+                    ports: Some(vec![port(METRICS_PORT)]),
+                },
+            ]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Name of replica `replica`'s pod number `attempt`. Restarts and backups
+/// take the next attempt, so a failed pod keeps its logs until cleanup.
+pub fn replica_pod_name(job: &str, replica: u32, attempt: u32) -> String {
+    format!("{job}-replica-{replica}-{attempt}")
+}
+
+/// The incarnation of a replica's pod number `attempt`. The attempt only
+/// grows, whatever the clocks of the nodes say.
+pub fn incarnation(attempt: u32) -> u64 {
+    u64::from(attempt) + 1
+}
+
+/// One replica process. A backup (`backup_of`: the straggler's attempt) runs
+/// on the same replica index, and so on the same part of the data, as the
+/// straggler it backs up, and starts from where the straggler is.
+pub fn replica_pod(
+    t: &Target,
+    replica: u32,
+    attempt: u32,
+    cause: Cause,
+    backup_of: Option<u32>,
+) -> Pod {
+    let name = replica_pod_name(&t.name, replica, attempt);
+    let mut metadata = t.metadata(&name, "replica");
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.insert(LABEL_REPLICA.into(), replica.to_string());
+        labels.insert(LABEL_ATTEMPT.into(), attempt.to_string());
+        labels.insert(LABEL_CAUSE.into(), cause.as_str().into());
+    }
+    let mut env = vec![
+        pod::env("DISTBELIEF_REPLICA", replica.to_string()),
+        pod::env("DISTBELIEF_INCARNATION", incarnation(attempt).to_string()),
+        pod::env("DISTBELIEF_SHARDS", t.shard_addresses()),
+        pod::env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
+    ];
+    if let Some(of) = backup_of {
+        env.push(pod::env(
+            "DISTBELIEF_BACKUP_OF",
+            incarnation(of).to_string(),
+        ));
+    }
+    let resources = t.job.spec.replicas.resources.clone();
+    let container = t.container("replica", env, resources);
+    // Never: the operator, not the kubelet, restarts replicas, so that it
+    // can count failures against the budget and back off.
+    Pod {
+        metadata,
+        spec: Some(t.pod_spec(container, "Never", None)),
+        status: None,
+    }
+}

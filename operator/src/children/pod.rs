@@ -1,0 +1,166 @@
+//! The container and pod spec every role shares: the same binary, flags (as
+//! environment), security settings and probes as the local runtime's.
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{COORDINATOR_PORT, JOB_FILE, METRICS_PORT, PS_PORT, Target};
+
+/// The uid and gid of the image's unprivileged user.
+const USER: i64 = 65532;
+
+pub(super) fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// An environment variable read from the pod's own object.
+pub(super) fn env_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+pub(super) fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        ..Default::default()
+    }
+}
+
+/// Ready once the named port accepts connections.
+pub(super) fn tcp_ready(port: &str) -> Probe {
+    Probe {
+        tcp_socket: Some(TCPSocketAction {
+            port: IntOrString::String(port.into()),
+            host: None,
+        }),
+        period_seconds: Some(2),
+        ..Default::default()
+    }
+}
+
+fn port(name: &str, number: u16) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: number.into(),
+        ..Default::default()
+    }
+}
+
+impl Target<'_> {
+    /// The container every role runs. `role` is also the subcommand, except
+    /// that a replica runs `worker`.
+    pub(super) fn container(
+        &self,
+        role: &str,
+        more_env: Vec<EnvVar>,
+        resources: Option<ResourceRequirements>,
+    ) -> Container {
+        let mut ports = vec![port("metrics", METRICS_PORT)];
+        match role {
+            "ps" => ports.push(port("grpc", PS_PORT)),
+            "coordinator" => ports.push(port("grpc", COORDINATOR_PORT)),
+            _ => {}
+        }
+        let mut env_list = vec![
+            env("DISTBELIEF_JOB", JOB_FILE),
+            env("DISTBELIEF_METRICS_ADDR", format!("0.0.0.0:{METRICS_PORT}")),
+        ];
+        env_list.extend(more_env);
+        Container {
+            name: role.into(),
+            image: Some(self.image.clone()),
+            image_pull_policy: Some(self.cfg.image_pull_policy.clone()),
+            args: Some(vec![if role == "replica" { "worker" } else { role }.into()]),
+            env: Some(env_list),
+            ports: Some(ports),
+            volume_mounts: Some(vec![VolumeMount {
+                read_only: Some(true),
+                ..mount("job", "/etc/distbelief")
+            }]),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    add: None,
+                }),
+                ..Default::default()
+            }),
+            resources,
+            // /healthz fails once the role's main loop has stopped beating,
+            // so a process that is alive but stuck is restarted (or, for a
+            // replica, fails and is replaced by the operator).
+            liveness_probe: Some(Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/healthz".into()),
+                    port: IntOrString::String("metrics".into()),
+                    ..Default::default()
+                }),
+                initial_delay_seconds: Some(10),
+                period_seconds: Some(5),
+                timeout_seconds: Some(3),
+                failure_threshold: Some(3),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A pod running `container` under the job's security settings, with
+    /// the job file mounted; a service account's token only when `account`
+    /// names one.
+    pub(super) fn pod_spec(
+        &self,
+        container: Container,
+        restart_policy: &str,
+        account: Option<String>,
+    ) -> PodSpec {
+        let node_selector = &self.job.spec.node_selector;
+        PodSpec {
+            restart_policy: Some(restart_policy.into()),
+            automount_service_account_token: Some(account.is_some()),
+            enable_service_links: Some(false),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(USER),
+                run_as_group: Some(USER),
+                fs_group: Some(USER),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            containers: vec![container],
+            volumes: Some(vec![Volume {
+                name: "job".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: self.config_map_name(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            service_account_name: account,
+            node_selector: (!node_selector.is_empty()).then(|| node_selector.clone()),
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The long-lived server roles: the shards' StatefulSet with its Service and
+//! disruption budget, and the coordinator's pod with its Service.
+
+use distbelief_api::CheckpointStorage;
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+};
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Service, ServicePort,
+    ServiceSpec, Volume, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::pod::{env, env_field, mount, tcp_ready};
+use super::{
+    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, OUTPUT_DIR, PS_PORT, Target,
+};
+
+fn grpc_port(port: u16) -> ServicePort {
+    ServicePort {
+        name: Some("grpc".into()),
+        port: port.into(),
+        target_port: Some(IntOrString::String("grpc".into())),
+        ..Default::default()
+    }
+}
+
+fn volume(name: &str) -> Volume {
+    Volume {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+/// The shards' headless Service, StatefulSet and disruption budget.
+pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisruptionBudget) {
+    let spec = &t.job.spec;
+    let ps = t.ps_name();
+    // Headless, and publishing not-ready pods: replicas resolve each
+    // shard's stable name while it is still restoring its checkpoint.
+    let service = Service {
+        metadata: t.metadata(&ps, "ps"),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(t.selector_labels("ps")),
+            ports: Some(vec![grpc_port(PS_PORT)]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+
+    let vars = vec![
+        env_field(
+            "DISTBELIEF_SHARD",
+            "metadata.labels['apps.kubernetes.io/pod-index']",
+        ),
+        env("DISTBELIEF_LISTEN", format!("0.0.0.0:{PS_PORT}")),
+        env("DISTBELIEF_CHECKPOINT_DIR", CHECKPOINT_DIR),
+    ];
+    let mut container = t.container("ps", vars, spec.parameter_servers.resources.clone());
+    if let Some(m) = container.volume_mounts.as_mut() {
+        m.push(mount("checkpoints", CHECKPOINT_DIR));
+    }
+    container.readiness_probe = Some(tcp_ready("grpc"));
+    let mut pod_spec = t.pod_spec(container, "Always", None);
+    let mut sts_spec = StatefulSetSpec {
+        service_name: Some(ps.clone()),
+        replicas: Some(if spec.suspend {
+            0
+        } else {
+            spec.parameter_servers.shards as i32
+        }),
+        // Shards do not depend on each other: start them all at once.
+        pod_management_policy: Some("Parallel".into()),
+        selector: t.selector("ps"),
+        ..Default::default()
+    };
+    match t.checkpoint_storage {
+        CheckpointStorage::PersistentVolumeClaim => {
+            let v = spec.checkpoint.volume.as_ref();
+            let size = v.map_or(DEFAULT_CHECKPOINT_SIZE, |v| v.size.as_str());
+            let claim = PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    name: Some("checkpoints".into()),
+                    labels: Some(t.labels("ps")),
+                    ..Default::default()
+                },
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: Some([("storage".into(), Quantity(size.into()))].into()),
+                        limits: None,
+                    }),
+                    storage_class_name: v.and_then(|v| v.storage_class_name.clone()),
+                    ..Default::default()
+                }),
+                status: None,
+            };
+            sts_spec.volume_claim_templates = Some(vec![claim]);
+            // Claims outlive a suspension (scale to 0) but not the job.
+            sts_spec.persistent_volume_claim_retention_policy =
+                Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Delete".into()),
+                    when_scaled: Some("Retain".into()),
+                });
+        }
+        CheckpointStorage::EmptyDir => {
+            if let Some(v) = pod_spec.volumes.as_mut() {
+                v.push(Volume {
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..volume("checkpoints")
+                });
+            }
+        }
+    }
+    sts_spec.template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(t.labels("ps")),
+            ..Default::default()
+        }),
+        spec: Some(pod_spec),
+    };
+    let stateful_set = StatefulSet {
+        metadata: t.metadata(&ps, "ps"),
+        spec: Some(sts_spec),
+        status: None,
+    };
+    // One shard at a time may be drained: it comes back from its
+    // checkpoint, while a budget of zero would block node maintenance.
+    let budget = PodDisruptionBudget {
+        metadata: t.metadata(&ps, "ps"),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(t.selector("ps")),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    (service, stateful_set, budget)
+}
+
+/// The coordinator's Service, and its pod unless the job is suspended.
+pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
+    let coordinator = t.coordinator_name();
+    let service = Service {
+        metadata: t.metadata(&coordinator, "coordinator"),
+        spec: Some(ServiceSpec {
+            selector: Some(t.selector_labels("coordinator")),
+            ports: Some(vec![grpc_port(COORDINATOR_PORT)]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    if t.job.spec.suspend {
+        return (service, None);
+    }
+    let mut vars = vec![
+        env("DISTBELIEF_LISTEN", format!("0.0.0.0:{COORDINATOR_PORT}")),
+        env("DISTBELIEF_SHARDS", t.shard_addresses()),
+        env("DISTBELIEF_PUBLISH_STATUS", t.name.clone()),
+        env_field("POD_NAMESPACE", "metadata.namespace"),
+    ];
+    let claim = t.job.spec.output.volume_claim_name.as_ref();
+    if let Some(claim) = claim {
+        vars.extend([
+            env("DISTBELIEF_OUTPUT_DIR", format!("{OUTPUT_DIR}/{}", t.name)),
+            env("DISTBELIEF_OUTPUT_SUMMARY", "true"),
+            env("DISTBELIEF_OUTPUT_CLAIM", claim.clone()),
+        ]);
+    }
+    let mut container = t.container("coordinator", vars, None);
+    // Replicas start once the coordinator answers: it loads the test set first.
+    container.readiness_probe = Some(tcp_ready("grpc"));
+    if let (Some(_), Some(m)) = (claim, container.volume_mounts.as_mut()) {
+        m.push(mount("output", OUTPUT_DIR));
+    }
+    let mut pod_spec: PodSpec = t.pod_spec(container, "OnFailure", Some(coordinator.clone()));
+    if let (Some(claim), Some(v)) = (claim, pod_spec.volumes.as_mut()) {
+        v.push(Volume {
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: None,
+            }),
+            ..volume("output")
+        });
+    }
+    let pod = Pod {
+        metadata: t.metadata(&coordinator, "coordinator"),
+        spec: Some(pod_spec),
+        status: None,
+    };
+    (service, Some(pod))
+}

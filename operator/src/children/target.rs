@@ -1,0 +1,164 @@
+//! Who a job's children belong to, what they are called and how they are
+//! labelled: the names every other builder and the reconciler agree on.
+
+use std::collections::BTreeMap;
+
+use distbelief_api::{CheckpointStorage, DistBeliefJob, ValidationError, admission};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use super::{BuildError, COORDINATOR_PORT, LABEL_JOB, LABEL_ROLE, MAX_JOB_NAME, PS_PORT};
+use crate::Config;
+
+/// What every child needs to know about its job.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    pub job: &'a DistBeliefJob,
+    pub name: String,
+    pub namespace: String,
+    pub image: String,
+    /// Where shard checkpoints live, decided once per job.
+    pub checkpoint_storage: CheckpointStorage,
+    pub(super) cfg: &'a Config,
+}
+
+/// Checks the job for everything Kubernetes adds to the local rules:
+/// a namespace, a uid to own children, and a name short enough for them.
+pub fn target<'a>(
+    job: &'a DistBeliefJob,
+    cfg: &'a Config,
+    checkpoint_storage: CheckpointStorage,
+) -> Result<Target<'a>, BuildError> {
+    let mut errors = match distbelief_api::validate(job) {
+        Ok(_) => Vec::new(),
+        Err(distbelief_api::ApiError::Invalid { errors, .. }) => errors,
+        Err(e) => vec![ValidationError {
+            field: "spec".into(),
+            message: e.to_string(),
+        }],
+    };
+    let name = job.name_any();
+    // The same rules and messages as at admission.
+    if name.len() > MAX_JOB_NAME {
+        errors.push(ValidationError {
+            field: "metadata.name".into(),
+            message: admission::NAME_LENGTH.into(),
+        });
+    }
+    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+        errors.push(ValidationError {
+            field: "metadata.name".into(),
+            message: admission::NAME_START.into(),
+        });
+    }
+    let namespace = job.namespace().unwrap_or_default();
+    if namespace.is_empty() {
+        errors.push(ValidationError {
+            field: "metadata.namespace".into(),
+            message: "must be set".into(),
+        });
+    }
+    if job.meta().uid.is_none() {
+        errors.push(ValidationError {
+            field: "metadata.uid".into(),
+            message: "must be set (the job must come from the API server)".into(),
+        });
+    }
+    if !errors.is_empty() {
+        return Err(BuildError::Invalid(errors));
+    }
+    Ok(Target {
+        job,
+        image: job.spec.image.clone().unwrap_or_else(|| cfg.image.clone()),
+        name,
+        namespace,
+        checkpoint_storage,
+        cfg,
+    })
+}
+
+impl Target<'_> {
+    pub(super) fn labels(&self, role: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("app.kubernetes.io/name".into(), "distbelief".into()),
+            ("app.kubernetes.io/instance".into(), self.name.clone()),
+            (
+                "app.kubernetes.io/managed-by".into(),
+                "distbelief-operator".into(),
+            ),
+            (LABEL_JOB.into(), self.name.clone()),
+            (LABEL_ROLE.into(), role.into()),
+        ])
+    }
+
+    /// The labels that pick out one role's pods of this job.
+    pub(super) fn selector_labels(&self, role: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_JOB.into(), self.name.clone()),
+            (LABEL_ROLE.into(), role.into()),
+        ])
+    }
+
+    pub(super) fn selector(&self, role: &str) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(self.selector_labels(role)),
+            ..Default::default()
+        }
+    }
+
+    pub(super) fn metadata(&self, name: &str, role: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels(role)),
+            owner_references: Some(vec![self.owner()]),
+            ..Default::default()
+        }
+    }
+
+    fn owner(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: distbelief_api::API_VERSION.into(),
+            kind: distbelief_api::KIND.into(),
+            name: self.name.clone(),
+            uid: self.job.meta().uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    pub fn ps_name(&self) -> String {
+        format!("{}-ps", self.name)
+    }
+
+    pub fn coordinator_name(&self) -> String {
+        format!("{}-coordinator", self.name)
+    }
+
+    pub(super) fn config_map_name(&self) -> String {
+        format!("{}-job", self.name)
+    }
+
+    /// Shard addresses in shard order: the StatefulSet's stable pod names
+    /// under its headless Service.
+    pub(super) fn shard_addresses(&self) -> String {
+        (0..self.job.spec.parameter_servers.shards)
+            .map(|i| {
+                format!(
+                    "{ps}-{i}.{ps}.{ns}.svc:{PS_PORT}",
+                    ps = self.ps_name(),
+                    ns = self.namespace
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub(super) fn coordinator_address(&self) -> String {
+        format!(
+            "{}.{}.svc:{COORDINATOR_PORT}",
+            self.coordinator_name(),
+            self.namespace
+        )
+    }
+}
