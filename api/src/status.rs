@@ -265,3 +265,28 @@ pub struct ShardProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_version: Option<u64>,
 }
+
+/// The median: the middle value, or the mean of the middle two; NaN of none.
+/// The operator judges stragglers by it and the benchmarks report it.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[m],
+        _ => (v[m - 1] + v[m]) / 2.0,
+    }
+}
+
+#[cfg(test)]
+mod median_tests {
+    use super::median;
+
+    #[test]
+    fn middle_value_or_mean_of_the_middle_two() {
+        assert!(median(vec![]).is_nan());
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![1.0, f64::INFINITY]), f64::INFINITY);
+    }
+}

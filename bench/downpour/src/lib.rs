@@ -37,12 +37,7 @@ pub fn train(
     serde_json::from_str(last).with_context(|| format!("{name}: summary is not JSON"))
 }
 
-/// The median; of an even count, the upper of the middle two, which is a run
-/// that happened rather than an average of two.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
+pub use distbelief_api::median;
 
 /// The median where a run that missed the target counts as slower than any
 /// that reached it; `None` when the median run missed it.

@@ -104,10 +104,8 @@ impl Decision<'_> {
 
     fn launch(&mut self, plan: &mut Plan, attempt: u32, c: Cause) {
         let backup_of = (c == Cause::Backup).then_some(self.st.attempt);
-        match children::replica_pod(self.s.t, self.r, attempt, c, backup_of) {
-            Ok(p) => plan.create_pods.push(p),
-            Err(e) => tracing::error!("cannot build replica pod: {e}"),
-        }
+        let pod = children::replica_pod(self.s.t, self.r, attempt, c, backup_of);
+        plan.create_pods.push(pod);
         self.st.attempt = attempt;
     }
 
@@ -368,21 +366,13 @@ fn speeds(b: &distbelief_api::BackupRace) -> String {
 
 /// Median examples/s of the replicas that have reported; None below two.
 fn median_speed(progress: &Progress) -> Option<f64> {
-    let mut v: Vec<f64> = progress
+    let speeds: Vec<f64> = progress
         .replicas
         .iter()
         .map(|p| p.examples_per_second)
         .filter(|s| s.is_finite())
         .collect();
-    if v.len() < 2 {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    let median = if v.len().is_multiple_of(2) {
-        (v[m - 1] + v[m]) / 2.0
-    } else {
-        v[m]
-    };
-    (median > 0.0).then_some(median)
+    let reported = speeds.len();
+    let median = distbelief_api::median(speeds);
+    (reported >= 2 && median > 0.0).then_some(median)
 }
