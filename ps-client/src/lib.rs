@@ -16,20 +16,8 @@ mod error;
 
 pub use error::ClientError;
 
-/// Identity of a push: who sends it and from which parameters.
-#[derive(Debug, Clone, Copy)]
-pub struct PushId {
-    pub replica: u32,
-    pub incarnation: u64,
-    pub sequence: u64,
-    pub base_version: u64,
-    /// Mini-batch gradients summed into the push.
-    pub steps: u32,
-    /// The lowest incarnation of this replica the shard should still take.
-    pub fence: u64,
-    /// The values are a move to average in (parameter averaging).
-    pub average: bool,
-}
+/// The client states the same push id the shard checks.
+pub use distbelief_ps::shard::PushId;
 
 #[derive(Clone)]
 pub struct ShardClient {

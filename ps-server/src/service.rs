@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
 use distbelief_ps::PsError;
-use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushOutcome, Shard};
+use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushId, PushOutcome, Shard};
 
 use crate::error::status;
 use crate::metrics::PsMetrics;
@@ -184,13 +184,15 @@ impl ShardService {
 fn header(c: &GradientChunk) -> PushHeader {
     PushHeader {
         shard: c.shard,
-        replica: c.replica,
-        incarnation: c.incarnation,
-        sequence: c.sequence,
-        base_version: c.base_version,
-        steps: c.steps.max(1),
-        fence: c.fence,
-        average: c.average,
+        id: PushId {
+            replica: c.replica,
+            incarnation: c.incarnation,
+            sequence: c.sequence,
+            base_version: c.base_version,
+            steps: c.steps.max(1),
+            fence: c.fence,
+            average: c.average,
+        },
     }
 }
 

@@ -159,7 +159,7 @@ pub fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::PushHeader;
+    use crate::shard::{PushHeader, PushId};
     use distbelief_model::Optimizer;
 
     fn trained_shard() -> Shard {
@@ -172,13 +172,15 @@ mod tests {
         for seq in 1..=3 {
             let h = PushHeader {
                 shard: 2,
-                replica: 0,
-                incarnation: 1,
-                sequence: seq,
-                base_version: 0,
-                steps: 1,
-                fence: 0,
-                average: false,
+                id: PushId {
+                    replica: 0,
+                    incarnation: 1,
+                    sequence: seq,
+                    base_version: 0,
+                    steps: 1,
+                    fence: 0,
+                    average: false,
+                },
             };
             s.apply_push(h, &[0.25; 60]).unwrap();
         }

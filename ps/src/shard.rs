@@ -7,10 +7,10 @@ use std::ops::Range;
 use crate::error::PsError;
 use distbelief_model::Optimizer;
 
-/// Who sent a push, and from which parameters.
+/// Who sends a push and from which parameters: what a replica states, the
+/// same for every shard it pushes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PushHeader {
-    pub shard: u32,
+pub struct PushId {
     pub replica: u32,
     pub incarnation: u64,
     pub sequence: u64,
@@ -24,7 +24,7 @@ pub struct PushHeader {
     pub average: bool,
 }
 
-impl PushHeader {
+impl PushId {
     fn fence(&self) -> u64 {
         if self.fence == 0 {
             self.incarnation
@@ -32,6 +32,14 @@ impl PushHeader {
             self.fence.min(self.incarnation)
         }
     }
+}
+
+/// A push as one shard receives it: the replica's id and the shard it is
+/// addressed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushHeader {
+    pub shard: u32,
+    pub id: PushId,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,28 +162,28 @@ impl Shard {
             self.pushes_refused += 1;
         }
         checked?;
-        let fence = self.fences.get(&h.replica).copied().unwrap_or(0);
-        if h.incarnation < fence {
+        let fence = self.fences.get(&h.id.replica).copied().unwrap_or(0);
+        if h.id.incarnation < fence {
             self.pushes_refused += 1;
             return Err(PsError::Superseded {
-                replica: h.replica,
-                incarnation: h.incarnation,
+                replica: h.id.replica,
+                incarnation: h.id.incarnation,
             });
         }
         if self
             .last_sequence
-            .get(&(h.replica, h.incarnation))
-            .is_some_and(|&seq| seq >= h.sequence)
+            .get(&(h.id.replica, h.id.incarnation))
+            .is_some_and(|&seq| seq >= h.id.sequence)
         {
             return Ok(PushOutcome::Duplicate {
                 version: self.version,
             });
         }
         self.last_sequence
-            .insert((h.replica, h.incarnation), h.sequence);
-        if h.fence() > fence {
-            self.fences.insert(h.replica, h.fence());
-            let (replica, floor) = (h.replica, h.fence());
+            .insert((h.id.replica, h.id.incarnation), h.id.sequence);
+        if h.id.fence() > fence {
+            self.fences.insert(h.id.replica, h.id.fence());
+            let (replica, floor) = (h.id.replica, h.id.fence());
             self.last_sequence
                 .retain(|&(r, inc), _| r != replica || inc >= floor);
         }
@@ -184,17 +192,17 @@ impl Shard {
         }
         // A shard restored from an older checkpoint can be behind the version a
         // replica fetched before the restart; that counts as fresh, not negative.
-        let staleness = self.version.saturating_sub(h.base_version);
+        let staleness = self.version.saturating_sub(h.id.base_version);
         let optimizer = if self.staleness_aware {
             self.optimizer.scaled(1.0 / staleness.max(1) as f32)
         } else {
             self.optimizer
         };
-        if h.average {
+        if h.id.average {
             // p += weight · move: an SGD step with the sign turned round.
             distbelief_model::optimizer::sgd(&mut self.params, grad, -self.average_weight);
         } else {
-            optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.steps.max(1));
+            optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.id.steps.max(1));
         }
         self.version += 1;
         self.updates_applied += 1;
@@ -211,7 +219,7 @@ impl Shard {
         let Some(round) = self.sync.as_mut() else {
             unreachable!("join_round is called in synchronous mode only");
         };
-        if h.base_version != self.version || round.replicas.contains(&h.replica) {
+        if h.id.base_version != self.version || round.replicas.contains(&h.id.replica) {
             self.pushes_late += 1;
             return PushOutcome::Late {
                 version: self.version,
@@ -225,7 +233,7 @@ impl Shard {
                 *s += g;
             }
         }
-        round.replicas.push(h.replica);
+        round.replicas.push(h.id.replica);
         if round.replicas.len() < round.quorum {
             return PushOutcome::Waiting {
                 version: self.version,
@@ -253,8 +261,8 @@ impl Shard {
                 got: h.shard,
             });
         }
-        if h.steps > distbelief_api::MAX_PUSH_STEPS {
-            return Err(PsError::TooManySteps(h.steps));
+        if h.id.steps > distbelief_api::MAX_PUSH_STEPS {
+            return Err(PsError::TooManySteps(h.id.steps));
         }
         if grad.len() != self.len() {
             return Err(PsError::WrongLength {
@@ -344,19 +352,19 @@ impl PushAssembly {
                 if first.shard != h.shard {
                     return Err(PsError::InconsistentHeader("shard"));
                 }
-                if first.replica != h.replica || first.incarnation != h.incarnation {
+                if first.id.replica != h.id.replica || first.id.incarnation != h.id.incarnation {
                     return Err(PsError::InconsistentHeader("replica"));
                 }
-                if first.sequence != h.sequence {
+                if first.id.sequence != h.id.sequence {
                     return Err(PsError::InconsistentHeader("sequence"));
                 }
-                if first.base_version != h.base_version {
+                if first.id.base_version != h.id.base_version {
                     return Err(PsError::InconsistentHeader("base_version"));
                 }
-                if first.steps != h.steps {
+                if first.id.steps != h.id.steps {
                     return Err(PsError::InconsistentHeader("steps"));
                 }
-                if first.fence != h.fence {
+                if first.id.fence != h.id.fence {
                     return Err(PsError::InconsistentHeader("fence"));
                 }
             }
@@ -421,13 +429,15 @@ mod tests {
     fn header(seq: u64) -> PushHeader {
         PushHeader {
             shard: 1,
-            replica: 0,
-            incarnation: 7,
-            sequence: seq,
-            base_version: 0,
-            steps: 1,
-            fence: 0,
-            average: false,
+            id: PushId {
+                replica: 0,
+                incarnation: 7,
+                sequence: seq,
+                base_version: 0,
+                steps: 1,
+                fence: 0,
+                average: false,
+            },
         }
     }
 
@@ -454,8 +464,11 @@ mod tests {
         let out = s
             .apply_push(
                 PushHeader {
-                    sequence: 2,
-                    base_version: 0,
+                    id: PushId {
+                        sequence: 2,
+                        base_version: 0,
+                        ..header(2).id
+                    },
                     ..header(2)
                 },
                 &[1.0; 4],
@@ -484,7 +497,10 @@ mod tests {
         assert_eq!(snapshot(&s), before);
         // A restarted replica (new incarnation) starts its sequence again.
         let h = PushHeader {
-            incarnation: 8,
+            id: PushId {
+                incarnation: 8,
+                ..header(1).id
+            },
             ..header(1)
         };
         assert!(matches!(
@@ -498,7 +514,10 @@ mod tests {
         let mut s = shard();
         s.apply_push(
             PushHeader {
-                incarnation: 9,
+                id: PushId {
+                    incarnation: 9,
+                    ..header(1).id
+                },
                 ..header(1)
             },
             &[1.0; 4],
@@ -506,7 +525,10 @@ mod tests {
         .unwrap();
         let before = snapshot(&s);
         let old = PushHeader {
-            incarnation: 7,
+            id: PushId {
+                incarnation: 7,
+                ..header(5).id
+            },
             ..header(5)
         };
         assert!(matches!(
@@ -528,7 +550,10 @@ mod tests {
         s.apply_push(header(2), &g).unwrap();
         // Four versions behind: a quarter of the step.
         let stale = PushHeader {
-            base_version: 0,
+            id: PushId {
+                base_version: 0,
+                ..header(3).id
+            },
             ..header(3)
         };
         s.version = 4;
@@ -539,7 +564,10 @@ mod tests {
         s.version = 4;
         s.apply_push(
             PushHeader {
-                base_version: 0,
+                id: PushId {
+                    base_version: 0,
+                    ..header(4).id
+                },
                 ..header(4)
             },
             &g,
@@ -554,10 +582,13 @@ mod tests {
         s.sync = Some(SyncRound::new(2));
         let mut reference = shard();
         let push = |replica, sequence, base_version| PushHeader {
-            replica,
-            incarnation: 1,
-            sequence,
-            base_version,
+            id: PushId {
+                replica,
+                incarnation: 1,
+                sequence,
+                base_version,
+                ..header(0).id
+            },
             ..header(0)
         };
         let (g0, g1, g2) = ([1.0; 4], [3.0; 4], [100.0; 4]);
@@ -603,7 +634,10 @@ mod tests {
         let mut s = shard();
         s.average_weight = 0.25;
         let h = PushHeader {
-            average: true,
+            id: PushId {
+                average: true,
+                ..header(1).id
+            },
             ..header(1)
         };
         s.apply_push(h, &[4.0, -4.0, 0.0, 8.0]).unwrap();
@@ -620,12 +654,18 @@ mod tests {
     fn a_backup_fenced_at_its_straggler_lets_both_push_until_it_raises_the_fence() {
         let mut s = shard();
         let straggler = |seq| PushHeader {
-            incarnation: 7,
+            id: PushId {
+                incarnation: 7,
+                ..header(seq).id
+            },
             ..header(seq)
         };
         let backup = |seq, fence| PushHeader {
-            incarnation: 8,
-            fence,
+            id: PushId {
+                incarnation: 8,
+                fence,
+                ..header(seq).id
+            },
             ..header(seq)
         };
         s.apply_push(straggler(1), &[1.0; 4]).unwrap();
@@ -670,7 +710,10 @@ mod tests {
             Err(PsError::NotFinite { index: 11, .. })
         ));
         let greedy = PushHeader {
-            steps: 1 << 30,
+            id: PushId {
+                steps: 1 << 30,
+                ..header(6).id
+            },
             ..header(6)
         };
         assert!(matches!(
@@ -701,7 +744,13 @@ mod tests {
             a.add(h, 12, Payload::Dense(&[0u8; 5])),
             Err(PsError::Malformed(5))
         ));
-        let other = PushHeader { sequence: 9, ..h };
+        let other = PushHeader {
+            id: PushId {
+                sequence: 9,
+                ..h.id
+            },
+            ..h
+        };
         assert!(matches!(
             a.add(other, 12, Payload::Dense(&encode_f32(&[3.0]))),
             Err(PsError::InconsistentHeader(_))
