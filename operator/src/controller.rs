@@ -45,7 +45,14 @@ pub enum RunError {
         "the DistBeliefJob CRD is not installed or not readable ({0}); install it with `distbelief crd | kubectl apply -f -` or the Helm chart"
     )]
     NoCrd(kube::Error),
+    #[error(
+        "lost the leader lease; stopped so that the operator that holds it reconciles alone (a restarted operator stands by)"
+    )]
+    LeadershipLost,
 }
+
+/// How long reconciles in flight may go on after leadership is lost.
+const LOST_LEADERSHIP_GRACE: Duration = Duration::from_secs(2);
 
 fn api<K>(client: &Client, namespace: &Option<String>) -> Api<K>
 where
@@ -76,23 +83,21 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
         .await
         .map_err(RunError::NoCrd)?;
 
-    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
     let mut release = None;
     if let Some(cfg) = opts.lease.clone() {
         let leases: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
         release = Some((leases.clone(), cfg.clone()));
         let mut seen = lease::Observed::default();
-        lease::acquire(&leases, &cfg, &mut seen).await;
+        let since = lease::acquire(&leases, &cfg, &mut seen).await;
         tokio::spawn(async move {
-            lease::hold(&leases, &cfg, &mut seen).await;
-            let _ = lost_tx.send(());
+            lease::hold(&leases, &cfg, &mut seen, since).await;
+            let _ = lost_tx.send(true);
         });
-    } else {
-        drop(lost_tx);
     }
-    let leader_lost = async move {
-        // Without a lease the sender is dropped at once: never resolve then.
-        if lost_rx.await.is_err() {
+    // Without a lease the sender may be gone at once: never resolve then.
+    let leader_lost = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        if rx.wait_for(|lost| *lost).await.is_err() {
             std::future::pending::<()>().await;
         }
     };
@@ -117,13 +122,16 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
         namespace = opts.namespace.as_deref().unwrap_or("all"),
         "operator running"
     );
-    Controller::new_with(jobs, watcher::Config::default(), ar)
+    let controller = Controller::new_with(jobs, watcher::Config::default(), ar)
         .owns(api::<Pod>(&client, &opts.namespace), owned.clone())
         .owns(api::<StatefulSet>(&client, &opts.namespace), owned)
-        .graceful_shutdown_on(async move {
-            tokio::select! {
-                _ = distbelief_net::terminated() => {}
-                _ = leader_lost => tracing::error!("leadership lost; stopping"),
+        .graceful_shutdown_on({
+            let lost = leader_lost(lost_rx.clone());
+            async move {
+                tokio::select! {
+                    _ = distbelief_net::terminated() => {}
+                    _ = lost => tracing::error!("leadership lost; stopping"),
+                }
             }
         })
         .run(reconcile::reconcile, error_policy, ctx)
@@ -132,8 +140,23 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
                 Ok((obj, _)) => tracing::debug!(job = obj.name, "reconciled"),
                 Err(e) => tracing::warn!("reconcile: {e}"),
             }
-        })
-        .await;
+        });
+    // A graceful shutdown lets reconciles in flight finish, and one stuck on
+    // a slow API server could still write after another operator has taken
+    // over: once leadership is lost, those are cut off after a short grace.
+    let cut_off = async {
+        leader_lost(lost_rx.clone()).await;
+        tokio::time::sleep(LOST_LEADERSHIP_GRACE).await;
+    };
+    tokio::select! {
+        _ = controller => {}
+        _ = cut_off => tracing::error!(
+            "reconciles still running {LOST_LEADERSHIP_GRACE:?} after leadership was lost; cut off"
+        ),
+    }
+    if *lost_rx.borrow() {
+        return Err(RunError::LeadershipLost);
+    }
     if let Some((leases, cfg)) = release {
         lease::release(&leases, &cfg).await;
     }

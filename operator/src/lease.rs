@@ -90,47 +90,85 @@ pub fn may_hold(spec: &LeaseSpec, identity: &str, unchanged: Duration) -> bool {
     }
 }
 
-/// Waits until this process holds the lease.
-pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig, seen: &mut Observed) {
+/// Waits until this process holds the lease; returns when the winning
+/// attempt started, from which the renew deadline counts.
+pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig, seen: &mut Observed) -> Instant {
     let mut logged = false;
     loop {
-        match try_hold(api, cfg, seen).await {
-            Ok(true) => {
+        let start = Instant::now();
+        match tokio::time::timeout(cfg.renew_deadline, try_hold(api, cfg, seen)).await {
+            Ok(Ok(true)) => {
                 tracing::info!(
                     lease = cfg.name,
                     identity = cfg.identity,
                     "became the leader"
                 );
-                return;
+                return start;
             }
-            Ok(false) if !logged => {
+            Ok(Ok(false)) if !logged => {
                 tracing::info!(lease = cfg.name, "another operator leads; standing by");
                 logged = true;
             }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(lease = cfg.name, "cannot read the lease: {e}"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(lease = cfg.name, "cannot read the lease: {e}"),
+            Err(_) => tracing::warn!(lease = cfg.name, "reading the lease timed out"),
         }
         tokio::time::sleep(cfg.retry_period).await;
     }
 }
 
-/// Renews the lease; returns once it is lost or not renewed within the
-/// renew deadline.
-pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig, seen: &mut Observed) {
-    let mut renewed = Instant::now();
+/// Renews the lease taken by an attempt that started at `since`; returns
+/// once it is lost or not renewed within the renew deadline.
+pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig, seen: &mut Observed, since: Instant) {
+    let mut on_api = OnApi { api, cfg, seen };
+    keep_renewing(cfg, since.into(), &mut on_api).await
+}
+
+/// One attempt to renew: `Ok(false)` when another process holds the lease.
+trait Renew {
+    type Error: std::fmt::Display;
+    fn renew(&mut self) -> impl std::future::Future<Output = Result<bool, Self::Error>>;
+}
+
+struct OnApi<'a> {
+    api: &'a Api<Lease>,
+    cfg: &'a LeaseConfig,
+    seen: &'a mut Observed,
+}
+
+impl Renew for OnApi<'_> {
+    type Error = kube::Error;
+    async fn renew(&mut self) -> Result<bool, kube::Error> {
+        try_hold(self.api, self.cfg, self.seen).await
+    }
+}
+
+/// The renew loop. The deadline counts from the start of the last attempt
+/// that succeeded, never from its reply: the server stamped the renewal at
+/// some point in between, and other processes count the lease duration from
+/// that stamp at the earliest. Every attempt is cut off at the deadline, so
+/// the holder has stopped before the lease can expire for anyone else.
+async fn keep_renewing(cfg: &LeaseConfig, since: tokio::time::Instant, r: &mut impl Renew) {
+    let mut renewed = since;
     loop {
+        let give_up_at = renewed + cfg.renew_deadline;
         tokio::time::sleep(cfg.retry_period).await;
-        let attempt = tokio::time::timeout(cfg.renew_deadline, try_hold(api, cfg, seen)).await;
-        match attempt {
-            Ok(Ok(true)) => renewed = Instant::now(),
-            Ok(Ok(false)) => {
-                tracing::error!(lease = cfg.name, "another operator took the lease");
-                return;
+        let start = tokio::time::Instant::now();
+        if start < give_up_at {
+            match tokio::time::timeout_at(give_up_at, r.renew()).await {
+                Ok(Ok(true)) => {
+                    renewed = start;
+                    continue;
+                }
+                Ok(Ok(false)) => {
+                    tracing::error!(lease = cfg.name, "another operator took the lease");
+                    return;
+                }
+                Ok(Err(e)) => tracing::warn!(lease = cfg.name, "lease renewal failed: {e}"),
+                Err(_) => tracing::warn!(lease = cfg.name, "lease renewal timed out"),
             }
-            Ok(Err(e)) => tracing::warn!(lease = cfg.name, "lease renewal failed: {e}"),
-            Err(_) => tracing::warn!(lease = cfg.name, "lease renewal timed out"),
         }
-        if renewed.elapsed() >= cfg.renew_deadline {
+        if tokio::time::Instant::now() >= give_up_at {
             tracing::error!(
                 lease = cfg.name,
                 "lease not renewed within {:?}; giving up leadership",
@@ -280,5 +318,53 @@ mod tests {
         let c = LeaseConfig::new("l".into(), "ns".into(), "me".into());
         assert!(c.renew_deadline < c.duration);
         assert!(c.retry_period < c.renew_deadline);
+    }
+
+    fn config() -> LeaseConfig {
+        LeaseConfig::new("l".into(), "ns".into(), "me".into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_renewal_counts_from_its_start_and_a_hung_one_is_cut_at_the_deadline() {
+        let cfg = config();
+        let since = tokio::time::Instant::now();
+        // The first renewal succeeds after 7 s; every later one hangs.
+        struct SlowThenHung(u32);
+        impl Renew for SlowThenHung {
+            type Error = String;
+            async fn renew(&mut self) -> Result<bool, String> {
+                self.0 += 1;
+                if self.0 > 1 {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(Duration::from_secs(7)).await;
+                Ok(true)
+            }
+        }
+        keep_renewing(&cfg, since, &mut SlowThenHung(0)).await;
+        // The successful attempt started at 2 s: the holder must stop by
+        // 2 s + the renew deadline, not 10 s after its reply at 9 s.
+        let stopped = since.elapsed();
+        assert_eq!(stopped, cfg.retry_period + cfg.renew_deadline);
+        assert!(stopped < cfg.duration, "stopped at {stopped:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_renewals_give_up_within_the_deadline() {
+        let cfg = config();
+        let since = tokio::time::Instant::now();
+        struct Refused;
+        impl Renew for Refused {
+            type Error = &'static str;
+            async fn renew(&mut self) -> Result<bool, &'static str> {
+                Err("refused")
+            }
+        }
+        keep_renewing(&cfg, since, &mut Refused).await;
+        let stopped = since.elapsed();
+        assert!(
+            stopped >= cfg.renew_deadline && stopped < cfg.duration,
+            "{stopped:?}"
+        );
     }
 }
