@@ -368,6 +368,8 @@ pub struct AveragingSpec {
 pub struct CompressionSpec {
     /// The magnitude τ of every sent value, > 0. A value is sent once the
     /// gradient held back for it reaches τ; larger τ sends fewer values.
+    /// Under Adagrad τ sets how often a value moves rather than how far:
+    /// 0.02 matched dense pushes' time to accuracy on the example job.
     pub threshold: f64,
 }
 

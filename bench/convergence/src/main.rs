@@ -137,10 +137,10 @@ const VARIANTS: &[Variant] = &[
     },
     Variant {
         key: "compressed_2x2",
-        label: "Downpour Adagrad, 2 × 2, compressed pushes (τ 0.01)",
+        label: "Downpour Adagrad, 2 × 2, compressed pushes (τ 0.02)",
         shards: 2,
         replicas: 2,
-        edit: |d| downpour(d)["compression"] = object("threshold", 0.01),
+        edit: |d| downpour(d)["compression"] = object("threshold", 0.02),
     },
     Variant {
         key: "averaging_2x2",
