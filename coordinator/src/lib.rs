@@ -5,6 +5,7 @@
 mod evaluate;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
+pub mod lbfgs;
 mod metrics;
 pub mod output;
 pub mod publish;

@@ -18,6 +18,8 @@ pub use error::ClientError;
 
 /// The client states the same push id the shard checks.
 pub use distbelief_ps::shard::PushId;
+/// The Sandblaster commands a client sends, as the shard runs them.
+pub use distbelief_ps::vectors;
 
 #[derive(Clone)]
 pub struct ShardClient {

@@ -36,6 +36,10 @@ pub enum PsError {
     TooManySteps(u32),
     #[error("gradient value {value} at index {index} is not finite")]
     NotFinite { index: usize, value: f32 },
+    #[error("vector command names history slot {slot}; the shard keeps {history}")]
+    NoSuchVector { slot: u32, history: u32 },
+    #[error("vector command scalar {0} is not finite")]
+    NotFiniteScalar(f64),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
     #[error("checkpoint {path}: {source}")]
@@ -58,6 +62,8 @@ impl PsError {
             PsError::EmptyPush => "empty_push",
             PsError::Superseded { .. } => "superseded",
             PsError::TooManySteps(_) => "too_many_steps",
+            PsError::NoSuchVector { .. } => "no_such_vector",
+            PsError::NotFiniteScalar(_) => "not_finite_scalar",
             PsError::NotFinite { .. } => "not_finite",
             PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => "checkpoint",
         }

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 mod error;
 pub mod shard;
+pub mod vectors;
 
 pub use error::PsError;
 pub use shard::Shard;

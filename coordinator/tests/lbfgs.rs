@@ -1,0 +1,268 @@
+//! Sandblaster L-BFGS on shards in memory against a plain single-process
+//! L-BFGS written out below with the same rules (m, first step, Armijo
+//! backtracking, curvature check): L2-regularised softmax regression on the
+//! first 1,000 Fashion-MNIST training images. The iterates must agree to
+//! 1e-4 relative for 20 iterations with 1, 2 and 3 shards.
+
+use std::ops::Range;
+
+use distbelief_api::{Layout, parse_job};
+use distbelief_coordinator::lbfgs::{Lbfgs, Settings, Shards};
+use distbelief_model::Mlp;
+use distbelief_model::data::{self, Dataset};
+use distbelief_ps_client::vectors::{Command, Vectors, dot};
+
+const JOB: &str = "
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata:
+  name: lbfgs
+spec:
+  model:
+    output:
+      units: 10
+      loss: softmaxCrossEntropy
+  data:
+    format: idx
+    trainImages: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+    trainLabels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
+    testImages: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
+    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
+    trainLimit: 1000
+  algorithm:
+    downpour:
+      learningRate: 0.1
+  parameterServers:
+    shards: 1
+  replicas:
+    count: 1
+";
+
+const ITERATIONS: usize = 20;
+
+fn settings() -> Settings {
+    Settings {
+        history: 5,
+        l2: 1e-3,
+        gradient_tolerance: 0.0,
+        ..Settings::default()
+    }
+}
+
+/// The batch objective's loss and gradient, shared by both paths: the
+/// question is whether L-BFGS over shard commands matches L-BFGS over one
+/// vector, not whether two gradient codes agree.
+struct Batch {
+    mlp: Mlp,
+    data: Dataset,
+}
+
+impl Batch {
+    fn load() -> (Batch, Layout) {
+        let job = parse_job("lbfgs.yaml", JOB).expect("job");
+        let data = data::load(&job.spec.data, true).expect(
+            "Fashion-MNIST under /usr/share/datasets/fashion-mnist (scripts/setup.sh installs it)",
+        );
+        (
+            Batch {
+                mlp: Mlp::new(&job.layout),
+                data,
+            },
+            job.layout,
+        )
+    }
+
+    /// Mean loss, with the mean gradient written into `grad`.
+    fn loss_and_gradient(&self, params: &[f32], grad: &mut [f32]) -> f64 {
+        let n = self.data.len();
+        let x =
+            ndarray::ArrayView2::from_shape((n, self.data.dim), &self.data.features).expect("rows");
+        let mut ws = self.mlp.workspaces(n, 1);
+        grad.fill(0.0);
+        self.mlp
+            .batch_gradient(params, x, &self.data.labels, &mut ws, grad)
+    }
+}
+
+/// Shards in memory: each runs commands over its own range.
+struct MemoryShards<'a> {
+    batch: &'a Batch,
+    ranges: Vec<Range<usize>>,
+    params: Vec<Vec<f32>>,
+    vectors: Vec<Vectors>,
+}
+
+impl MemoryShards<'_> {
+    fn parameters(&self) -> Vec<f32> {
+        self.params.concat()
+    }
+}
+
+impl Shards for MemoryShards<'_> {
+    type Error = distbelief_ps::PsError;
+
+    async fn run(&mut self, commands: &[Command]) -> Result<Vec<f64>, Self::Error> {
+        let mut sums: Vec<f64> = Vec::new();
+        for (p, v) in self.params.iter_mut().zip(&mut self.vectors) {
+            let dots = v.run(p, commands)?;
+            sums.resize(dots.len(), 0.0);
+            for (s, d) in sums.iter_mut().zip(dots) {
+                *s += d;
+            }
+        }
+        Ok(sums)
+    }
+
+    async fn evaluate(&mut self) -> Result<f64, Self::Error> {
+        let params = self.parameters();
+        let mut grad = vec![0.0; params.len()];
+        let loss = self.batch.loss_and_gradient(&params, &mut grad);
+        for (r, v) in self.ranges.iter().zip(&mut self.vectors) {
+            v.gradient_mut().copy_from_slice(&grad[r.clone()]);
+        }
+        Ok(loss)
+    }
+}
+
+/// The objective with its L2 term, for the reference.
+fn objective(batch: &Batch, l2: f64, x: &[f32], g: &mut [f32]) -> f64 {
+    let loss = batch.loss_and_gradient(x, g);
+    axpy(l2, x, g);
+    loss + 0.5 * l2 * dot(x, x)
+}
+
+/// Textbook L-BFGS on one vector (Nocedal and Wright, algorithms 7.4 and
+/// 7.5) with the rules `Settings` names, storing f32 and computing in f64
+/// as the shards do. Returns the iterates and objectives.
+fn reference(batch: &Batch, start: &[f32], s: Settings) -> Vec<(Vec<f32>, f64)> {
+    let n = start.len();
+    let mut x = start.to_vec();
+    let mut g = vec![0.0; n];
+    let mut f = objective(batch, s.l2, &x, &mut g);
+    let mut pairs: Vec<(Vec<f32>, Vec<f32>, f64)> = Vec::new();
+    let mut out = Vec::new();
+    for _ in 0..ITERATIONS {
+        let mut d = two_loop(&g, &pairs);
+        let mut slope = dot(&g, &d);
+        if slope >= 0.0 {
+            pairs.clear();
+            d = g.iter().map(|v| -v).collect();
+            slope = dot(&g, &d);
+        }
+        let mut t = if pairs.is_empty() {
+            1.0 / dot(&g, &g).sqrt()
+        } else {
+            1.0
+        };
+        let mut accepted = None;
+        for _ in 0..s.max_trials {
+            let xt: Vec<f32> = x
+                .iter()
+                .zip(&d)
+                .map(|(x, d)| (f64::from(*x) + t * f64::from(*d)) as f32)
+                .collect();
+            let mut gt = vec![0.0; n];
+            let ft = objective(batch, s.l2, &xt, &mut gt);
+            if ft <= f + s.armijo * t * slope {
+                accepted = Some((xt, gt, ft));
+                break;
+            }
+            t *= s.backtrack;
+        }
+        let (xt, gt, ft) = accepted.expect("line search found a step");
+        let sv: Vec<f32> = xt.iter().zip(&x).map(|(a, b)| a - b).collect();
+        let yv: Vec<f32> = gt.iter().zip(&g).map(|(a, b)| a - b).collect();
+        let (sy, yy) = (dot(&sv, &yv), dot(&yv, &yv));
+        if sy > 1e-10 * yy && yy > 0.0 {
+            if pairs.len() == s.history as usize {
+                pairs.remove(0);
+            }
+            pairs.push((sv, yv, sy));
+        }
+        (x, g, f) = (xt, gt, ft);
+        out.push((x.clone(), f));
+    }
+    out
+}
+
+/// d = -H g by the two-loop recursion, H scaled by the newest pair's γ.
+fn two_loop(g: &[f32], pairs: &[(Vec<f32>, Vec<f32>, f64)]) -> Vec<f32> {
+    let mut q = g.to_vec();
+    let mut alphas = Vec::new();
+    for (s, y, sy) in pairs.iter().rev() {
+        let a = dot(s, &q) / sy;
+        axpy(-a, y, &mut q);
+        alphas.push(a);
+    }
+    if let Some((_, y, sy)) = pairs.last() {
+        let gamma = sy / dot(y, y);
+        q.iter_mut()
+            .for_each(|q| *q = (f64::from(*q) * gamma) as f32);
+    }
+    for ((s, y, sy), a) in pairs.iter().zip(alphas.iter().rev()) {
+        let b = dot(y, &q) / sy;
+        axpy(a - b, s, &mut q);
+    }
+    q.iter().map(|v| -v).collect()
+}
+
+/// y += alpha · x with f32 storage and f64 arithmetic, the shards' convention.
+fn axpy(alpha: f64, x: &[f32], y: &mut [f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y = (f64::from(*y) + alpha * f64::from(*x)) as f32;
+    }
+}
+
+fn relative(a: &[f32], b: &[f32]) -> f64 {
+    let diff: Vec<f32> = a.iter().zip(b).map(|(a, b)| a - b).collect();
+    (dot(&diff, &diff) / dot(b, b).max(1e-30)).sqrt()
+}
+
+#[tokio::test]
+async fn distributed_iterates_match_a_single_process_reference_on_1_2_and_3_shards() {
+    let (batch, layout) = Batch::load();
+    let start = layout.initial_values(0..layout.len(), 7);
+    let want = reference(&batch, &start, settings());
+    assert!(
+        want[ITERATIONS - 1].1 < 0.8 * want[0].1,
+        "the reference itself makes progress: {} -> {}",
+        want[0].1,
+        want[ITERATIONS - 1].1
+    );
+    for shards in 1..=3 {
+        let ranges = layout.shard_ranges(shards);
+        let mut mem = MemoryShards {
+            batch: &batch,
+            params: ranges.iter().map(|r| start[r.clone()].to_vec()).collect(),
+            vectors: ranges
+                .iter()
+                .map(|r| Vectors::new(r.len(), settings().history))
+                .collect(),
+            ranges,
+        };
+        let mut lbfgs = Lbfgs::new(settings());
+        let mut worst: (f64, f64) = (0.0, 0.0);
+        for (i, (x, f)) in want.iter().enumerate() {
+            let it = lbfgs
+                .step(&mut mem)
+                .await
+                .expect("shard commands")
+                .expect("a step");
+            let rel_f = (it.objective - f).abs() / f.abs();
+            let rel_x = relative(&mem.parameters(), x);
+            assert!(
+                rel_f <= 1e-4 && rel_x <= 1e-4,
+                "{shards} shards, iteration {}: objective {} vs {f} ({rel_f:.2e}), parameters {rel_x:.2e} apart",
+                i + 1,
+                it.objective
+            );
+            worst = (worst.0.max(rel_f), worst.1.max(rel_x));
+        }
+        eprintln!(
+            "{shards} shards: objective {:.4} after {ITERATIONS} iterations; largest relative difference: objective {:.1e}, parameters {:.1e}",
+            want[ITERATIONS - 1].1,
+            worst.0,
+            worst.1
+        );
+    }
+}
