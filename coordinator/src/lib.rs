@@ -8,6 +8,7 @@ pub mod kubernetes;
 pub mod lbfgs;
 mod metrics;
 pub mod output;
+pub mod portions;
 pub mod publish;
 pub mod tracker;
 

@@ -8,7 +8,7 @@ use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32, encode_
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
     FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
-    ShardInfo,
+    ShardInfo, VectorCommands,
 };
 use tonic::transport::Channel;
 
@@ -211,8 +211,23 @@ impl ShardClient {
             steps: id.steps,
             fence: id.fence,
             average: id.average,
+            grant: id.grant,
             ..GradientChunk::default()
         }
+    }
+
+    /// Runs Sandblaster vector commands on this shard; replies with their
+    /// dot products over its range.
+    pub async fn run(&mut self, commands: &[vectors::Command]) -> Result<Vec<f64>, ClientError> {
+        let req = VectorCommands {
+            shard: self.index,
+            commands: commands.iter().map(|c| (*c).into()).collect(),
+        };
+        self.client
+            .run(req)
+            .await
+            .map(|r| r.into_inner().dots)
+            .map_err(|s| self.rpc(s))
     }
 
     pub async fn info(&mut self) -> Result<ShardInfo, ClientError> {
@@ -258,4 +273,21 @@ pub async fn fetch_all(
         jobs.push(c.fetch_into(mine));
     }
     futures::future::join_all(jobs).await.into_iter().collect()
+}
+
+/// Runs the same vector commands on every shard at once; replies with each
+/// dot product summed over the shards.
+pub async fn run_all(
+    clients: &mut [ShardClient],
+    commands: &[vectors::Command],
+) -> Result<Vec<f64>, ClientError> {
+    let replies =
+        futures::future::try_join_all(clients.iter_mut().map(|c| c.run(commands))).await?;
+    let mut sums = vec![0.0; replies.first().map_or(0, Vec::len)];
+    for dots in replies {
+        for (s, d) in sums.iter_mut().zip(dots) {
+            *s += d;
+        }
+    }
+    Ok(sums)
 }

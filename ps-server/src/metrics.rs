@@ -9,6 +9,7 @@ pub struct PsMetrics {
     pub duplicate_pushes: IntCounter,
     pub late_pushes: IntCounter,
     pub fetches: IntCounter,
+    pub vector_commands: IntCounter,
     pub staleness: Histogram,
     pub version: IntGauge,
     pub apply_seconds: Histogram,
@@ -35,6 +36,10 @@ impl PsMetrics {
                 "Synchronous SGD: pushes dropped because their step had already been applied",
             )?,
             fetches: IntCounter::new("ps_fetches_total", "Parameter fetches served")?,
+            vector_commands: IntCounter::new(
+                "ps_vector_commands_total",
+                "Sandblaster vector commands run (dot, axpy, scale, copy, zero)",
+            )?,
             staleness: Histogram::with_opts(
                 HistogramOpts::new(
                     "ps_staleness",
@@ -67,6 +72,7 @@ impl PsMetrics {
                 Box::new(m.duplicate_pushes.clone()),
                 Box::new(m.late_pushes.clone()),
                 Box::new(m.fetches.clone()),
+                Box::new(m.vector_commands.clone()),
                 Box::new(m.staleness.clone()),
                 Box::new(m.version.clone()),
                 Box::new(m.apply_seconds.clone()),

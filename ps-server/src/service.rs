@@ -10,7 +10,7 @@ use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::parameter_server_server::ParameterServer;
 use distbelief_proto::v1::{
     FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
-    ShardInfo,
+    ShardInfo, VectorCommands, VectorReply,
 };
 use futures::Stream;
 use tokio::sync::Semaphore;
@@ -192,6 +192,7 @@ fn header(c: &GradientChunk) -> PushHeader {
             steps: c.steps.max(1),
             fence: c.fence,
             average: c.average,
+            grant: c.grant,
         },
     }
 }
@@ -271,6 +272,29 @@ impl ParameterServer for ShardService {
             staleness_bounds,
             restored_version: s.restored_version,
         }))
+    }
+
+    async fn run(&self, req: Request<VectorCommands>) -> Result<Response<VectorReply>, Status> {
+        let req = req.into_inner();
+        let commands = distbelief_proto::command::commands(&req.commands)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // A command list is a few passes over the range: CPU work under the
+        // write lock, like applying a push.
+        let dots = tokio::task::block_in_place(|| {
+            let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
+            if req.shard != s.index {
+                return Err(PsError::WrongShard {
+                    expected: s.index,
+                    got: req.shard,
+                });
+            }
+            let dots = s.run(&commands)?;
+            let _ = self.versions.send(s.version);
+            Ok(dots)
+        })
+        .map_err(status)?;
+        self.metrics.vector_commands.inc_by(commands.len() as u64);
+        Ok(Response::new(VectorReply { dots }))
     }
 }
 

@@ -180,6 +180,7 @@ mod tests {
                     steps: 1,
                     fence: 0,
                     average: false,
+                    grant: None,
                 },
             };
             s.apply_push(h, &[0.25; 60]).unwrap();

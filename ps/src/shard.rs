@@ -1,10 +1,11 @@
 //! A shard's state and the rules for changing it. No IO here: the gRPC
 //! service assembles a push, then hands it over whole.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use crate::error::PsError;
+use crate::vectors::{Command, MAX_HISTORY, Vector, Vectors};
 use distbelief_model::Optimizer;
 
 /// Who sends a push and from which parameters: what a replica states, the
@@ -22,6 +23,9 @@ pub struct PushId {
     pub fence: u64,
     /// The values are a move to average in, not a gradient.
     pub average: bool,
+    /// Sandblaster: the grant the summed portions were committed under. The
+    /// values join the batch gradient, once per grant, and are not applied.
+    pub grant: Option<u64>,
 }
 
 impl PushId {
@@ -114,11 +118,16 @@ pub struct Shard {
     /// Per (replica, incarnation): the last sequence applied, so that a
     /// retried push is applied once.
     last_sequence: HashMap<(u32, u64), u64>,
+    /// Sandblaster's vectors over this range, allocated when first used.
+    vectors: Vectors,
+    /// Sandblaster: the grants already added to the batch gradient.
+    grants: HashSet<u64>,
 }
 
 impl Shard {
     pub fn new(index: u32, range: Range<usize>, optimizer: Optimizer, params: Vec<f32>) -> Self {
         assert_eq!(params.len(), range.len());
+        let range_len = range.len();
         let accum = optimizer.new_accumulators(range.len());
         let params = {
             let mut p = distbelief_model::memory::with_capacity(params.len());
@@ -143,7 +152,25 @@ impl Shard {
             average_weight: 1.0,
             fences: HashMap::new(),
             last_sequence: HashMap::new(),
+            vectors: Vectors::new(range_len, MAX_HISTORY),
+            grants: HashSet::new(),
         }
+    }
+
+    /// Runs Sandblaster vector commands over this range; returns their dot
+    /// products. A list that writes the parameters makes a new version, so
+    /// replicas know to fetch.
+    pub fn run(&mut self, commands: &[Command]) -> Result<Vec<f64>, PsError> {
+        let dots = self.vectors.run(&mut self.params, commands)?;
+        let writes_parameters = commands.iter().any(|c| match *c {
+            Command::Axpy { y, .. } | Command::Copy { to: y, .. } => y == Vector::Parameters,
+            Command::Scale { x, .. } | Command::Zero(x) => x == Vector::Parameters,
+            Command::Dot(..) => false,
+        });
+        if writes_parameters {
+            self.version += 1;
+        }
+        Ok(dots)
     }
 
     pub fn len(&self) -> usize {
@@ -187,12 +214,26 @@ impl Shard {
             self.last_sequence
                 .retain(|&(r, inc), _| r != replica || inc >= floor);
         }
-        if self.sync.is_some() {
-            return Ok(self.join_round(h, grad));
-        }
         // A shard restored from an older checkpoint can be behind the version a
         // replica fetched before the restart; that counts as fresh, not negative.
         let staleness = self.version.saturating_sub(h.id.base_version);
+        if let Some(grant) = h.id.grant {
+            if !self.grants.insert(grant) {
+                return Ok(PushOutcome::Duplicate {
+                    version: self.version,
+                });
+            }
+            for (g, v) in self.vectors.gradient_mut().iter_mut().zip(grad) {
+                *g += v;
+            }
+            return Ok(PushOutcome::Applied {
+                version: self.version,
+                staleness,
+            });
+        }
+        if self.sync.is_some() {
+            return Ok(self.join_round(h, grad));
+        }
         let optimizer = if self.staleness_aware {
             self.optimizer.scaled(1.0 / staleness.max(1) as f32)
         } else {
@@ -367,6 +408,9 @@ impl PushAssembly {
                 if first.id.fence != h.id.fence {
                     return Err(PsError::InconsistentHeader("fence"));
                 }
+                if first.id.grant != h.id.grant {
+                    return Err(PsError::InconsistentHeader("grant"));
+                }
             }
         }
         let n = payload.len()?;
@@ -437,6 +481,7 @@ mod tests {
                 steps: 1,
                 fence: 0,
                 average: false,
+                grant: None,
             },
         }
     }
@@ -781,5 +826,53 @@ mod tests {
             low.add(h, 2, Payload::Dense(&encode_f32(&[1.0]))),
             Err(PsError::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn a_granted_push_joins_the_batch_gradient_once_and_moves_nothing() {
+        let mut s = shard();
+        let granted = |seq, replica| PushHeader {
+            id: PushId {
+                replica,
+                grant: Some(41),
+                ..header(seq).id
+            },
+            ..header(seq)
+        };
+        let out = s.apply_push(granted(1, 0), &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(
+            out,
+            PushOutcome::Applied {
+                version: 0,
+                staleness: 0
+            }
+        );
+        // A backup pushing the same grant from another replica is not added.
+        let again = s.apply_push(granted(1, 5), &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!(again, PushOutcome::Duplicate { version: 0 });
+        let other = PushHeader {
+            id: PushId {
+                grant: Some(42),
+                ..granted(2, 0).id
+            },
+            ..granted(2, 0)
+        };
+        s.apply_push(other, &[0.5; 4]).unwrap();
+        assert_eq!(s.params, vec![1.0, 2.0, 3.0, 4.0], "parameters unmoved");
+        assert_eq!(s.version, 0);
+        let dots = s
+            .run(&[Command::Dot(Vector::Gradient, Vector::Gradient)])
+            .unwrap();
+        let want: f64 = [1.5f64, 2.5, 3.5, 4.5].iter().map(|v| v * v).sum();
+        assert_eq!(dots, vec![want]);
+        // Commands that write the parameters make a new version.
+        s.run(&[Command::Axpy {
+            alpha: -1.0,
+            x: Vector::Gradient,
+            y: Vector::Parameters,
+        }])
+        .unwrap();
+        assert_eq!(s.params, vec![-0.5; 4]);
+        assert_eq!(s.version, 1);
     }
 }

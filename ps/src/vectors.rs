@@ -8,39 +8,11 @@ use std::collections::HashMap;
 
 use crate::error::PsError;
 
-/// A vector every shard holds over its own range.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Vector {
-    /// The model's parameters: what replicas fetch.
-    Parameters,
-    /// The batch gradient the replicas' portions add up to.
-    Gradient,
-    /// The L-BFGS search direction.
-    Direction,
-    /// The parameters at the start of a line search.
-    SavedParameters,
-    /// The gradient at the start of a line search.
-    SavedGradient,
-    /// Slot `k` of the history ring: s = x_{k+1} - x_k.
-    S(u32),
-    /// Slot `k` of the history ring: y = g_{k+1} - g_k.
-    Y(u32),
-}
+/// History slots a shard can hold: L-BFGS's m is at most this. Slots are
+/// allocated only when used.
+pub const MAX_HISTORY: u32 = 64;
 
-/// One step of a command list, run in order.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Command {
-    /// Replies with a · b over the shard's range.
-    Dot(Vector, Vector),
-    /// y += alpha · x.
-    Axpy { alpha: f64, x: Vector, y: Vector },
-    /// x *= alpha.
-    Scale { alpha: f64, x: Vector },
-    /// to = from.
-    Copy { from: Vector, to: Vector },
-    /// x = 0.
-    Zero(Vector),
-}
+pub use distbelief_proto::command::{Command, Vector};
 
 /// The named vectors of one shard, other than its parameters (which the
 /// shard keeps where replicas fetch them).

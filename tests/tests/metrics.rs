@@ -76,6 +76,7 @@ spec:
             steps: 1,
             fence: 0,
             average: false,
+            grant: None,
         };
         shard
             .push(shard.dense_chunks(id, &vec![0.1; n]))

@@ -30,6 +30,7 @@ fn id(sequence: u64) -> PushId {
         steps: 1,
         fence: 0,
         average: false,
+        grant: None,
     }
 }
 

@@ -242,6 +242,7 @@ impl Link {
                 steps: p.steps,
                 fence: fence.load(Ordering::Relaxed),
                 average,
+                grant: None,
             };
             let chunks = match threshold {
                 Some(t) => {

@@ -107,6 +107,7 @@ pub fn fetch_push(
             steps: 1,
             fence: 0,
             average: false,
+            grant: None,
         };
         client.fetch_into(&mut params).await?;
         client.push(client.dense_chunks(push(1), &grad)).await?;
