@@ -126,7 +126,7 @@ impl Lbfgs {
                 Command::Dot(Vector::Gradient, Vector::Gradient),
             ])
             .await?;
-        Ok((loss + 0.5 * l2 * dots[0], dots[1]))
+        Ok((loss + 0.5 * l2 * nth(&dots, 0), nth(&dots, 1)))
     }
 
     /// One L-BFGS iteration: a direction by the two-loop recursion, a
@@ -159,24 +159,34 @@ impl Lbfgs {
         };
         shards
             .run(&[
-                Command::Copy {
-                    from: Vector::Parameters,
-                    to: Vector::SavedParameters,
-                },
-                Command::Copy {
-                    from: Vector::Gradient,
-                    to: Vector::SavedGradient,
-                },
+                copy(Vector::Parameters, Vector::SavedParameters),
+                copy(Vector::Gradient, Vector::SavedGradient),
             ])
             .await?;
-        let mut step = first;
+        if let Some(it) = self.line_search(shards, first, slope).await? {
+            return Ok(Ok(it));
+        }
+        shards
+            .run(&[
+                copy(Vector::SavedParameters, Vector::Parameters),
+                copy(Vector::SavedGradient, Vector::Gradient),
+            ])
+            .await?;
+        Ok(Err(Stopped::LineSearchFailed))
+    }
+
+    /// Backtracking from `step` along the direction until Armijo's
+    /// sufficient decrease holds; None when no trial passed.
+    async fn line_search<S: Shards>(
+        &mut self,
+        shards: &mut S,
+        mut step: f64,
+        slope: f64,
+    ) -> Result<Option<Iteration>, S::Error> {
         for trial in 1..=self.settings.max_trials {
             shards
                 .run(&[
-                    Command::Copy {
-                        from: Vector::SavedParameters,
-                        to: Vector::Parameters,
-                    },
+                    copy(Vector::SavedParameters, Vector::Parameters),
                     Command::Axpy {
                         alpha: step,
                         x: Vector::Direction,
@@ -189,7 +199,7 @@ impl Lbfgs {
                 self.remember(shards).await?;
                 self.objective = objective;
                 self.gradient_norm = gg.sqrt();
-                return Ok(Ok(Iteration {
+                return Ok(Some(Iteration {
                     objective,
                     gradient_norm: self.gradient_norm,
                     step,
@@ -198,19 +208,7 @@ impl Lbfgs {
             }
             step *= self.settings.backtrack;
         }
-        shards
-            .run(&[
-                Command::Copy {
-                    from: Vector::SavedParameters,
-                    to: Vector::Parameters,
-                },
-                Command::Copy {
-                    from: Vector::SavedGradient,
-                    to: Vector::Gradient,
-                },
-            ])
-            .await?;
-        Ok(Err(Stopped::LineSearchFailed))
+        Ok(None)
     }
 
     /// The two-loop recursion into [`Vector::Direction`]: d = -H g. Returns
@@ -218,15 +216,12 @@ impl Lbfgs {
     /// carrying the axpy that precedes it.
     async fn direction<S: Shards>(&self, shards: &mut S) -> Result<f64, S::Error> {
         let newest_first: Vec<Pair> = self.history.iter().rev().copied().collect();
-        let mut pending = vec![Command::Copy {
-            from: Vector::Gradient,
-            to: Vector::Direction,
-        }];
+        let mut pending = vec![copy(Vector::Gradient, Vector::Direction)];
         let mut alphas = Vec::with_capacity(newest_first.len());
         for p in &newest_first {
             pending.push(Command::Dot(Vector::S(p.slot), Vector::Direction));
             let dots = shards.run(&std::mem::take(&mut pending)).await?;
-            let alpha = p.rho * dots[0];
+            let alpha = p.rho * nth(&dots, 0);
             alphas.push(alpha);
             pending.push(Command::Axpy {
                 alpha: -alpha,
@@ -242,7 +237,7 @@ impl Lbfgs {
         for (p, alpha) in newest_first.iter().rev().zip(alphas.iter().rev()) {
             pending.push(Command::Dot(Vector::Y(p.slot), Vector::Direction));
             let dots = shards.run(&std::mem::take(&mut pending)).await?;
-            let beta = p.rho * dots[0];
+            let beta = p.rho * nth(&dots, 0);
             pending.push(Command::Axpy {
                 alpha: alpha - beta,
                 x: Vector::S(p.slot),
@@ -254,7 +249,7 @@ impl Lbfgs {
             x: Vector::Direction,
         });
         pending.push(Command::Dot(Vector::Gradient, Vector::Direction));
-        Ok(shards.run(&pending).await?[0])
+        Ok(nth(&shards.run(&pending).await?, 0))
     }
 
     /// Stores s = x - x_saved and y = g - g_saved in the next ring slot, if
@@ -264,19 +259,13 @@ impl Lbfgs {
         let (s, y) = (Vector::S(slot), Vector::Y(slot));
         let dots = shards
             .run(&[
-                Command::Copy {
-                    from: Vector::Parameters,
-                    to: s,
-                },
+                copy(Vector::Parameters, s),
                 Command::Axpy {
                     alpha: -1.0,
                     x: Vector::SavedParameters,
                     y: s,
                 },
-                Command::Copy {
-                    from: Vector::Gradient,
-                    to: y,
-                },
+                copy(Vector::Gradient, y),
                 Command::Axpy {
                     alpha: -1.0,
                     x: Vector::SavedGradient,
@@ -286,7 +275,7 @@ impl Lbfgs {
                 Command::Dot(y, y),
             ])
             .await?;
-        let (sy, yy) = (dots[0], dots[1]);
+        let (sy, yy) = (nth(&dots, 0), nth(&dots, 1));
         if sy <= 1e-10 * yy || yy <= 0.0 {
             return Ok(());
         }
@@ -299,4 +288,14 @@ impl Lbfgs {
         self.next_slot = (slot + 1) % self.settings.history.max(1);
         Ok(())
     }
+}
+
+fn copy(from: Vector, to: Vector) -> Command {
+    Command::Copy { from, to }
+}
+
+/// The `i`th dot product of a reply; NaN if the shards sent fewer, which
+/// fails the line search rather than the process.
+fn nth(dots: &[f64], i: usize) -> f64 {
+    dots.get(i).copied().unwrap_or(f64::NAN)
 }

@@ -173,6 +173,11 @@ impl Shard {
         Ok(dots)
     }
 
+    /// Sandblaster's named vectors over this range.
+    pub fn vectors(&self) -> &Vectors {
+        &self.vectors
+    }
+
     pub fn len(&self) -> usize {
         self.range.len()
     }

@@ -34,6 +34,12 @@ impl Vectors {
         }
     }
 
+    /// A stored vector's values; None for the parameters (the shard holds
+    /// them) and for vectors not used yet.
+    pub fn values(&self, v: Vector) -> Option<&[f32]> {
+        self.store.get(&v).map(Vec::as_slice)
+    }
+
     /// The gradient vector, for the pushes that add into it.
     pub fn gradient_mut(&mut self) -> &mut [f32] {
         self.slot(Vector::Gradient)
