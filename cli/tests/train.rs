@@ -17,6 +17,9 @@ fn require_fashion_mnist() {
     );
 }
 
+/// Both replicas' steps take 20× their compute: at full speed the job
+/// reaches its target in about 0.6 s of training, too soon for a kill to
+/// land mid-run for sure; slowed, in about 7 s.
 fn job(name: &str) -> String {
     format!(
         "apiVersion: distbelief.dev/v1alpha1
@@ -30,6 +33,7 @@ spec:
   replicas: {{count: 2, maxRestarts: 2}}
   stop: {{targetTestAccuracy: 0.8, maxEpochs: 40, maxSeconds: 120, evalIntervalSeconds: 0.5}}
   checkpoint: {{intervalSeconds: 1}}
+  faults: {{slowReplicas: [{{replica: 0, factor: 20}}, {{replica: 1, factor: 20}}]}}
 "
     )
 }

@@ -105,11 +105,6 @@ impl Lbfgs {
         }
     }
 
-    /// The objective at the current parameters (NaN before the first step).
-    pub fn objective(&self) -> f64 {
-        self.objective
-    }
-
     /// Loss + λ/2 |x|² at the shards' parameters, with its gradient left in
     /// [`Vector::Gradient`]; also returns |g|².
     async fn evaluate<S: Shards>(&self, shards: &mut S) -> Result<(f64, f64), S::Error> {
