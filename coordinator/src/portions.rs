@@ -166,7 +166,15 @@ impl Batch {
     }
 
     /// `replica` has summed the gradients of `portions` and would push them.
+    /// A list that is empty or names a portion twice is refused: its sum
+    /// cannot be a set of portions counted once each.
     pub fn commit(&mut self, replica: u32, portions: &[u32]) -> Commit {
+        let distinct: BTreeSet<u32> = portions.iter().copied().collect();
+        if distinct.is_empty() || distinct.len() != portions.len() {
+            self.counts.refused += 1;
+            self.release(replica, portions);
+            return Commit::Refused;
+        }
         let taken = portions.iter().any(|p| {
             !matches!(self.states.get(*p as usize), Some(State::Running(r)) if r.contains(&replica))
         });
@@ -279,6 +287,20 @@ mod tests {
         b.pushed(101);
         assert!(b.is_done());
         assert_eq!(b.next_grant(), 102);
+    }
+
+    #[test]
+    fn empty_repeated_and_unknown_portions_are_refused() {
+        let mut b = Batch::new(3, 1.0, 0);
+        let Work::Portion(p) = b.next(0) else {
+            panic!("a portion");
+        };
+        assert_eq!(b.commit(0, &[]), Commit::Refused);
+        assert_eq!(b.commit(0, &[p, p]), Commit::Refused);
+        assert_eq!(b.commit(0, &[p, 7]), Commit::Refused);
+        assert_eq!(b.counts.refused, 3);
+        // A refusal puts the replica's portions back in the pool.
+        assert_eq!(b.next(1), Work::Portion(p));
     }
 
     #[test]
