@@ -8,6 +8,23 @@ use std::time::Duration;
 use distbelief_api::Job;
 use tokio::sync::watch;
 
+/// Softmax regression on the first `train_limit` Fashion-MNIST training
+/// images, over `shards` shards: the Sandblaster tests' job.
+pub fn softmax_regression_job(name: &str, train_limit: u32, shards: u32) -> Job {
+    let text = format!(
+        "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {{name: {name}}}
+spec:
+  model: {{output: {{units: 10, loss: softmaxCrossEntropy}}}}
+  data: {{format: idx, trainLimit: {train_limit}}}
+  algorithm: {{downpour: {{learningRate: 0.1}}}}
+  parameterServers: {{shards: {shards}}}
+"
+    );
+    distbelief_api::parse_job(name, &text).expect("the test job is valid")
+}
+
 /// Fashion-MNIST as Debian's dataset-fashion-mnist installs it. Tests that
 /// need it fail with this hint rather than pass without it.
 pub fn require_fashion_mnist() {

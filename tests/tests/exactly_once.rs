@@ -7,37 +7,12 @@
 
 use std::ops::Range;
 
-use distbelief_api::parse_job;
 use distbelief_coordinator::portions::{Batch, Commit, Counts, Work};
 use distbelief_model::data::{self, Dataset};
 use distbelief_model::{Mlp, Optimizer};
 use distbelief_ps::Shard;
 use distbelief_ps::shard::{PushHeader, PushId};
 use distbelief_ps_client::vectors::{Vector, dot};
-
-const JOB: &str = "
-apiVersion: distbelief.dev/v1alpha1
-kind: DistBeliefJob
-metadata:
-  name: exactly-once
-spec:
-  model:
-    output:
-      units: 10
-      loss: softmaxCrossEntropy
-  data:
-    format: idx
-    trainImages: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-    trainLabels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
-    testImages: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
-    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
-    trainLimit: 2000
-  algorithm:
-    downpour:
-      learningRate: 0.1
-  parameterServers:
-    shards: 2
-";
 
 const PORTION: usize = 100;
 
@@ -138,7 +113,7 @@ fn run(world: &mut World, batch: &mut Batch, replica: u32) {
 #[test]
 fn with_a_backup_and_a_replica_killed_mid_push_every_portion_counts_once() {
     distbelief_tests::require_fashion_mnist();
-    let job = parse_job("exactly-once.yaml", JOB).expect("job");
+    let job = distbelief_tests::softmax_regression_job("exactly-once", 2000, 2);
     let data = data::load(&job.spec.data, true).expect("Fashion-MNIST");
     let n = job.layout.len();
     let params = job.layout.initial_values(0..n, job.downpour.seed);

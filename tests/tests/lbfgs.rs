@@ -8,38 +8,12 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use distbelief_api::{Job, parse_job};
+use distbelief_api::Job;
 use distbelief_coordinator::lbfgs::{Lbfgs, Settings, Shards};
 use distbelief_model::Mlp;
 use distbelief_model::data::{self, Dataset};
 use distbelief_ps_client::vectors::{Command, Vector, Vectors, dot};
 use distbelief_ps_client::{ClientError, PushId, ShardClient, fetch_all, run_all};
-
-const JOB: &str = "
-apiVersion: distbelief.dev/v1alpha1
-kind: DistBeliefJob
-metadata:
-  name: lbfgs
-spec:
-  model:
-    output:
-      units: 10
-      loss: softmaxCrossEntropy
-  data:
-    format: idx
-    trainImages: /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-    trainLabels: /usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz
-    testImages: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz
-    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz
-    trainLimit: 1000
-  algorithm:
-    downpour:
-      learningRate: 0.1
-  parameterServers:
-    shards: 2
-  replicas:
-    count: 1
-";
 
 const ITERATIONS: usize = 20;
 
@@ -63,7 +37,7 @@ struct Batch {
 impl Batch {
     fn load() -> (Batch, Job) {
         distbelief_tests::require_fashion_mnist();
-        let job = parse_job("lbfgs.yaml", JOB).expect("job");
+        let job = distbelief_tests::softmax_regression_job("lbfgs", 1000, 2);
         let data = data::load(&job.spec.data, true).expect("Fashion-MNIST");
         (
             Batch {
