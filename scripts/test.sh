@@ -28,8 +28,20 @@ scripts/check-manifests.sh 2>&1 | tee -a "$log" || status=1
 # the kit is started once here (or reused) and shared with tests/e2e/run.sh.
 kit_args=()
 if scripts/kit.sh path >/dev/null 2>&1; then
+  # One test run at a time per kit: the e2e suite installs a cluster-wide
+  # operator with Helm, which would also reconcile another run's
+  # control-plane jobs. A second run waits here, bounded, until the first
+  # is done.
+  state=${K8S_STATE:-$HOME/.cache/distbelief-k8s}
+  mkdir -p "$state"
+  exec 8>"$state/test-run.lock"
+  if ! flock -n 8; then
+    echo "== waiting (up to 60 min) for another test run that uses the kit" >&2
+    flock -w 3600 8 || { echo "FAIL: another test run held the kit for 60 min" | tee -a "$log"; status=1; }
+  fi
   echo "== Kubernetes kit (scripts/kit.sh up)" >&2
-  if kit_env=$(scripts/kit.sh up); then
+  # 8>&-: the kit's daemons outlive this run and must not hold the lock.
+  if kit_env=$(scripts/kit.sh up 8>&-); then
     eval "$kit_env"
     export DISTBELIEF_KIT_KUBECONFIG="$KUBECONFIG"
   else
@@ -43,7 +55,7 @@ fi
 
 echo "== cargo test" >&2
 # --all-targets: unit, integration and binary tests (the crates have no doctests).
-cargo test --release --locked --workspace --all-targets --no-fail-fast "${kit_args[@]}" 2>&1 | tee -a "$log" || status=1
+cargo test --release --locked --workspace --all-targets --no-fail-fast "${kit_args[@]}" 8>&- 2>&1 | tee -a "$log" || status=1
 if [ ${#kit_args[@]} -gt 0 ]; then
   # Counted as skipped, never as passed: say which and why.
   n=$(cargo test --release --locked -p distbelief --test controlplane -- --list 2>/dev/null | grep -c '^kit_.*: test$' || true)
@@ -52,7 +64,7 @@ if [ ${#kit_args[@]} -gt 0 ]; then
 fi
 
 echo "== e2e (tests/e2e/run.sh)" >&2
-tests/e2e/run.sh 2>&1 | tee -a "$log" || status=1
+tests/e2e/run.sh 8>&- 2>&1 | tee -a "$log" || status=1
 
 # cargo prints one "test result:" line per test binary; the two scripts print
 # one "<name>: N passed, N failed, N skipped" line each.
