@@ -35,6 +35,17 @@ macro_rules! downpour {
     };
 }
 
+/// Likewise for Sandblaster's fields.
+macro_rules! sandblaster {
+    ($field:literal, $cond:literal, $message:expr $(,)?) => {
+        spec(
+            concat!("spec.algorithm.sandblaster.", $field),
+            concat!("!has(self.algorithm.sandblaster) || ", $cond),
+            $message,
+        )
+    };
+}
+
 pub const MSG_AT_LEAST_1: &str = "must be at least 1";
 pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";
@@ -105,8 +116,58 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.algorithm",
-        "has(self.algorithm.downpour)",
-        "exactly one algorithm must be set; downpour is the one available",
+        "has(self.algorithm.downpour) != has(self.algorithm.sandblaster)",
+        "exactly one algorithm must be set: downpour or sandblaster",
+    ),
+    sandblaster!(
+        "portionSize",
+        "self.algorithm.sandblaster.portionSize >= 1 && self.algorithm.sandblaster.portionSize <= 65536",
+        "must be 1 to 65536",
+    ),
+    sandblaster!(
+        "portionsPerPush",
+        "self.algorithm.sandblaster.portionsPerPush >= 1 && self.algorithm.sandblaster.portionsPerPush <= 64",
+        "must be 1 to 64",
+    ),
+    sandblaster!(
+        "backupAfter",
+        "self.algorithm.sandblaster.backupAfter > 0.0 && self.algorithm.sandblaster.backupAfter <= 1.0",
+        "must be above 0 and at most 1 (1 turns backup tasks off)",
+    ),
+    sandblaster!(
+        "history",
+        "self.algorithm.sandblaster.history >= 1 && self.algorithm.sandblaster.history <= 64",
+        "must be 1 to 64",
+    ),
+    sandblaster!(
+        "l2",
+        "self.algorithm.sandblaster.l2 >= 0.0",
+        "must be at least 0",
+    ),
+    sandblaster!(
+        "armijo",
+        "self.algorithm.sandblaster.armijo > 0.0 && self.algorithm.sandblaster.armijo < 1.0",
+        "must be between 0 and 1",
+    ),
+    sandblaster!(
+        "backtrack",
+        "self.algorithm.sandblaster.backtrack > 0.0 && self.algorithm.sandblaster.backtrack < 1.0",
+        "must be between 0 and 1",
+    ),
+    sandblaster!(
+        "lineSearchTrials",
+        "self.algorithm.sandblaster.lineSearchTrials >= 1 && self.algorithm.sandblaster.lineSearchTrials <= 100",
+        "must be 1 to 100",
+    ),
+    sandblaster!(
+        "gradientTolerance",
+        "self.algorithm.sandblaster.gradientTolerance >= 0.0",
+        "must be at least 0",
+    ),
+    sandblaster!(
+        "maxIterations",
+        "!has(self.algorithm.sandblaster.maxIterations) || self.algorithm.sandblaster.maxIterations >= 1",
+        MSG_AT_LEAST_1,
     ),
     downpour!(
         "learningRate",

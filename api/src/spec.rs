@@ -276,9 +276,68 @@ pub enum DataFormat {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AlgorithmSpec {
     /// Asynchronous Downpour SGD: replicas fetch parameters and push gradients
-    /// on their own schedule. Required (the only algorithm so far).
+    /// on their own schedule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downpour: Option<DownpourSpec>,
+    /// Sandblaster L-BFGS: the coordinator drives full-batch L-BFGS through
+    /// vector commands the shards run on their own ranges, and the replicas
+    /// compute the batch gradient in small portions, with backup tasks for
+    /// slow replicas. The batch is the whole training set (data.trainLimit
+    /// makes it smaller); one batch is one epoch of examples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandblaster: Option<SandblasterSpec>,
+}
+
+/// Sandblaster L-BFGS hyper-parameters.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandblasterSpec {
+    /// Examples per portion, the unit of work a free replica takes: much
+    /// smaller than a replica's share of the batch, so that fast replicas
+    /// take more portions than slow ones. 1 to 65536. Default: 500.
+    #[serde(default = "default_portion_size")]
+    pub portion_size: u32,
+    /// Portions a replica sums before it commits them and pushes their
+    /// gradient; a lost replica loses at most this many portions of work.
+    /// 1 to 64. Default: 4.
+    #[serde(default = "default_portions_per_push")]
+    pub portions_per_push: u32,
+    /// Backup tasks: once this share of a batch's portions is committed,
+    /// portions still running are handed out again to free replicas and the
+    /// first result wins. Above 0 and at most 1; 1 turns backup tasks off.
+    /// Default: 0.9.
+    #[serde(default = "default_backup_after")]
+    pub backup_after: f64,
+    /// L-BFGS history pairs (m) kept on the shards. 1 to 64. Default: 10.
+    #[serde(default = "default_history")]
+    pub history: u32,
+    /// L2 regularisation λ: the objective is the mean loss plus λ/2 · |w|².
+    /// At least 0. Default: 0.
+    #[serde(default)]
+    pub l2: f64,
+    /// Armijo's sufficient-decrease constant c1 of the backtracking line
+    /// search, between 0 and 1. Default: 1e-4.
+    #[serde(default = "default_armijo")]
+    pub armijo: f64,
+    /// Each rejected trial step is multiplied by this, between 0 and 1.
+    /// Default: 0.5.
+    #[serde(default = "default_backtrack")]
+    pub backtrack: f64,
+    /// Trial steps per line search before the run stops, 1 to 100.
+    /// Default: 20.
+    #[serde(default = "default_line_search_trials")]
+    pub line_search_trials: u32,
+    /// The run stops (converged) once the gradient's norm falls to this.
+    /// At least 0. Default: 1e-5.
+    #[serde(default = "default_gradient_tolerance")]
+    pub gradient_tolerance: f64,
+    /// The run stops after this many L-BFGS iterations. Default: no limit
+    /// (stop.maxEpochs and stop.maxSeconds still apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u32>,
+    /// Seed for parameter initialisation. Default: 1.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
 }
 
 /// Downpour SGD hyper-parameters.
@@ -341,6 +400,25 @@ pub struct DownpourSpec {
     /// synchronous. Default: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub averaging: Option<AveragingSpec>,
+}
+
+impl Default for DownpourSpec {
+    fn default() -> Self {
+        DownpourSpec {
+            learning_rate: default_learning_rate(),
+            adagrad: AdagradSpec::default(),
+            n_fetch: 1,
+            n_push: 1,
+            batch_size: default_batch_size(),
+            warm_start_steps: 0,
+            seed: default_seed(),
+            staleness_aware_learning_rate: false,
+            max_staleness: None,
+            compression: None,
+            synchronous: None,
+            averaging: None,
+        }
+    }
 }
 
 /// Synchronous SGD with backup workers (Chen et al., 2016).
@@ -441,7 +519,8 @@ pub struct ReplicaSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Kubernetes only: backup replicas for stragglers. Default: enabled,
-    /// slowFraction 0.5, forSeconds 60.
+    /// slowFraction 0.5, forSeconds 60. Not used under Sandblaster, whose
+    /// backup tasks hand a slow replica's portions to others.
     #[serde(default)]
     pub stragglers: StragglerSpec,
 }
@@ -589,6 +668,30 @@ fn default_batch_size() -> u32 {
 }
 fn default_seed() -> u64 {
     1
+}
+fn default_portion_size() -> u32 {
+    500
+}
+fn default_portions_per_push() -> u32 {
+    4
+}
+fn default_backup_after() -> f64 {
+    0.9
+}
+fn default_history() -> u32 {
+    10
+}
+fn default_armijo() -> f64 {
+    1e-4
+}
+fn default_backtrack() -> f64 {
+    0.5
+}
+fn default_line_search_trials() -> u32 {
+    20
+}
+fn default_gradient_tolerance() -> f64 {
+    1e-5
 }
 fn default_max_restarts() -> u32 {
     3

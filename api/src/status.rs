@@ -161,9 +161,13 @@ pub struct Progress {
     /// True once the stopping rule has ended training.
     #[serde(default)]
     pub done: bool,
-    /// Why training stopped: target_reached, max_epochs or max_seconds.
+    /// Why training stopped: target_reached, max_epochs or max_seconds;
+    /// under Sandblaster also converged, line_search_failed or max_iterations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// Sandblaster's batches, iterations and backup portions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandblaster: Option<SandblasterProgress>,
     /// Each replica's progress.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaProgress>,
@@ -173,6 +177,30 @@ pub struct Progress {
     /// The trained model, once the job has succeeded and saved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<SavedModel>,
+}
+
+/// Sandblaster L-BFGS's progress.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandblasterProgress {
+    /// Batches whose gradient is complete: one per loss and gradient evaluation.
+    pub batches: u64,
+    /// L-BFGS iterations accepted by the line search.
+    pub iterations: u64,
+    /// The objective (mean loss plus the L2 term) after the last iteration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<f64>,
+    /// The norm of the objective's gradient there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_norm: Option<f64>,
+    /// Portions handed out again while they ran elsewhere (backup tasks).
+    pub backup_portions_issued: u64,
+    /// Commits won by the replica that ran the portion as a backup.
+    pub backup_portions_used: u64,
+    /// Grants redone because their replica was lost before pushing.
+    pub grants_redone: u64,
+    /// Bytes of vector commands and replies between coordinator and shards.
+    pub command_bytes: u64,
 }
 
 /// A saved model: `model.safetensors` beside `summary.json`.

@@ -4,14 +4,20 @@
 use crate::admission;
 use crate::error::{ApiError, ValidationError};
 use crate::layout::Layout;
-use crate::spec::{DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec};
+use crate::spec::{
+    DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec, SandblasterSpec,
+};
 
 /// A validated job. Only [`validate`] builds one.
 #[derive(Debug, Clone)]
 pub struct Job {
     pub name: String,
     pub spec: DistBeliefJobSpec,
+    /// Downpour's settings. Under Sandblaster these are the defaults with
+    /// Sandblaster's seed, which the shards initialise the parameters from.
     pub downpour: DownpourSpec,
+    /// Set when the job runs Sandblaster L-BFGS instead of Downpour.
+    pub sandblaster: Option<SandblasterSpec>,
     pub layout: Layout,
 }
 
@@ -31,6 +37,8 @@ pub const MAX_PUSH_STEPS: u32 = 64;
 const MIN_EVAL_INTERVAL: f64 = 0.05;
 const MAX_EVAL_INTERVAL: f64 = 86_400.0;
 const MAX_PARAMETERS: usize = 1 << 31;
+/// L-BFGS history pairs a shard keeps at most (its vector store's ring).
+pub const MAX_HISTORY: u32 = 64;
 
 /// Checks every rule and returns all broken ones together.
 pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
@@ -95,9 +103,22 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         fail("spec.data.testLimit", None);
     }
 
-    let downpour = s.algorithm.downpour.clone();
-    match &downpour {
-        None => fail("spec.algorithm", None),
+    let downpour = match (&s.algorithm.downpour, &s.algorithm.sandblaster) {
+        (Some(d), None) => Some(d.clone()),
+        (None, Some(sb)) => Some(DownpourSpec {
+            seed: sb.seed,
+            ..DownpourSpec::default()
+        }),
+        _ => {
+            fail("spec.algorithm", None);
+            None
+        }
+    };
+    if let Some(sb) = &s.algorithm.sandblaster {
+        check_sandblaster(sb, &mut fail);
+    }
+    match &s.algorithm.downpour {
+        None => {}
         Some(p) => {
             if !(p.learning_rate.is_finite() && p.learning_rate > 0.0) {
                 fail("spec.algorithm.downpour.learningRate", None);
@@ -246,9 +267,44 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
             name,
             spec: s.clone(),
             downpour,
+            sandblaster: s.algorithm.sandblaster.clone(),
             layout,
         }),
         _ => Err(ApiError::Invalid { name, errors }),
+    }
+}
+
+/// Sandblaster's ranges; CEL checks the same at admission.
+fn check_sandblaster(sb: &SandblasterSpec, fail: &mut impl FnMut(&str, Option<String>)) {
+    let unit = |x: f64| x.is_finite() && x > 0.0 && x < 1.0;
+    let checks = [
+        ("portionSize", (1..=MAX_BATCH).contains(&sb.portion_size)),
+        (
+            "portionsPerPush",
+            (1..=MAX_PUSH_STEPS).contains(&sb.portions_per_push),
+        ),
+        (
+            "backupAfter",
+            sb.backup_after.is_finite() && sb.backup_after > 0.0 && sb.backup_after <= 1.0,
+        ),
+        ("history", (1..=MAX_HISTORY).contains(&sb.history)),
+        ("l2", sb.l2.is_finite() && sb.l2 >= 0.0),
+        ("armijo", unit(sb.armijo)),
+        ("backtrack", unit(sb.backtrack)),
+        (
+            "lineSearchTrials",
+            (1..=100).contains(&sb.line_search_trials),
+        ),
+        (
+            "gradientTolerance",
+            sb.gradient_tolerance.is_finite() && sb.gradient_tolerance >= 0.0,
+        ),
+        ("maxIterations", sb.max_iterations != Some(0)),
+    ];
+    for (field, ok) in checks {
+        if !ok {
+            fail(&format!("spec.algorithm.sandblaster.{field}"), None);
+        }
     }
 }
 

@@ -133,6 +133,19 @@ pub struct WorkerArgs {
     /// keeps the faster. The operator sets it.
     #[arg(long, env = "DISTBELIEF_BACKUP_OF")]
     pub backup_of: Option<u64>,
+    /// Injected fault, for tests and demos: every mini-batch step (or
+    /// Sandblaster portion) takes this many times its compute time, 1 to
+    /// 100. Default: the job's spec.faults.slowReplicas entry for this
+    /// replica, if any.
+    #[arg(long, env = "DISTBELIEF_SLOWDOWN", value_parser = parse_slowdown)]
+    pub slowdown: Option<f64>,
+}
+
+fn parse_slowdown(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (1.0..=100.0).contains(&f) => Ok(f),
+        _ => Err(format!("{s:?} is not a factor from 1 to 100")),
+    }
 }
 
 #[derive(Args)]

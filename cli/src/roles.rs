@@ -87,6 +87,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     opts.incarnation = a.incarnation;
     opts.backup_of = a.backup_of;
+    opts.slowdown = a.slowdown;
     runtime()?.block_on(async {
         let registry = registry("worker", Some(a.replica))?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;

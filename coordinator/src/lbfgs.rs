@@ -105,6 +105,14 @@ impl Lbfgs {
         }
     }
 
+    /// Forgets the history and the objective: the next step evaluates the
+    /// shards' parameters afresh. For going on after a failed round trip,
+    /// which may have left the shards between two iterates.
+    pub fn restart(&mut self) {
+        self.started = false;
+        self.history.clear();
+    }
+
     /// Loss + λ/2 |x|² at the shards' parameters, with its gradient left in
     /// [`Vector::Gradient`]; also returns |g|².
     async fn evaluate<S: Shards>(&self, shards: &mut S) -> Result<(f64, f64), S::Error> {

@@ -10,6 +10,7 @@ mod metrics;
 pub mod output;
 pub mod portions;
 pub mod publish;
+pub mod sandblaster;
 pub mod tracker;
 
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,10 @@ use distbelief_api::{Job, ShardProgress};
 use distbelief_model::Mlp;
 use distbelief_model::data::{self, DataError};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
-use distbelief_proto::v1::{JobStatus, ProgressReport, ReportReply, StatusRequest};
+use distbelief_proto::v1::{
+    CommitReply, GrantPushed, JobStatus, PortionCommit, PortionRequest, PortionWork,
+    ProgressReport, PushedReply, ReportReply, StatusRequest,
+};
 use distbelief_ps_client::{ClientError, shard_clients};
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
@@ -88,6 +92,8 @@ struct Shared {
     clock: Instant,
     output: Option<output::OutputTarget>,
     saved: Mutex<Saved>,
+    /// Set when the job runs Sandblaster.
+    portions: Option<Arc<sandblaster::Portions>>,
 }
 
 impl Shared {
@@ -107,6 +113,7 @@ impl Shared {
         if self.output.is_some() && *self.saved() == Saved::Pending {
             s.done = false;
         }
+        s.sandblaster = self.portions.as_ref().map(|p| p.progress());
         s
     }
     fn shards(&self) -> Vec<ShardProgress> {
@@ -121,6 +128,14 @@ struct Service {
     shared: Arc<Shared>,
 }
 
+impl Service {
+    fn portions(&self) -> Result<&sandblaster::Portions, Status> {
+        self.shared.portions.as_deref().ok_or_else(|| {
+            Status::failed_precondition("this job runs Downpour, which has no portions")
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl Coordinator for Service {
     async fn report(&self, req: Request<ProgressReport>) -> Result<Response<ReportReply>, Status> {
@@ -133,6 +148,28 @@ impl Coordinator for Service {
     async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
         let now = self.shared.now();
         Ok(Response::new(self.shared.status(now)))
+    }
+
+    async fn next_portion(
+        &self,
+        req: Request<PortionRequest>,
+    ) -> Result<Response<PortionWork>, Status> {
+        Ok(Response::new(self.portions()?.next(req.get_ref()).await))
+    }
+
+    async fn commit_portions(
+        &self,
+        req: Request<PortionCommit>,
+    ) -> Result<Response<CommitReply>, Status> {
+        Ok(Response::new(self.portions()?.commit(req.get_ref())))
+    }
+
+    async fn portions_pushed(
+        &self,
+        req: Request<GrantPushed>,
+    ) -> Result<Response<PushedReply>, Status> {
+        self.portions()?.pushed(req.get_ref());
+        Ok(Response::new(PushedReply {}))
     }
 }
 
@@ -180,7 +217,21 @@ pub async fn serve(
         clock: Instant::now(),
         output: opts.output.clone(),
         saved: Mutex::new(Saved::Pending),
+        portions: job
+            .sandblaster
+            .as_ref()
+            .map(|sb| Arc::new(sandblaster::Portions::new(sb, training_examples))),
     });
+    let driver = match (&job.sandblaster, &shared.portions) {
+        (Some(sb), Some(portions)) => Some(tokio::spawn(sandblaster::drive(
+            sb.clone(),
+            shard_clients(job, &opts.shards, opts.rpc_timeout)?,
+            portions.clone(),
+            shared.clone(),
+            training_examples,
+        ))),
+        _ => None,
+    };
     #[cfg(feature = "kubernetes")]
     let publisher = opts.publish.clone().map(|target| {
         tracing::info!(job = ?target, "writing progress to the job's status");
@@ -218,6 +269,9 @@ pub async fn serve(
     .unwrap_or(Ok(()));
     evaluator.abort();
     beating.abort();
+    if let Some(d) = driver {
+        d.abort();
+    }
     #[cfg(feature = "kubernetes")]
     if let Some(p) = publisher {
         p.abort();

@@ -203,15 +203,22 @@ impl Batch {
         Commit::Granted(grant)
     }
 
-    /// Every shard has acknowledged `grant`'s push.
-    pub fn pushed(&mut self, grant: u64) {
-        if let Some(g) = self.grants.get_mut(&grant) {
-            g.replica = None;
-            for p in &g.portions {
-                self.states[*p as usize] = State::Pushed;
-            }
-            self.orphans.remove(&grant);
+    /// Every shard has acknowledged `grant`'s push. True the first time for
+    /// a grant of this batch, so that what came with it is counted once.
+    pub fn pushed(&mut self, grant: u64) -> bool {
+        let Some(g) = self.grants.get_mut(&grant) else {
+            return false;
+        };
+        let first = g
+            .portions
+            .iter()
+            .any(|p| self.states[*p as usize] != State::Pushed);
+        g.replica = None;
+        for p in &g.portions {
+            self.states[*p as usize] = State::Pushed;
         }
+        self.orphans.remove(&grant);
+        first
     }
 
     /// `replica` is gone: its running portions go back to the pool unless
@@ -259,7 +266,9 @@ mod tests {
         assert_eq!(b.next(7), Work::Wait, "nothing committed yet: no backups");
         assert_eq!(b.commit(7, &got), Commit::Granted(0));
         assert!(!b.is_done());
-        b.pushed(0);
+        assert!(b.pushed(0));
+        assert!(!b.pushed(0), "a grant is counted once");
+        assert!(!b.pushed(9), "an unknown grant is not counted");
         assert_eq!(b.next(7), Work::Done);
     }
 

@@ -1,7 +1,9 @@
 //! The coordinator's view of the job as the `status.progress` block that
 //! `kubernetes` writes into the job on Kubernetes.
 
-use distbelief_api::{BackupRace, Progress, ReplicaProgress, ShardProgress, StalenessSummary};
+use distbelief_api::{
+    BackupRace, Progress, ReplicaProgress, SandblasterProgress, ShardProgress, StalenessSummary,
+};
 use distbelief_proto::v1::JobStatus;
 
 /// Seconds without a report after which a replica's silence is published.
@@ -51,6 +53,20 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
             .collect(),
         shards: shards.to_vec(),
         model: None,
+        sandblaster: s.sandblaster.as_ref().map(sandblaster),
+    }
+}
+
+fn sandblaster(s: &distbelief_proto::v1::SandblasterProgress) -> SandblasterProgress {
+    SandblasterProgress {
+        batches: s.batches,
+        iterations: s.iterations,
+        objective: finite(s.objective),
+        gradient_norm: finite(s.gradient_norm),
+        backup_portions_issued: s.backup_portions_issued,
+        backup_portions_used: s.backup_portions_used,
+        grants_redone: s.grants_redone,
+        command_bytes: s.command_bytes,
     }
 }
 

@@ -19,6 +19,12 @@ pub enum StopReason {
     TargetReached,
     MaxEpochs,
     MaxSeconds,
+    /// Sandblaster: the gradient's norm reached the tolerance.
+    Converged,
+    /// Sandblaster: no trial step decreased the objective enough.
+    LineSearchFailed,
+    /// Sandblaster: the spec's maxIterations were run.
+    MaxIterations,
 }
 
 impl StopReason {
@@ -27,6 +33,9 @@ impl StopReason {
             StopReason::TargetReached => "target_reached",
             StopReason::MaxEpochs => "max_epochs",
             StopReason::MaxSeconds => "max_seconds",
+            StopReason::Converged => "converged",
+            StopReason::LineSearchFailed => "line_search_failed",
+            StopReason::MaxIterations => "max_iterations",
         }
     }
 }
@@ -314,6 +323,7 @@ impl Tracker {
         let secs = self.train_seconds(now);
         let examples = self.examples();
         JobStatus {
+            sandblaster: None,
             done: self.done.is_some(),
             stop_reason: self
                 .done

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 
 use crate::error::PsError;
 
-/// History slots a shard can hold: L-BFGS's m is at most this. Slots are
-/// allocated only when used.
-pub const MAX_HISTORY: u32 = 64;
+/// History slots a shard can hold, the most the job spec allows for
+/// L-BFGS's m. Slots are allocated only when used.
+pub use distbelief_api::MAX_HISTORY;
 
 pub use distbelief_proto::command::{Command, Vector};
 

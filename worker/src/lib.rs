@@ -1,10 +1,12 @@
 //! A model replica: trains the model on its part of the data with Downpour
-//! SGD, talking to the shards through the parameter-server client.
+//! SGD, or computes portions of Sandblaster's batches, talking to the shards
+//! through the parameter-server client.
 
 mod averaging;
 mod error;
 mod link;
 mod metrics;
+mod portions;
 mod replica;
 
 pub use error::WorkerError;

@@ -18,6 +18,7 @@ use crate::averaging::LocalTraining;
 use crate::error::WorkerError;
 use crate::link::Link;
 use crate::metrics::WorkerMetrics;
+use crate::portions::PortionWorker;
 use distbelief_model::Mlp;
 use distbelief_model::data::{self, Dataset};
 use distbelief_ps_client::{fetch_all, shard_clients};
@@ -45,6 +46,9 @@ pub struct ReplicaOptions {
     pub backup_of: Option<u64>,
     /// Beaten while the replica makes progress (or waits to be let in).
     pub heartbeat: distbelief_net::Heartbeat,
+    /// Injected fault: every step (or Sandblaster portion) takes this many
+    /// times its compute time. None uses the job's faults.slowReplicas.
+    pub slowdown: Option<f64>,
 }
 
 impl ReplicaOptions {
@@ -60,6 +64,7 @@ impl ReplicaOptions {
             incarnation: None,
             backup_of: None,
             heartbeat: distbelief_net::Heartbeat::default(),
+            slowdown: None,
         }
     }
 }
@@ -73,12 +78,12 @@ pub struct ReplicaSummary {
 
 /// Counters the compute thread writes and the report loop reads.
 #[derive(Default)]
-struct Progress {
-    steps: AtomicU64,
-    examples: AtomicU64,
-    epoch: AtomicU64,
+pub(crate) struct Progress {
+    pub steps: AtomicU64,
+    pub examples: AtomicU64,
+    pub epoch: AtomicU64,
     /// (sum of batch losses, batches) since the last report.
-    loss: Mutex<(f64, u64)>,
+    pub loss: Mutex<(f64, u64)>,
 }
 
 struct Coordinator {
@@ -257,23 +262,51 @@ pub async fn run_replica(
         "parameters fetched; training"
     );
 
-    let links: Vec<Arc<Link>> = clients.into_iter().map(Link::new).collect();
-    let mut tasks = Vec::new();
-    for link in &links {
-        tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
-        tasks.push(tokio::spawn(link.clone().push_loop(
-            opts.replica,
-            incarnation,
-            fence.clone(),
-            job.downpour.compression.map(|c| c.threshold as f32),
-            job.downpour.averaging.is_some(),
-            metrics.clone(),
-        )));
-    }
     let stop = Arc::new(AtomicBool::new(false));
-    let sync = job.downpour.synchronous.is_some();
-    let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
-    let compute = {
+    let slowdown = if opts.backup_of.is_some() {
+        1.0
+    } else {
+        opts.slowdown
+            .unwrap_or_else(|| job.spec.faults.slowdown(opts.replica))
+    };
+    let threads = opts.threads.max(1);
+    let mut tasks = Vec::new();
+    let compute = if let Some(sb) = &job.sandblaster {
+        let worker = PortionWorker {
+            mlp,
+            train,
+            clients,
+            coordinator: coordinator.client.clone(),
+            replica: opts.replica,
+            incarnation,
+            portion_size: sb.portion_size.max(1) as usize,
+            per_push: sb.portions_per_push.max(1) as usize,
+            slowdown,
+            progress: progress.clone(),
+            stop: stop.clone(),
+            metrics: metrics.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            sequence: 0,
+        };
+        std::thread::Builder::new()
+            .name(format!("replica-{}-portions", opts.replica))
+            .spawn(move || worker.run(threads))
+            .map_err(|e| WorkerError::Compute(e.to_string()))?
+    } else {
+        let links: Vec<Arc<Link>> = clients.into_iter().map(Link::new).collect();
+        for link in &links {
+            tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
+            tasks.push(tokio::spawn(link.clone().push_loop(
+                opts.replica,
+                incarnation,
+                fence.clone(),
+                job.downpour.compression.map(|c| c.threshold as f32),
+                job.downpour.averaging.is_some(),
+                metrics.clone(),
+            )));
+        }
+        let sync = job.downpour.synchronous.is_some();
+        let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
         let ctx = Compute {
             mlp,
             train,
@@ -304,16 +337,14 @@ pub async fn run_replica(
                 job.downpour.max_staleness.map(u64::from)
             },
             local: period.map(|_| LocalTraining::new(Optimizer::from_spec(&job.downpour), &params)),
-            slowdown: if opts.backup_of.is_some() {
-                1.0
-            } else {
-                job.spec.faults.slowdown(opts.replica)
-            },
+            slowdown,
         };
-        let threads = opts.threads.max(1);
         std::thread::Builder::new()
             .name(format!("replica-{}-compute", opts.replica))
-            .spawn(move || ctx.run(params, versions, threads))
+            .spawn(move || {
+                ctx.run(params, versions, threads);
+                Ok(())
+            })
             .map_err(|e| WorkerError::Compute(e.to_string()))?
     };
 
@@ -359,9 +390,12 @@ pub async fn run_replica(
         t.abort();
     }
     let joined = tokio::task::spawn_blocking(move || compute.join()).await;
-    if let Ok(Err(_)) | Err(_) = joined {
-        return Err(WorkerError::Compute("compute thread panicked".into()));
-    }
+    let computed = match joined {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) | Err(_) => return Err(WorkerError::Compute("compute thread panicked".into())),
+    };
+    // The compute thread's own error says more than "stopped unexpectedly".
+    computed?;
     outcome?;
     let summary = ReplicaSummary {
         steps: progress.steps.load(Ordering::Relaxed),
@@ -386,7 +420,7 @@ fn too_stale(latest: u64, have: u64, bound: Option<u64>) -> bool {
 /// shards): when the cores are saturated a fetch or push then waits
 /// microseconds for a core instead of a scheduler slice, which keeps the
 /// parameters the replica computes on fresh.
-fn lower_priority() {
+pub(crate) fn lower_priority() {
     const COMPUTE_NICENESS: libc::c_int = 10;
     // SAFETY: setpriority on the calling thread (who = 0) changes only its nice value.
     #[allow(unsafe_code)]

@@ -59,6 +59,15 @@ fn downpour(job: &mut DistBeliefJob) -> &mut DownpourSpec {
         .expect("the minimal job sets downpour")
 }
 
+/// Switches the job to Sandblaster (with its defaults) and returns its spec.
+fn sandblaster(job: &mut DistBeliefJob) -> &mut SandblasterSpec {
+    job.spec.algorithm.downpour = None;
+    job.spec
+        .algorithm
+        .sandblaster
+        .get_or_insert_with(|| serde_json::from_str("{}").expect("every field has a default"))
+}
+
 #[test]
 fn minimal_job_validates_with_documented_defaults() {
     let job = valid_job(MINIMAL);
@@ -244,6 +253,82 @@ const RULES: &[Rule] = &[
         |j| j.spec.algorithm.downpour = None,
         "spec.algorithm",
         "downpour",
+    ),
+    (
+        "not two algorithms",
+        |j| {
+            let d = downpour(j).clone();
+            sandblaster(j);
+            j.spec.algorithm.downpour = Some(d);
+        },
+        "spec.algorithm",
+        "sandblaster",
+    ),
+    (
+        "portionSize at least 1",
+        |j| sandblaster(j).portion_size = 0,
+        "spec.algorithm.sandblaster.portionSize",
+        "1 to 65536",
+    ),
+    (
+        "portionsPerPush at most 64",
+        |j| sandblaster(j).portions_per_push = 65,
+        "spec.algorithm.sandblaster.portionsPerPush",
+        "1 to 64",
+    ),
+    (
+        "backupAfter at most 1",
+        |j| sandblaster(j).backup_after = 1.5,
+        "spec.algorithm.sandblaster.backupAfter",
+        "at most 1",
+    ),
+    (
+        "backupAfter above 0",
+        |j| sandblaster(j).backup_after = 0.0,
+        "spec.algorithm.sandblaster.backupAfter",
+        "above 0",
+    ),
+    (
+        "history at most 64",
+        |j| sandblaster(j).history = 65,
+        "spec.algorithm.sandblaster.history",
+        "1 to 64",
+    ),
+    (
+        "l2 not negative",
+        |j| sandblaster(j).l2 = -1e-3,
+        "spec.algorithm.sandblaster.l2",
+        "at least 0",
+    ),
+    (
+        "armijo below 1",
+        |j| sandblaster(j).armijo = 1.0,
+        "spec.algorithm.sandblaster.armijo",
+        "between 0 and 1",
+    ),
+    (
+        "backtrack above 0",
+        |j| sandblaster(j).backtrack = 0.0,
+        "spec.algorithm.sandblaster.backtrack",
+        "between 0 and 1",
+    ),
+    (
+        "lineSearchTrials at least 1",
+        |j| sandblaster(j).line_search_trials = 0,
+        "spec.algorithm.sandblaster.lineSearchTrials",
+        "1 to 100",
+    ),
+    (
+        "gradientTolerance finite",
+        |j| sandblaster(j).gradient_tolerance = f64::NAN,
+        "spec.algorithm.sandblaster.gradientTolerance",
+        "at least 0",
+    ),
+    (
+        "maxIterations at least 1",
+        |j| sandblaster(j).max_iterations = Some(0),
+        "spec.algorithm.sandblaster.maxIterations",
+        "at least 1",
     ),
     (
         "learningRate positive",
@@ -572,7 +657,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 42, "{fields:#?}");
+    assert_eq!(fields.len(), 52, "{fields:#?}");
 }
 
 #[test]
@@ -874,4 +959,18 @@ spec:
     let err = crate::parse_job("typo.yaml", yaml).unwrap_err();
     assert!(matches!(err, ApiError::Parse { .. }), "{err}");
     assert!(err.to_string().contains("learningrate"), "{err}");
+}
+
+#[test]
+fn a_sandblaster_job_validates_with_its_defaults_and_seeds_the_shards() {
+    let mut raw = minimal_resource();
+    sandblaster(&mut raw).seed = 7;
+    let job = validate(&raw).expect("a valid Sandblaster job");
+    let sb = job.sandblaster.expect("the job runs Sandblaster");
+    assert_eq!(
+        (sb.portion_size, sb.portions_per_push, sb.history),
+        (500, 4, 10)
+    );
+    assert_eq!(sb.backup_after, 0.9);
+    assert_eq!(job.downpour.seed, 7, "the shards initialise from its seed");
 }

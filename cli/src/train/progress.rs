@@ -94,7 +94,18 @@ pub fn format_line(
     } else {
         "-".into()
     };
-    let st = s.staleness.unwrap_or_default();
+    // Sandblaster computes on each batch's parameters: no staleness, but
+    // batches, iterations and backup portions.
+    let figures = match &s.sandblaster {
+        Some(sb) => format!(
+            "batch {} iteration {} | backups {} issued {} used",
+            sb.batches, sb.iterations, sb.backup_portions_issued, sb.backup_portions_used
+        ),
+        None => {
+            let st = s.staleness.unwrap_or_default();
+            format!("staleness p50 {} p99 {}", st.p50, st.p99)
+        }
+    };
     let phase = if s.train_seconds == 0.0 {
         " (starting)"
     } else if !s.warm_start_done {
@@ -103,8 +114,8 @@ pub fn format_line(
         ""
     };
     format!(
-        "[{:7.1}s]{phase} epoch {:.2} | step {} | {:.0} ex/s | loss {loss} | test acc {acc} | staleness p50 {} p99 {} | replicas {live}/{replicas} | restarts {replica_restarts} replica, {shard_restarts} shard",
-        s.train_seconds, s.epochs, s.steps, rate, st.p50, st.p99
+        "[{:7.1}s]{phase} epoch {:.2} | step {} | {:.0} ex/s | loss {loss} | test acc {acc} | {figures} | replicas {live}/{replicas} | restarts {replica_restarts} replica, {shard_restarts} shard",
+        s.train_seconds, s.epochs, s.steps, rate
     )
 }
 
@@ -163,5 +174,25 @@ mod tests {
             "no epoch limit: 12.34 of 24.68 s"
         );
         assert_eq!(limit_share(&s, (1.0, 0.0)), 1.0, "never past the end");
+    }
+
+    #[test]
+    fn a_sandblaster_line_shows_batches_and_backups_instead_of_staleness() {
+        let s = JobStatus {
+            sandblaster: Some(distbelief_proto::v1::SandblasterProgress {
+                batches: 12,
+                iterations: 9,
+                backup_portions_issued: 5,
+                backup_portions_used: 3,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let line = format_line(&s, 4, 4, 0, 0);
+        assert!(
+            line.contains("batch 12 iteration 9 | backups 5 issued 3 used"),
+            "{line}"
+        );
+        assert!(!line.contains("staleness"), "{line}");
     }
 }

@@ -58,6 +58,24 @@ pub struct Summary {
     pub curve: String,
     /// The saved model.safetensors, when the job finished and saved one.
     pub model: Option<String>,
+    /// Sandblaster's figures, when the job ran it.
+    pub sandblaster: Option<SandblasterSummary>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SandblasterSummary {
+    /// Batches whose gradient was completed (loss and gradient evaluations).
+    pub batches: u64,
+    /// L-BFGS iterations accepted by the line search.
+    pub iterations: u64,
+    pub backup_portions_issued: u64,
+    pub backup_portions_used: u64,
+    pub grants_redone: u64,
+    /// Vector commands and replies between coordinator and shards, per
+    /// batch: O(shards × history), whatever the model's size.
+    pub command_bytes_per_batch: f64,
+    /// The model's parameters as f32, for scale.
+    pub parameter_bytes: u64,
 }
 
 /// How the local runtime's run went, beside the coordinator's last status.
@@ -124,6 +142,15 @@ impl Summary {
             model: Some(out.join(MODEL_FILE))
                 .filter(|m| m.exists())
                 .map(|m| m.display().to_string()),
+            sandblaster: s.sandblaster.as_ref().map(|sb| SandblasterSummary {
+                batches: sb.batches,
+                iterations: sb.iterations,
+                backup_portions_issued: sb.backup_portions_issued,
+                backup_portions_used: sb.backup_portions_used,
+                grants_redone: sb.grants_redone,
+                command_bytes_per_batch: sb.command_bytes as f64 / sb.batches.max(1) as f64,
+                parameter_bytes: 4 * job.layout.len() as u64,
+            }),
         }
     }
 

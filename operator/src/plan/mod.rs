@@ -186,6 +186,9 @@ fn succeed(plan: &mut Plan, job: &DistBeliefJob, progress: &Progress, now: Times
         Some("target_reached") => "TargetReached",
         Some("max_epochs") => "MaxEpochs",
         Some("max_seconds") => "MaxSeconds",
+        Some("converged") => "Converged",
+        Some("line_search_failed") => "LineSearchFailed",
+        Some("max_iterations") => "MaxIterations",
         _ => "Done",
     };
     let model = match &progress.model {

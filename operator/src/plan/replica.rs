@@ -238,7 +238,10 @@ impl Decision<'_> {
     fn stragglers(&mut self, plan: &mut Plan) -> Outcome {
         if let Some(old) = self.st.backup_of {
             self.race(plan, old);
-        } else if !self.s.t.job.spec.replicas.stragglers.enabled {
+        } else if !self.s.t.job.spec.replicas.stragglers.enabled
+            // Sandblaster hands a slow replica's portions out again itself.
+            || self.s.t.job.spec.algorithm.sandblaster.is_some()
+        {
             self.st.slow_since = None;
         } else if let Some(why) = self.straggling(plan)
             && self.s.servers_ready
