@@ -50,12 +50,35 @@ impl Drop for Run {
     }
 }
 
+/// Sandblaster on a small batch with replica 2 slowed 5×: its portions
+/// are backed up near the end of every batch.
+fn sandblaster_job(name: &str) -> String {
+    format!(
+        "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {{name: {name}}}
+spec:
+  model: {{hidden: [{{units: 64}}], output: {{units: 10}}}}
+  data: {{trainLimit: 6000, testLimit: 2000}}
+  algorithm: {{sandblaster: {{portionSize: 100, portionsPerPush: 2, backupAfter: 0.8}}}}
+  parameterServers: {{shards: 2, maxRestarts: 2}}
+  replicas: {{count: 3, maxRestarts: 2}}
+  stop: {{targetTestAccuracy: 0.8, maxEpochs: 1000, maxSeconds: 150, evalIntervalSeconds: 0.5}}
+  faults: {{slowReplicas: [{{replica: 2, factor: 5}}]}}
+"
+    )
+}
+
 impl Run {
     fn start(name: &str) -> Run {
+        Run::start_job(job(name))
+    }
+
+    fn start_job(yaml: String) -> Run {
         require_fashion_mnist();
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("job.yaml");
-        std::fs::write(&file, job(name)).expect("write job");
+        std::fs::write(&file, yaml).expect("write job");
         let child = Command::new(EXE)
             .arg("train")
             .arg(&file)
@@ -271,4 +294,35 @@ fn bad_job_file_gets_a_clear_error() {
         .output()
         .expect("run");
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/job.yaml"));
+}
+
+#[test]
+fn sandblaster_reaches_the_target_with_backups_and_a_killed_replica() {
+    let run = Run::start_job(sandblaster_job("sandblaster"));
+    run.wait_for_log(
+        "logs/coordinator.log",
+        "L-BFGS iteration",
+        Duration::from_secs(60),
+    );
+    let pid = run.pid("worker", 1).expect("replica 1 in processes.tsv");
+    kill9(pid);
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    assert_eq!(s["replica_restarts"], 1, "{s}");
+    let sb = &s["sandblaster"];
+    let figure = |key: &str| {
+        sb[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("summary lacks sandblaster.{key}: {s}"))
+    };
+    assert!(figure("iterations") >= 1.0, "{s}");
+    assert!(figure("batches") >= figure("iterations"), "{s}");
+    // The slow replica's portions are backed up, and some backups win.
+    assert!(figure("backup_portions_issued") >= 1.0, "{s}");
+    assert!(figure("backup_portions_used") >= 1.0, "{s}");
+    // Scalars and commands only: far below one copy of the parameters.
+    assert!(
+        figure("command_bytes_per_batch") < figure("parameter_bytes") / 100.0,
+        "{s}"
+    );
 }
