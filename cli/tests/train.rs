@@ -326,3 +326,18 @@ fn sandblaster_reaches_the_target_with_backups_and_a_killed_replica() {
         "{s}"
     );
 }
+
+/// L-BFGS's own stop ends the run like a limit: one last evaluation, the
+/// model saved, and the reason in the summary.
+#[test]
+fn sandblaster_stops_after_max_iterations_and_saves_its_model() {
+    let yaml = sandblaster_job("sandblaster-iterations")
+        .replace("targetTestAccuracy: 0.8, ", "")
+        .replace("backupAfter: 0.8}", "backupAfter: 0.8, maxIterations: 3}");
+    assert!(yaml.contains("maxIterations: 3"), "{yaml}");
+    let s = Run::start_job(yaml).finish(Duration::from_secs(120));
+    assert_eq!(s["outcome"], "finished", "{s}");
+    assert_eq!(s["stop_reason"], "max_iterations", "{s}");
+    assert_eq!(s["sandblaster"]["iterations"], 3, "{s}");
+    assert!(s["model"].is_string(), "{s}");
+}

@@ -42,7 +42,10 @@ impl Evaluator {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut params = vec![0.0f32; self.mlp.layout().len()];
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.shared.wake.notified() => {}
+            }
             let shared = &self.shared;
             let (started, done, limit) = {
                 let t = shared.tracker();

@@ -94,6 +94,8 @@ struct Shared {
     saved: Mutex<Saved>,
     /// Set when the job runs Sandblaster.
     portions: Option<Arc<sandblaster::Portions>>,
+    /// Wakes the evaluator before its next tick (a stop was requested).
+    wake: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -221,6 +223,7 @@ pub async fn serve(
             .sandblaster
             .as_ref()
             .map(|sb| Arc::new(sandblaster::Portions::new(sb, training_examples))),
+        wake: tokio::sync::Notify::new(),
     });
     let driver = match (&job.sandblaster, &shared.portions) {
         (Some(sb), Some(portions)) => Some(tokio::spawn(sandblaster::drive(

@@ -342,8 +342,9 @@ impl Shards for Cluster {
     }
 }
 
-/// Runs L-BFGS until it stops or the job does, then ends the job with the
-/// reason. Shard errors are retried from the last accepted iterate.
+/// Runs L-BFGS until it stops or the job does, then asks for the job to
+/// end with the reason. After a failed round trip to the shards, L-BFGS
+/// starts over from the parameters they hold.
 pub(crate) async fn drive(
     spec: SandblasterSpec,
     clients: Vec<ShardClient>,
@@ -401,6 +402,7 @@ pub(crate) async fn drive(
         }
     };
     tracing::info!(reason = reason.as_str(), "L-BFGS stopped");
-    let now = shared.now();
-    shared.tracker().finish(reason, now);
+    // The evaluator ends the job: one last evaluation, and the model saved.
+    shared.tracker().request_stop(reason);
+    shared.wake.notify_one();
 }

@@ -106,6 +106,9 @@ pub struct Tracker {
     push_bytes: u64,
     updates: u64,
     done: Option<(StopReason, f64)>,
+    /// A stop asked for by the algorithm (Sandblaster's L-BFGS), applied
+    /// like a limit: with one last evaluation and the model saved.
+    stop_requested: Option<StopReason>,
 }
 
 impl Tracker {
@@ -116,6 +119,7 @@ impl Tracker {
             training_examples: training_examples as u64,
             backup_window: 60.0,
             started: None,
+            stop_requested: None,
             warm_start_done: warm_start_steps == 0,
             replicas: BTreeMap::new(),
             curve: Vec::new(),
@@ -277,7 +281,9 @@ impl Tracker {
         if self.started.is_none() || self.done.is_some() {
             return None;
         }
-        if self.epochs() >= self.stop.max_epochs {
+        if self.stop_requested.is_some() {
+            self.stop_requested
+        } else if self.epochs() >= self.stop.max_epochs {
             Some(StopReason::MaxEpochs)
         } else if self.train_seconds(now) >= self.stop.max_seconds as f64 {
             Some(StopReason::MaxSeconds)
@@ -311,6 +317,11 @@ impl Tracker {
         self.staleness = h;
         self.push_bytes = push_bytes;
         self.updates = updates;
+    }
+
+    /// Ends the job at the next evaluation, for `reason`.
+    pub fn request_stop(&mut self, reason: StopReason) {
+        self.stop_requested.get_or_insert(reason);
     }
 
     pub fn finish(&mut self, reason: StopReason, now: f64) {

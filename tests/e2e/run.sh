@@ -499,6 +499,44 @@ PY
   done
 }
 
+# Sandblaster: the example, on a smaller batch with 3 replicas, one slowed 5×,
+# so that backup portions are issued; it must succeed at 0.8 and its status
+# must count batches and backup portions.
+SANDBLASTER=fashion-mnist-sandblaster
+sandblaster() {
+  local name=$SANDBLASTER-small batches issued used
+  python3 - "examples/$SANDBLASTER.yaml" "$work/sandblaster.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
+import sys
+src, dst, name = sys.argv[1:]
+s = open(src).read()
+for old, new in [
+    (f"  name: {src.split('/')[-1][:-5]}\n", f"  name: {name}\n"),
+    ("    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n",
+     "    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n    trainLimit: 12000\n    testLimit: 2000\n"),
+    ("      portionSize: 500\n", "      portionSize: 250\n"),
+    ("  replicas:\n    count: 4\n", "  replicas:\n    count: 3\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.8\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+s = s.rstrip("\n") + "\n  faults:\n    slowReplicas:\n      - replica: 2\n        factor: 5\n"
+open(dst, "w").write(s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/sandblaster.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$name (Sandblaster L-BFGS, replica 2 slowed 5x)"
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  batches=$(jp "dbj/$name" '{.status.progress.sandblaster.batches}')
+  issued=$(jp "dbj/$name" '{.status.progress.sandblaster.backupPortionsIssued}')
+  used=$(jp "dbj/$name" '{.status.progress.sandblaster.backupPortionsUsed}')
+  log "$name: final phase $J_PHASE, testAccuracy $J_ACC; .status.progress.sandblaster: batches ${batches:--}, backupPortionsIssued ${issued:--}, backupPortionsUsed ${used:--}"
+  [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$J_ACC" 0.8 || { echo "$name: testAccuracy $J_ACC < 0.8"; return 1; }
+  ge "$batches" 1 || { echo "$name: .status.progress.sandblaster.batches is '${batches}'"; return 1; }
+  ge "$issued" 1 || { echo "$name: no backup portion issued with a replica slowed 5x"; return 1; }
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+}
+
 # --- 4. the long job: failures it must survive --------------------------------
 # The example stops within seconds of reaching 85%, too soon to be sure of
 # catching it mid-training. So the same job runs under another name with a
@@ -763,6 +801,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj" run_example
     step "$STRAGGLER: a slowed replica's backup starts at its data position and is kept, the straggler retired" straggler_race
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
+    step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
       step "${LONG_STEPS[1]}" long_shard

@@ -152,7 +152,10 @@ fn main() -> anyhow::Result<()> {
             for (g, (grain, portion)) in grains.iter().enumerate() {
                 for (c, case) in CASES.iter().enumerate() {
                     let name = format!("sb-{grain}-{}-{round}", case.key()).replace('_', "-");
-                    eprintln!("bench: round {round}: {grain} portions of {portion}, {}", case.key());
+                    eprintln!(
+                        "bench: round {round}: {grain} portions of {portion}, {}",
+                        case.key()
+                    );
                     let job = straggler_job(&base, &args, *portion, *case);
                     let s = train(&exe, &job, &name, tmp.path())?;
                     batch_times[g][c].push(batch_seconds(&s)?);
@@ -166,7 +169,12 @@ fn main() -> anyhow::Result<()> {
             to_target[0].push(figure(&s, &["time_to_target_seconds"]));
             traffic.push(s["sandblaster"].clone());
             eprintln!("bench: round {round}: Downpour to the target");
-            let d = train(&exe, &downpour, &format!("downpour-target-{round}"), tmp.path())?;
+            let d = train(
+                &exe,
+                &downpour,
+                &format!("downpour-target-{round}"),
+                tmp.path(),
+            )?;
             to_target[1].push(figure(&d, &["time_to_target_seconds"]));
         }
     }

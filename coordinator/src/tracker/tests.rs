@@ -185,3 +185,21 @@ fn a_restart_during_a_race_ends_it_and_a_new_backup_replaces_a_silent_one() {
     assert_eq!(t.on_report(&report(0, 1, 101), 8.0).action(), Action::Stop);
     assert!(t.status(8.0).replicas[0].backup.is_none());
 }
+
+#[test]
+fn a_requested_stop_is_a_limit_until_the_job_finishes() {
+    let mut t = Tracker::new(stop(None), 0, 1000);
+    t.request_stop(StopReason::Converged);
+    assert_eq!(t.limit_reached(1.0), None, "not before training starts");
+    t.on_report(&report(0, 1, 1), 0.5);
+    assert_eq!(t.limit_reached(1.0), Some(StopReason::Converged));
+    t.request_stop(StopReason::MaxIterations);
+    assert_eq!(
+        t.limit_reached(1.0),
+        Some(StopReason::Converged),
+        "the first reason stands"
+    );
+    t.finish(StopReason::Converged, 1.0);
+    assert_eq!(t.limit_reached(2.0), None);
+    assert_eq!(t.status(2.0).stop_reason, "converged");
+}
