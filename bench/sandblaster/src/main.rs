@@ -3,8 +3,8 @@
 //!
 //! * `stragglers`: the mean batch time with no straggler, and with one of
 //!   the four replicas slowed 5× with backup tasks on and off, as ratios to
-//!   the first, for coarse portions (two per replica per batch) and fine
-//!   ones (the example's 500 examples);
+//!   the first, for coarse portions (one and a half per replica per batch)
+//!   and fine ones (the example's 500 examples);
 //! * `versus_downpour`: time to the example's target accuracy for the
 //!   Sandblaster example and for Downpour on the same model, shards and
 //!   replicas;
@@ -136,9 +136,11 @@ fn main() -> anyhow::Result<()> {
     downpour["spec"]["stop"] = base["spec"]["stop"].clone();
     let wants = |part: &str| args.only.is_empty() || args.only.iter().any(|o| o == part);
     let tmp = tempfile::tempdir()?;
-    // Coarse: two portions per replica per batch, where one slow portion
-    // is a large share of the batch; fine: the example's portions.
-    let coarse = args.batch_examples.div_ceil(2 * replica_count);
+    // Coarse: one and a half portions per replica per batch, so that one
+    // slow portion is longer than the whole batch takes the others; fine:
+    // the example's portions, where a free replica simply takes the slow
+    // one's share.
+    let coarse = args.batch_examples.div_ceil((3 * replica_count).div_ceil(2));
     let fine = base["spec"]["algorithm"]["sandblaster"]["portionSize"]
         .as_u64()
         .unwrap_or(500) as u32;
