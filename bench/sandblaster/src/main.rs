@@ -38,8 +38,9 @@ struct Args {
     /// Rounds; figures are medians over them.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Training examples per batch in the straggler runs.
-    #[arg(long, default_value_t = 24_000)]
+    /// Training examples per batch in the straggler runs (the example's
+    /// whole training set by default).
+    #[arg(long, default_value_t = 60_000)]
     batch_examples: u32,
     /// L-BFGS iterations per straggler run.
     #[arg(long, default_value_t = 12)]
