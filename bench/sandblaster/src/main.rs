@@ -141,7 +141,9 @@ fn main() -> anyhow::Result<()> {
     // slow portion is longer than the whole batch takes the others; fine:
     // the example's portions, where a free replica simply takes the slow
     // one's share.
-    let coarse = args.batch_examples.div_ceil((3 * replica_count).div_ceil(2));
+    let coarse = args
+        .batch_examples
+        .div_ceil((3 * replica_count).div_ceil(2));
     let fine = base["spec"]["algorithm"]["sandblaster"]["portionSize"]
         .as_u64()
         .unwrap_or(500) as u32;
