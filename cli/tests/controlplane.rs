@@ -62,6 +62,36 @@ const BROKEN: &[(&str, Change)] = &[
     ("trainLimit", |j| j["spec"]["data"]["trainLimit"] = json!(0)),
     ("testLimit", |j| j["spec"]["data"]["testLimit"] = json!(0)),
     ("no algorithm", |j| j["spec"]["algorithm"] = json!({})),
+    ("portionSize", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"portionSize": 0}})
+    }),
+    ("portionsPerPush", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"portionsPerPush": 65}})
+    }),
+    ("backupAfter", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"backupAfter": 1.5}})
+    }),
+    ("history", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"history": 0}})
+    }),
+    ("l2", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"l2": -0.1}})
+    }),
+    ("armijo", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"armijo": 1.0}})
+    }),
+    ("backtrack", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"backtrack": 0.0}})
+    }),
+    ("lineSearchTrials", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"lineSearchTrials": 101}})
+    }),
+    ("gradientTolerance", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"gradientTolerance": -1.0}})
+    }),
+    ("maxIterations", |j| {
+        j["spec"]["algorithm"] = json!({"sandblaster": {"maxIterations": 0}})
+    }),
     ("learningRate", |j| {
         j["spec"]["algorithm"]["downpour"]["learningRate"] = json!(0.0)
     }),
