@@ -406,3 +406,90 @@ pub(crate) async fn drive(
     shared.tracker().request_stop(reason);
     shared.wake.notify_one();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 30 examples in portions of 10, no backups.
+    fn portions() -> Portions {
+        let spec: SandblasterSpec =
+            serde_json::from_str(r#"{"portionSize": 10, "backupAfter": 1.0}"#).expect("spec");
+        Portions::new(&spec, 30)
+    }
+
+    fn commit(
+        p: &Portions,
+        replica: u32,
+        incarnation: u64,
+        batch: u64,
+        portions: &[u32],
+    ) -> CommitReply {
+        p.commit(&PortionCommit {
+            replica,
+            incarnation,
+            batch,
+            portions: portions.to_vec(),
+        })
+    }
+
+    fn pushed(p: &Portions, batch: u64, grant: u64, loss_sum: f64) {
+        p.pushed(&GrantPushed {
+            replica: 0,
+            incarnation: 0,
+            batch,
+            grant,
+            loss_sum,
+        });
+    }
+
+    #[test]
+    fn a_restarted_replica_redoes_its_old_grant_and_each_loss_counts_once() {
+        let p = portions();
+        assert_eq!(p.try_next(0, 1).kind(), WorkKind::Wait, "no batch yet");
+        p.open();
+        let a = p.try_next(0, 1);
+        let b = p.try_next(0, 1);
+        assert_eq!(
+            (a.kind(), a.batch, &a.portions[..]),
+            (WorkKind::Portion, 1, &[0][..])
+        );
+        assert_eq!(b.portions, vec![1], "data affinity: the next portion");
+        let granted = commit(&p, 0, 1, 1, &[0, 1]);
+        assert!(granted.granted);
+        // The process dies before pushing; its next incarnation redoes the grant.
+        let redo = p.try_next(0, 2);
+        assert_eq!(redo.kind(), WorkKind::Redo);
+        assert_eq!(
+            (redo.grant, &redo.portions[..]),
+            (granted.grant, &[0, 1][..])
+        );
+        assert!(
+            !commit(&p, 0, 1, 1, &[2]).granted,
+            "the superseded process is refused"
+        );
+        pushed(&p, 1, granted.grant, 5.0);
+        let last = p.try_next(0, 2);
+        assert_eq!(last.portions, vec![2]);
+        let g = commit(&p, 0, 2, 1, &[2]);
+        assert!(g.granted);
+        pushed(&p, 1, g.grant, 1.0);
+        pushed(&p, 1, g.grant, 1.0);
+        assert_eq!(p.close_if_done(), Some(6.0), "each grant's loss once");
+        let progress = p.progress();
+        assert_eq!((progress.batches, progress.grants_redone), (1, 1));
+        assert_eq!(p.try_next(0, 2).kind(), WorkKind::Wait, "between batches");
+        assert!(!commit(&p, 0, 2, 1, &[0]).granted, "the batch is closed");
+    }
+
+    #[test]
+    fn a_commit_for_an_earlier_batch_is_refused() {
+        let p = portions();
+        p.open();
+        let w = p.try_next(3, 1);
+        assert_eq!(w.batch, 1);
+        p.open();
+        assert!(!commit(&p, 3, 1, 1, &w.portions).granted);
+        assert_eq!(p.try_next(3, 1).batch, 2);
+    }
+}
