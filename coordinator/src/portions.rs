@@ -64,6 +64,15 @@ pub struct Counts {
     pub redone: u32,
 }
 
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, c: Counts) {
+        self.backups_issued += c.backups_issued;
+        self.backups_used += c.backups_used;
+        self.refused += c.refused;
+        self.redone += c.redone;
+    }
+}
+
 /// One batch's portions.
 #[derive(Debug, Clone)]
 pub struct Batch {

@@ -25,7 +25,7 @@ use crate::tracker::StopReason;
 
 /// A replica that holds work and has not asked for more for this long is
 /// taken for lost: its portions go back to the pool.
-pub const LOST_AFTER: Duration = Duration::from_secs(10);
+const LOST_AFTER: Duration = Duration::from_secs(10);
 /// How long a portion request waits for work before answering Wait.
 const LONG_POLL: Duration = Duration::from_millis(200);
 
@@ -63,13 +63,6 @@ pub struct Portions {
     changed: Notify,
     portions: u32,
     backup_after: f64,
-}
-
-fn add(total: &mut Counts, c: Counts) {
-    total.backups_issued += c.backups_issued;
-    total.backups_used += c.backups_used;
-    total.refused += c.refused;
-    total.redone += c.redone;
 }
 
 impl Portions {
@@ -227,7 +220,7 @@ impl Portions {
         round.current = None;
         round.next_grant = next_grant;
         round.batches += 1;
-        add(&mut round.totals, counts);
+        round.totals += counts;
         Some(round.loss_sum)
     }
 
@@ -258,7 +251,7 @@ impl Portions {
         let round = self.round();
         let mut c = round.totals;
         if let Some(b) = &round.current {
-            add(&mut c, b.counts);
+            c += b.counts;
         }
         v1::SandblasterProgress {
             batches: round.batches,

@@ -1,7 +1,8 @@
-//! One model replica running Downpour SGD: wait for the warm start, fetch the
-//! parameters, then compute gradients on its own part of the data while the
-//! shard links fetch and push in the background. Reports progress to the
-//! coordinator, which says when to stop.
+//! One model replica: wait for the warm start, fetch the parameters, then
+//! either run Downpour SGD (compute gradients on its own part of the data
+//! while the shard links fetch and push in the background) or, under
+//! Sandblaster, take portions from the coordinator (`portions.rs`). Reports
+//! progress to the coordinator, which says when to stop.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
