@@ -49,6 +49,9 @@ macro_rules! sandblaster {
 pub const MSG_AT_LEAST_1: &str = "must be at least 1";
 pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";
+/// The second rule on `spec.replicas.partitions`; [`message`] gives the first.
+pub const MSG_PARTITIONS_ALGORITHM: &str =
+    "more than 1 cannot be combined with sandblaster or downpour.averaging";
 
 /// Every rule CEL enforces. [`validate`](crate::validate) checks each of
 /// these with the same field and message, and some more that need Rust
@@ -208,6 +211,16 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.replicas.count",
         "self.replicas.count >= 1",
         MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.replicas.partitions",
+        "self.replicas.partitions >= 1 && self.replicas.partitions <= 16 && self.parameterServers.shards % self.replicas.partitions == 0",
+        "must be between 1 and 16 and divide spec.parameterServers.shards",
+    ),
+    spec(
+        "spec.replicas.partitions",
+        "self.replicas.partitions == 1 || (!has(self.algorithm.sandblaster) && (!has(self.algorithm.downpour) || !has(self.algorithm.downpour.averaging)))",
+        MSG_PARTITIONS_ALGORITHM,
     ),
     spec(
         "spec.stop.targetTestAccuracy",

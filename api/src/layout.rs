@@ -6,6 +6,9 @@ use std::ops::Range;
 
 use crate::spec::{Activation, ModelSpec};
 
+mod partition;
+pub use partition::{Block, Partitioning};
+
 /// One named tensor inside the flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tensor {

@@ -523,6 +523,16 @@ pub struct ReplicaSpec {
     /// backup tasks hand a slow replica's portions to others.
     #[serde(default)]
     pub stragglers: StragglerSpec,
+    /// Model parallelism: the processes (pods) each replica is split into,
+    /// between 1 and 16. Each holds a slice of every layer's units with their
+    /// weights and biases; only the activations and gradients at layer
+    /// boundaries travel between them. Must divide parameterServers.shards,
+    /// so that each shard holds one partition's parameters, and be at most
+    /// the units of the narrowest layer. A lost partition restarts its whole
+    /// replica. Not combined with Sandblaster or parameter averaging; a
+    /// partitioned replica gets no straggler backups. Default: 1.
+    #[serde(default = "one")]
+    pub partitions: u32,
 }
 
 impl Default for ReplicaSpec {
@@ -532,6 +542,7 @@ impl Default for ReplicaSpec {
             max_restarts: default_max_restarts(),
             resources: None,
             stragglers: StragglerSpec::default(),
+            partitions: 1,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::admission;
 use crate::error::{ApiError, ValidationError};
-use crate::layout::Layout;
+use crate::layout::{Layout, Partitioning};
 use crate::spec::{
     DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec, SandblasterSpec,
 };
@@ -18,7 +18,11 @@ pub struct Job {
     pub downpour: DownpourSpec,
     /// Set when the job runs Sandblaster L-BFGS instead of Downpour.
     pub sandblaster: Option<SandblasterSpec>,
+    /// The model's own layout: tensors in layer order.
     pub layout: Layout,
+    /// How replicas split the model into partitions, and the order in which
+    /// the shards store the parameters (the layout's when unpartitioned).
+    pub partitioning: Partitioning,
 }
 
 impl Job {
@@ -28,6 +32,21 @@ impl Job {
 
     pub fn replicas(&self) -> usize {
         self.spec.replicas.count as usize
+    }
+
+    pub fn partitions(&self) -> usize {
+        self.partitioning.parts()
+    }
+
+    /// Each shard's range of the stored parameter vector.
+    pub fn shard_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        self.partitioning.shard_ranges(self.shards())
+    }
+
+    /// The initial values of `range` of the stored parameter vector.
+    pub fn initial_values(&self, range: std::ops::Range<usize>) -> Vec<f32> {
+        self.partitioning
+            .initial_values(&self.layout, range, self.downpour.seed)
     }
 }
 
@@ -39,6 +58,8 @@ const MAX_EVAL_INTERVAL: f64 = 86_400.0;
 const MAX_PARAMETERS: usize = 1 << 31;
 /// L-BFGS history pairs a shard keeps at most (its vector store's ring).
 pub const MAX_HISTORY: u32 = 64;
+/// Partitions a replica may be split into.
+pub const MAX_PARTITIONS: u32 = 16;
 
 /// Checks every rule and returns all broken ones together.
 pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
@@ -169,6 +190,37 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if s.replicas.count == 0 {
         fail("spec.replicas.count", None);
     }
+    let partitions = s.replicas.partitions;
+    if !(1..=MAX_PARTITIONS).contains(&partitions) || shards % partitions.max(1) != 0 {
+        fail("spec.replicas.partitions", None);
+    } else if let Some(narrowest) = s
+        .model
+        .hidden
+        .iter()
+        .map(|l| l.units)
+        .chain([s.model.output.units])
+        .min()
+        .filter(|&u| u >= 1 && u < partitions)
+    {
+        fail(
+            "spec.replicas.partitions",
+            Some(format!(
+                "{partitions} partitions for a layer of {narrowest} units leaves some partition without units"
+            )),
+        );
+    }
+    if partitions > 1
+        && (s.algorithm.sandblaster.is_some()
+            || s.algorithm
+                .downpour
+                .as_ref()
+                .is_some_and(|d| d.averaging.is_some()))
+    {
+        fail(
+            "spec.replicas.partitions",
+            Some(admission::MSG_PARTITIONS_ALGORITHM.to_string()),
+        );
+    }
 
     let st = &s.stop;
     if let Some(t) = st.target_test_accuracy
@@ -268,6 +320,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
             spec: s.clone(),
             downpour,
             sandblaster: s.algorithm.sandblaster.clone(),
+            partitioning: Partitioning::new(&layout, partitions as usize),
             layout,
         }),
         _ => Err(ApiError::Invalid { name, errors }),

@@ -3,10 +3,13 @@
 //! local training apply, the data readers, and saved-model files.
 
 pub mod data;
+pub mod exchange;
 pub mod memory;
 pub mod mlp;
 pub mod optimizer;
+pub mod partition;
 pub mod saved;
 
 pub use mlp::Mlp;
 pub use optimizer::Optimizer;
+pub use partition::PartitionedMlp;

@@ -96,6 +96,13 @@ impl Mlp {
         }
     }
 
+    /// The logits for the rows of `x`.
+    pub fn logits(&self, params: &[f32], x: ArrayView2<f32>) -> Array2<f32> {
+        let mut scratch = self.scratch(x.nrows());
+        self.forward(params, x, &mut scratch);
+        scratch.acts.pop().expect("at least one layer")
+    }
+
     /// Adds `scale ×` the gradient of the summed cross-entropy over the rows of
     /// `x` into `grad`, and returns that summed loss.
     fn accumulate(
@@ -239,7 +246,7 @@ impl Mlp {
 }
 
 /// Writes softmax(z) − onehot(y) into `out` and returns −log softmax(z)[y].
-fn softmax_into(z: ArrayView1<f32>, out: &mut [f32], y: usize) -> f64 {
+pub(crate) fn softmax_into(z: ArrayView1<f32>, out: &mut [f32], y: usize) -> f64 {
     let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for (o, &v) in out.iter_mut().zip(z.iter()) {
@@ -264,7 +271,7 @@ fn argmax(z: ArrayView1<f32>) -> usize {
     best
 }
 
-fn activate(a: Activation, mut z: ArrayViewMut2<f32>) {
+pub(crate) fn activate(a: Activation, mut z: ArrayViewMut2<f32>) {
     match a {
         Activation::Relu => z.mapv_inplace(|v| v.max(0.0)),
         Activation::Tanh => z.mapv_inplace(f32::tanh),
@@ -274,7 +281,7 @@ fn activate(a: Activation, mut z: ArrayViewMut2<f32>) {
 }
 
 /// Multiplies `d` by the activation's derivative, written in terms of its output.
-fn derive(a: Activation, out: ArrayView2<f32>, mut d: ArrayViewMut2<f32>) {
+pub(crate) fn derive(a: Activation, out: ArrayView2<f32>, mut d: ArrayViewMut2<f32>) {
     match a {
         Activation::Relu => d.zip_mut_with(&out, |d, &o| {
             if o <= 0.0 {

@@ -245,7 +245,7 @@ pub fn shard_clients(
     addrs: &[String],
     timeout: Duration,
 ) -> Result<Vec<ShardClient>, ClientError> {
-    let ranges = job.layout.shard_ranges(job.shards());
+    let ranges = job.shard_ranges();
     if ranges.len() != addrs.len() {
         return Err(ClientError::ShardCount {
             expected: ranges.len(),

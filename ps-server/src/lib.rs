@@ -34,7 +34,7 @@ pub struct ShardOptions {
 /// Builds shard `index` of `job`: from its checkpoint when one exists,
 /// otherwise from the job's initial values.
 pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
-    let ranges = job.layout.shard_ranges(job.shards());
+    let ranges = job.shard_ranges();
     let range = ranges
         .get(opts.index as usize)
         .cloned()
@@ -64,7 +64,7 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
             s
         }
         None => {
-            let params = job.layout.initial_values(range.clone(), job.downpour.seed);
+            let params = job.initial_values(range.clone());
             Shard::new(opts.index, range, optimizer, params)
         }
     };

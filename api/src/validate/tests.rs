@@ -492,6 +492,42 @@ const RULES: &[Rule] = &[
         "(0, 1)",
     ),
     (
+        "partitions at most 16",
+        |j| j.spec.replicas.partitions = 17,
+        "spec.replicas.partitions",
+        "between 1 and 16",
+    ),
+    (
+        "partitions divide the shards",
+        |j| {
+            j.spec.parameter_servers.shards = 3;
+            j.spec.replicas.partitions = 2;
+        },
+        "spec.replicas.partitions",
+        "divide",
+    ),
+    (
+        "partitions no more than the narrowest layer's units",
+        |j| {
+            j.spec.parameter_servers.shards = 12;
+            j.spec.replicas.partitions = 12;
+        },
+        "spec.replicas.partitions",
+        "without units",
+    ),
+    (
+        "partitions not with averaging",
+        |j| {
+            j.spec.parameter_servers.shards = 2;
+            j.spec.replicas.partitions = 2;
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.averaging = Some(AveragingSpec { period_steps: 4 });
+            }
+        },
+        "spec.replicas.partitions",
+        "cannot be combined",
+    ),
+    (
         "straggler forSeconds at least 1",
         |j| j.spec.replicas.stragglers.for_seconds = 0,
         "spec.replicas.stragglers.forSeconds",
@@ -605,7 +641,7 @@ fn each_admission_rule_gives_the_validators_message() {
     for rule in crate::admission::RULES.iter().filter(|r| !r.on_object) {
         let row = RULES
             .iter()
-            .find(|r| r.2 == rule.field)
+            .find(|r| r.2 == rule.field && rule.message.contains(r.3))
             .unwrap_or_else(|| panic!("no row breaks the admission rule on {}", rule.field));
         let mut raw = minimal_resource();
         (row.1)(&mut raw);
@@ -657,7 +693,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 52, "{fields:#?}");
+    assert_eq!(fields.len(), 53, "{fields:#?}");
 }
 
 #[test]

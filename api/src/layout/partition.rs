@@ -1,0 +1,257 @@
+//! Model parallelism's split of the parameter vector. Each of P partitions
+//! owns a slice of every layer's units: the weight columns and biases that
+//! produce them. The shards store the parameters partition by partition, so
+//! that each partition's parameters are one contiguous range, and each shard
+//! holds the parameters of exactly one partition.
+//!
+//! Within a partition a layer's weight slice is `[inputs, units of the
+//! slice]`, row-major, followed by its bias slice. With one partition this is
+//! the model's own layout, unchanged.
+
+use std::ops::Range;
+
+use super::{Layout, shard_ranges};
+
+/// One partition's slice of one layer, at offsets in the stored vector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    /// The layer's units (output columns) this slice produces.
+    pub units: Range<usize>,
+    /// `[inputs, units.len()]`, row-major.
+    pub weight: Range<usize>,
+    pub bias: Range<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partitioning {
+    /// `blocks[p][l]`: partition p's slice of layer l.
+    blocks: Vec<Vec<Block>>,
+    /// Partition p's contiguous range of the stored vector.
+    ranges: Vec<Range<usize>>,
+}
+
+/// A stretch that is contiguous in both orders.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    stored: usize,
+    canonical: usize,
+    len: usize,
+}
+
+impl Partitioning {
+    /// Splits every layer's units into `parts` near-equal slices.
+    pub fn new(layout: &Layout, parts: usize) -> Self {
+        let parts = parts.max(1);
+        let mut blocks = Vec::with_capacity(parts);
+        let mut ranges = Vec::with_capacity(parts);
+        let mut offset = 0;
+        let splits: Vec<Vec<Range<usize>>> = layout
+            .layers
+            .iter()
+            .map(|l| shard_ranges(l.units, parts))
+            .collect();
+        for p in 0..parts {
+            let start = offset;
+            let mut own = Vec::with_capacity(layout.layers.len());
+            for (layer, split) in layout.layers.iter().zip(&splits) {
+                let units = split[p].clone();
+                let weight = offset..offset + layer.inputs * units.len();
+                let bias = weight.end..weight.end + units.len();
+                offset = bias.end;
+                own.push(Block {
+                    units,
+                    weight,
+                    bias,
+                });
+            }
+            blocks.push(own);
+            ranges.push(start..offset);
+        }
+        Partitioning { blocks, ranges }
+    }
+
+    pub fn parts(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Partition `p`'s range of the stored vector.
+    pub fn range(&self, p: usize) -> Range<usize> {
+        self.ranges[p].clone()
+    }
+
+    /// Partition `p`'s slice of each layer.
+    pub fn blocks(&self, p: usize) -> &[Block] {
+        &self.blocks[p]
+    }
+
+    /// Each shard's range of the stored vector: every partition's range is
+    /// split into `shards / parts` near-equal pieces, so no shard crosses a
+    /// partition boundary. Validation makes `shards` a multiple of the
+    /// partitions; otherwise the vector is split evenly.
+    pub fn shard_ranges(&self, shards: usize) -> Vec<Range<usize>> {
+        let parts = self.parts();
+        let len = self.ranges.last().map_or(0, |r| r.end);
+        if parts == 1 || shards % parts != 0 {
+            return shard_ranges(len, shards);
+        }
+        self.ranges
+            .iter()
+            .flat_map(|r| {
+                shard_ranges(r.len(), shards / parts)
+                    .into_iter()
+                    .map(move |s| s.start + r.start..s.end + r.start)
+            })
+            .collect()
+    }
+
+    /// The shards (by index) that hold partition `p`'s parameters.
+    pub fn shards_of(&self, p: usize, shards: usize) -> Range<usize> {
+        let per = (shards / self.parts()).max(1);
+        p * per..(p + 1) * per
+    }
+
+    fn runs(&self, layout: &Layout) -> Vec<Run> {
+        if self.parts() == 1 {
+            return vec![Run {
+                stored: 0,
+                canonical: 0,
+                len: layout.len(),
+            }];
+        }
+        let mut runs = Vec::new();
+        for own in &self.blocks {
+            for (layer, b) in layout.layers.iter().zip(own) {
+                let w = b.units.len();
+                for i in 0..layer.inputs {
+                    runs.push(Run {
+                        stored: b.weight.start + i * w,
+                        canonical: layer.weight.start + i * layer.units + b.units.start,
+                        len: w,
+                    });
+                }
+                runs.push(Run {
+                    stored: b.bias.start,
+                    canonical: layer.bias.start + b.units.start,
+                    len: w,
+                });
+            }
+        }
+        runs
+    }
+
+    /// The layout's order from the stored order.
+    pub fn to_canonical(&self, layout: &Layout, stored: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; stored.len()];
+        for r in self.runs(layout) {
+            out[r.canonical..r.canonical + r.len]
+                .copy_from_slice(&stored[r.stored..r.stored + r.len]);
+        }
+        out
+    }
+
+    /// The stored order from the layout's order.
+    pub fn to_stored(&self, layout: &Layout, canonical: &[f32]) -> Vec<f32> {
+        let mut out = vec![0.0; canonical.len()];
+        for r in self.runs(layout) {
+            out[r.stored..r.stored + r.len]
+                .copy_from_slice(&canonical[r.canonical..r.canonical + r.len]);
+        }
+        out
+    }
+
+    /// The initial values of `range` of the stored vector: the same model,
+    /// value for value, as the unpartitioned job starts from.
+    pub fn initial_values(&self, layout: &Layout, range: Range<usize>, seed: u64) -> Vec<f32> {
+        if self.parts() == 1 {
+            return layout.initial_values(range, seed);
+        }
+        let mut out = vec![0.0; range.len()];
+        for r in self.runs(layout) {
+            let lo = r.stored.max(range.start);
+            let hi = (r.stored + r.len).min(range.end);
+            if lo >= hi {
+                continue;
+            }
+            let from = r.canonical + (lo - r.stored);
+            let values = layout.initial_values(from..from + (hi - lo), seed);
+            out[lo - range.start..hi - range.start].copy_from_slice(&values);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{Activation, DenseLayer, Loss, ModelSpec, OutputLayer};
+
+    fn layout() -> Layout {
+        Layout::from_model(&ModelSpec {
+            input_size: 7,
+            hidden: vec![
+                DenseLayer {
+                    units: 9,
+                    activation: Activation::Relu,
+                },
+                DenseLayer {
+                    units: 5,
+                    activation: Activation::Tanh,
+                },
+            ],
+            output: OutputLayer {
+                units: 4,
+                loss: Loss::SoftmaxCrossEntropy,
+            },
+        })
+    }
+
+    #[test]
+    fn one_partition_is_the_layout_itself() {
+        let l = layout();
+        let p = Partitioning::new(&l, 1);
+        assert_eq!(p.range(0), 0..l.len());
+        for (b, layer) in p.blocks(0).iter().zip(&l.layers) {
+            assert_eq!((&b.weight, &b.bias), (&layer.weight, &layer.bias));
+        }
+        assert_eq!(p.shard_ranges(3), l.shard_ranges(3));
+        let v: Vec<f32> = (0..l.len()).map(|i| i as f32).collect();
+        assert_eq!(p.to_stored(&l, &v), v);
+    }
+
+    #[test]
+    fn partitions_cover_every_parameter_once_and_shards_align() {
+        let l = layout();
+        for parts in [2, 3, 4] {
+            let p = Partitioning::new(&l, parts);
+            assert_eq!(p.range(parts - 1).end, l.len());
+            for layer in 0..l.layers.len() {
+                let units: usize = (0..parts).map(|q| p.blocks(q)[layer].units.len()).sum();
+                assert_eq!(units, l.layers[layer].units);
+            }
+            let canonical: Vec<f32> = (0..l.len()).map(|i| i as f32).collect();
+            let stored = p.to_stored(&l, &canonical);
+            let mut sorted = stored.clone();
+            sorted.sort_by(f32::total_cmp);
+            assert_eq!(sorted, canonical, "a permutation");
+            assert_eq!(p.to_canonical(&l, &stored), canonical);
+            let shards = p.shard_ranges(2 * parts);
+            for q in 0..parts {
+                let own = p.shards_of(q, 2 * parts);
+                assert_eq!(shards[own.start].start, p.range(q).start);
+                assert_eq!(shards[own.end - 1].end, p.range(q).end);
+            }
+        }
+    }
+
+    #[test]
+    fn partitioned_init_is_the_unpartitioned_model() {
+        let l = layout();
+        let whole = l.initial_values(0..l.len(), 3);
+        let p = Partitioning::new(&l, 3);
+        let mut joined = Vec::new();
+        for r in p.shard_ranges(6) {
+            joined.extend(p.initial_values(&l, r, 3));
+        }
+        assert_eq!(p.to_canonical(&l, &joined), whole);
+    }
+}

@@ -1,0 +1,275 @@
+//! How the partitions of one replica trade boundary values. The partitioned
+//! model only needs point-to-point sends and receives; the gRPC service (in
+//! the worker) and the in-memory exchange (for tests and benchmarks) both
+//! deliver into a [`Mailbox`], so the matching and waiting live here once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Which boundary a message belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tag {
+    /// The replica's step (mini-batch) number.
+    pub step: u64,
+    pub layer: u32,
+    /// False: a layer's activations, forward. True: partial gradients of a
+    /// layer's inputs, backward.
+    pub backward: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error(
+        "partition {from} sent nothing for {seconds:.0} s (step {step}, layer {layer}); it is lost or stuck"
+    )]
+    Silent {
+        from: usize,
+        step: u64,
+        layer: u32,
+        seconds: f64,
+    },
+    #[error("the exchange was closed: the replica is stopping")]
+    Closed,
+    #[error("sending to partition {to} failed: {message}")]
+    Send { to: usize, message: String },
+    #[error("partition {from} sent {got} values at step {step}, layer {layer}; {want} expected")]
+    Size {
+        from: usize,
+        step: u64,
+        layer: u32,
+        got: usize,
+        want: usize,
+    },
+}
+
+/// One partition's link to its peers.
+pub trait Exchange {
+    /// This partition's number.
+    fn me(&self) -> usize;
+    /// Sends each `(peer, values)` under `tag`.
+    fn send(&mut self, tag: Tag, messages: Vec<(usize, Vec<f32>)>) -> Result<(), ExchangeError>;
+    /// Waits for the values `from` sent under `tag`.
+    fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<f32>, ExchangeError>;
+}
+
+/// The most values one message may carry (1 GiB of f32).
+pub const MAX_MESSAGE_VALUES: usize = 1 << 28;
+
+struct Pending {
+    values: Vec<f32>,
+    filled: usize,
+}
+
+#[derive(Default)]
+struct Slots {
+    messages: HashMap<(usize, Tag), Pending>,
+    closed: bool,
+}
+
+/// Messages that arrived for one partition, possibly in chunks and in any
+/// order, until its compute takes them.
+pub struct Mailbox {
+    slots: Mutex<Slots>,
+    arrived: Condvar,
+    /// How long a receive waits for a peer before calling it lost.
+    patience: Duration,
+}
+
+impl Mailbox {
+    pub fn new(patience: Duration) -> Self {
+        Mailbox {
+            slots: Mutex::new(Slots::default()),
+            arrived: Condvar::new(),
+            patience,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores values `[offset, offset + n)` of the `total`-value message
+    /// `from` sent under `tag`, given as little-endian f32 bytes. A chunk that
+    /// does not fit the message is refused whole.
+    pub fn put(
+        &self,
+        from: usize,
+        tag: Tag,
+        offset: usize,
+        total: usize,
+        le_bytes: &[u8],
+    ) -> Result<(), String> {
+        if !le_bytes.len().is_multiple_of(4) {
+            return Err(format!("{} bytes is not whole f32 values", le_bytes.len()));
+        }
+        let n = le_bytes.len() / 4;
+        if total > MAX_MESSAGE_VALUES || offset.checked_add(n).is_none_or(|end| end > total) {
+            return Err(format!(
+                "values {offset}..{} do not fit a message of {total}",
+                offset.saturating_add(n)
+            ));
+        }
+        let mut slots = self.lock();
+        if slots.closed {
+            return Err("the receiving partition is stopping".into());
+        }
+        let pending = slots
+            .messages
+            .entry((from, tag))
+            .or_insert_with(|| Pending {
+                values: vec![0.0; total],
+                filled: 0,
+            });
+        if pending.values.len() != total {
+            return Err(format!(
+                "chunks disagree on the message size: {total} and {}",
+                pending.values.len()
+            ));
+        }
+        for (v, b) in pending.values[offset..offset + n]
+            .iter_mut()
+            .zip(le_bytes.chunks_exact(4))
+        {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        pending.filled += n;
+        drop(slots);
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Waits until the whole message `from` sent under `tag` is here.
+    pub fn take(&self, from: usize, tag: Tag) -> Result<Vec<f32>, ExchangeError> {
+        let deadline = Instant::now() + self.patience;
+        let mut slots = self.lock();
+        loop {
+            if slots.closed {
+                return Err(ExchangeError::Closed);
+            }
+            if slots
+                .messages
+                .get(&(from, tag))
+                .is_some_and(|p| p.filled >= p.values.len())
+                && let Some(p) = slots.messages.remove(&(from, tag))
+            {
+                return Ok(p.values);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ExchangeError::Silent {
+                    from,
+                    step: tag.step,
+                    layer: tag.layer,
+                    seconds: self.patience.as_secs_f64(),
+                });
+            }
+            slots = self
+                .arrived
+                .wait_timeout(slots, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Wakes every receive with [`ExchangeError::Closed`] and refuses new messages.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.arrived.notify_all();
+    }
+}
+
+/// Partitions in one process, trading through each other's mailboxes.
+pub struct LocalExchange {
+    me: usize,
+    boxes: Arc<Vec<Mailbox>>,
+}
+
+impl LocalExchange {
+    /// One exchange per partition, all connected.
+    pub fn connected(parts: usize, patience: Duration) -> Vec<LocalExchange> {
+        let boxes = Arc::new((0..parts).map(|_| Mailbox::new(patience)).collect());
+        (0..parts)
+            .map(|me| LocalExchange {
+                me,
+                boxes: Arc::clone(&boxes),
+            })
+            .collect()
+    }
+}
+
+impl Exchange for LocalExchange {
+    fn me(&self) -> usize {
+        self.me
+    }
+
+    fn send(&mut self, tag: Tag, messages: Vec<(usize, Vec<f32>)>) -> Result<(), ExchangeError> {
+        for (to, values) in messages {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.boxes[to]
+                .put(self.me, tag, 0, values.len(), &bytes)
+                .map_err(|message| ExchangeError::Send { to, message })?;
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<f32>, ExchangeError> {
+        self.boxes[self.me].take(from, tag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    const TAG: Tag = Tag {
+        step: 3,
+        layer: 1,
+        backward: false,
+    };
+
+    #[test]
+    fn chunks_in_any_order_make_one_message() {
+        let m = Mailbox::new(Duration::from_secs(1));
+        m.put(2, TAG, 2, 4, &bytes(&[3.0, 4.0])).unwrap();
+        m.put(2, TAG, 0, 4, &bytes(&[1.0, 2.0])).unwrap();
+        assert_eq!(m.take(2, TAG).unwrap(), [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn a_chunk_past_the_message_is_refused() {
+        let m = Mailbox::new(Duration::from_secs(1));
+        assert!(m.put(0, TAG, 3, 4, &bytes(&[1.0, 2.0])).is_err());
+        assert!(m.put(0, TAG, 0, 4, &[1, 2, 3]).is_err());
+        m.put(0, TAG, 0, 4, &bytes(&[1.0])).unwrap();
+        assert!(m.put(0, TAG, 0, 5, &bytes(&[1.0])).is_err(), "size changed");
+    }
+
+    #[test]
+    fn a_silent_peer_is_named_and_close_wakes_a_receive() {
+        let m = Mailbox::new(Duration::from_millis(50));
+        let err = m.take(1, TAG).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExchangeError::Silent {
+                    from: 1,
+                    step: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let m = Arc::new(Mailbox::new(Duration::from_secs(60)));
+        let waiting = Arc::clone(&m);
+        let t = std::thread::spawn(move || waiting.take(1, TAG));
+        std::thread::sleep(Duration::from_millis(10));
+        m.close();
+        assert!(matches!(t.join().unwrap(), Err(ExchangeError::Closed)));
+        assert!(m.put(1, TAG, 0, 1, &bytes(&[1.0])).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+use std::time::Duration;
+
+use super::*;
+use crate::Mlp;
+use crate::exchange::LocalExchange;
+use distbelief_api::{Activation, DenseLayer, Loss, ModelSpec, OutputLayer};
+
+fn layout() -> Layout {
+    let dense = |units, activation| DenseLayer { units, activation };
+    Layout::from_model(&ModelSpec {
+        input_size: 23,
+        hidden: vec![
+            dense(37, Activation::Relu),
+            dense(18, Activation::Tanh),
+            dense(9, Activation::Sigmoid),
+        ],
+        output: OutputLayer {
+            units: 6,
+            loss: Loss::SoftmaxCrossEntropy,
+        },
+    })
+}
+
+const ROWS: usize = 41;
+
+fn batch() -> (Vec<f32>, Vec<u32>) {
+    let x = (0..ROWS * 23)
+        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+        .collect();
+    let y = (0..ROWS).map(|i| (i * 7 % 6) as u32).collect();
+    (x, y)
+}
+
+/// Runs every partition on its own thread; returns the logits each saw,
+/// the mean loss each computed, and the gradient in the layout's order.
+fn partitioned(parts: usize, canonical: &[f32]) -> (Vec<Array2<f32>>, Vec<f64>, Vec<f32>) {
+    let l = layout();
+    let p = Partitioning::new(&l, parts);
+    let stored = p.to_stored(&l, canonical);
+    let (x, y) = batch();
+    let exchanges = LocalExchange::connected(parts, Duration::from_secs(10));
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = exchanges
+            .into_iter()
+            .enumerate()
+            .map(|(me, mut ex)| {
+                let (l, p, stored, x, y) = (&l, &p, &stored, &x, &y);
+                scope.spawn(move || {
+                    // Each partition is a process with its own pool.
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(2)
+                        .build()
+                        .unwrap();
+                    pool.install(|| {
+                        let m = PartitionedMlp::new(l, p, me);
+                        let own = &stored[p.range(me)];
+                        let mut scratch = m.scratch(ROWS);
+                        let mut grad = vec![0.0; m.len()];
+                        let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
+                        let loss = m
+                            .batch_gradient(own, xv, y, &mut scratch, &mut ex, 7, &mut grad)
+                            .unwrap();
+                        (m.logits(&scratch, ROWS).to_owned(), loss, grad)
+                    })
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut logits = Vec::new();
+    let mut losses = Vec::new();
+    let mut grad = Vec::new();
+    for (z, loss, g) in results {
+        logits.push(z);
+        losses.push(loss);
+        grad.extend(g);
+    }
+    (logits, losses, p.to_canonical(&l, &grad))
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn partitioned_outputs_and_gradients_equal_the_whole_model() {
+    let l = layout();
+    let mut params = l.initial_values(0..l.len(), 11);
+    for (i, p) in params.iter_mut().enumerate() {
+        *p += 0.01 * ((i % 5) as f32 - 2.0);
+    }
+    let (x, y) = batch();
+    let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
+    let whole = Mlp::new(&l);
+    let logits = whole.logits(&params, xv);
+    let mut ws = whole.workspaces(ROWS, 1);
+    let mut grad = vec![0.0; l.len()];
+    let loss = whole.batch_gradient(&params, xv, &y, &mut ws, &mut grad);
+    assert!(
+        grad.iter().any(|g| g.abs() > 1e-3),
+        "a gradient worth comparing"
+    );
+    for parts in [1, 2, 4] {
+        let (z, losses, g) = partitioned(parts, &params);
+        for (me, z) in z.iter().enumerate() {
+            let diff = max_abs_diff(z.as_slice().unwrap(), logits.as_slice().unwrap());
+            assert!(
+                diff <= 1e-5,
+                "P={parts}, partition {me}: logits differ by {diff}"
+            );
+        }
+        for (me, l2) in losses.iter().enumerate() {
+            assert!(
+                (l2 - loss).abs() <= 1e-5,
+                "P={parts}, partition {me}: loss {l2} vs {loss}"
+            );
+        }
+        let diff = max_abs_diff(&g, &grad);
+        assert!(diff <= 1e-5, "P={parts}: gradients differ by {diff}");
+    }
+}
+
+#[test]
+fn only_boundary_activations_cross() {
+    let l = layout();
+    let p = Partitioning::new(&l, 2);
+    let m = PartitionedMlp::new(&l, &p, 0);
+    let b = m.boundary_bytes(10);
+    // Forward: this partition's slice of each layer (19 + 9 + 5 + 3 units)
+    // to its one peer; backward: the peer's slice of each hidden layer's
+    // partial deltas (18 + 9 + 4 units).
+    assert_eq!(b.forward, 4 * 10 * (19 + 9 + 5 + 3));
+    assert_eq!(b.backward, 4 * 10 * (18 + 9 + 4));
+    assert_eq!(
+        PartitionedMlp::new(&l, &Partitioning::new(&l, 1), 0).boundary_bytes(10),
+        BoundaryBytes::default()
+    );
+}
+
+#[test]
+fn a_lost_peer_is_an_error_not_a_hang() {
+    let l = layout();
+    let p = Partitioning::new(&l, 2);
+    let m = PartitionedMlp::new(&l, &p, 0);
+    let mut ex = LocalExchange::connected(2, Duration::from_millis(100)).remove(0);
+    let stored = p.to_stored(&l, &l.initial_values(0..l.len(), 1));
+    let (x, y) = batch();
+    let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
+    let mut grad = vec![0.0; m.len()];
+    let err = m
+        .batch_gradient(
+            &stored[p.range(0)],
+            xv,
+            &y,
+            &mut m.scratch(ROWS),
+            &mut ex,
+            0,
+            &mut grad,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, ExchangeError::Silent { from: 1, .. }),
+        "{err}"
+    );
+}
