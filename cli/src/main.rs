@@ -139,6 +139,25 @@ pub struct WorkerArgs {
     /// replica, if any.
     #[arg(long, env = "DISTBELIEF_SLOWDOWN", value_parser = parse_slowdown)]
     pub slowdown: Option<f64>,
+    /// Model parallelism: which partition of the replica this process is,
+    /// from 0. Needed when spec.replicas.partitions is more than 1.
+    #[arg(long, env = "DISTBELIEF_PARTITION", requires = "partition_peers")]
+    pub partition: Option<u32>,
+    /// Every partition's address of this replica, in partition order,
+    /// comma-separated host:port (this process's own included).
+    #[arg(long, env = "DISTBELIEF_PARTITION_PEERS", value_delimiter = ',')]
+    pub partition_peers: Vec<String>,
+    /// Address this partition serves its peers on.
+    #[arg(
+        long,
+        env = "DISTBELIEF_PARTITION_LISTEN",
+        default_value = "0.0.0.0:7200"
+    )]
+    pub partition_listen: String,
+    /// Seconds to wait for a peer partition's values before the replica
+    /// gives up on it (its supervisor then restarts the replica whole).
+    #[arg(long, env = "DISTBELIEF_PARTITION_PATIENCE", default_value_t = 60)]
+    pub partition_patience: u64,
 }
 
 fn parse_slowdown(s: &str) -> Result<f64, String> {

@@ -88,6 +88,14 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     opts.incarnation = a.incarnation;
     opts.backup_of = a.backup_of;
     opts.slowdown = a.slowdown;
+    opts.partition = a
+        .partition
+        .map(|partition| distbelief_worker::PartitionOptions {
+            partition,
+            peers: a.partition_peers.clone(),
+            listen: a.partition_listen.clone(),
+            patience: Duration::from_secs(a.partition_patience.max(1)),
+        });
     runtime()?.block_on(async {
         let registry = registry("worker", Some(a.replica))?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distbelief_api::ShardProgress;
+use distbelief_api::{Partitioning, ShardProgress};
 use distbelief_model::Mlp;
 use distbelief_model::data::Dataset;
 use distbelief_proto::staleness::StalenessHistogram;
@@ -23,6 +23,9 @@ pub(crate) struct Evaluator {
     pub job: String,
     pub clients: Vec<ShardClient>,
     pub mlp: Arc<Mlp>,
+    /// The shards' order of the parameters, turned into the model's own
+    /// before evaluating and saving.
+    pub partitioning: Arc<Partitioning>,
     pub test: Arc<Dataset>,
     pub metrics: CoordinatorMetrics,
 }
@@ -69,8 +72,17 @@ impl Evaluator {
         }
         let figures = self.shard_figures().await;
         let started = Instant::now();
-        let (mlp, test) = (self.mlp.clone(), self.test.clone());
+        let (mlp, test, partitioning) = (
+            self.mlp.clone(),
+            self.test.clone(),
+            self.partitioning.clone(),
+        );
         let Ok((params, accuracy, loss)) = tokio::task::spawn_blocking(move || {
+            let params = if partitioning.parts() > 1 {
+                partitioning.to_canonical(mlp.layout(), &params)
+            } else {
+                params
+            };
             let (a, l) = mlp.evaluate(&params, &test);
             (params, a, l)
         })

@@ -259,6 +259,7 @@ pub async fn serve(
         job: job.name.clone(),
         clients,
         mlp: Arc::new(mlp),
+        partitioning: Arc::new(job.partitioning.clone()),
         test: Arc::new(test),
         metrics,
     };

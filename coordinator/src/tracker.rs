@@ -171,6 +171,9 @@ impl Tracker {
             action: Action::Stop as i32,
             ..ReportReply::default()
         };
+        if r.partition > 0 {
+            return self.follow(r);
+        }
         let window = self.backup_window;
         let rep = self.replicas.entry(r.replica).or_default();
         let racing = rep.running_race().map(|race| (race.straggler, race.backup));
@@ -273,6 +276,34 @@ impl Tracker {
             action: action as i32,
             start_step,
             fence,
+        }
+    }
+
+    /// A partition other than 0 does what its replica's partition 0 was told,
+    /// once that one has reported the same incarnation; its counts are not
+    /// the replica's (partition 0 reports those).
+    fn follow(&self, r: &ProgressReport) -> ReportReply {
+        let reply = |action: Action, fence| ReportReply {
+            action: action as i32,
+            start_step: 0,
+            fence,
+        };
+        if self.done.is_some() {
+            return reply(Action::Stop, 0);
+        }
+        let Some(rep) = self.replicas.get(&r.replica) else {
+            return reply(Action::Wait, 0);
+        };
+        if rep.retired.contains(&r.incarnation) || r.incarnation < rep.incarnation {
+            return reply(Action::Stop, 0);
+        }
+        if r.incarnation > rep.incarnation || self.started.is_none() {
+            return reply(Action::Wait, 0);
+        }
+        if r.replica == 0 || self.warm_start_done {
+            reply(Action::Train, rep.incarnation)
+        } else {
+            reply(Action::Wait, 0)
         }
     }
 

@@ -26,6 +26,20 @@ pub enum WorkerError {
     },
     #[error("compute thread failed: {0}")]
     Compute(String),
+    #[error(transparent)]
+    Partition(#[from] distbelief_model::exchange::ExchangeError),
+    #[error("bad partition peer address {addr}: {source}")]
+    PartitionAddress {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    #[error("cannot serve the partition service on {addr}: {source}")]
+    PartitionListen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    PartitionSetup(String),
 }
 
 impl WorkerError {
@@ -54,6 +68,9 @@ impl WorkerError {
             WorkerError::NoSuchReplica { .. } => "no_such_replica",
             WorkerError::NoData { .. } => "no_data",
             WorkerError::Compute(_) => "compute",
+            WorkerError::Partition(_) => "partition",
+            WorkerError::PartitionAddress { .. } | WorkerError::PartitionListen { .. } => "address",
+            WorkerError::PartitionSetup(_) => "partition_setup",
         }
     }
 }

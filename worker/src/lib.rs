@@ -6,9 +6,11 @@ mod averaging;
 mod error;
 mod link;
 mod metrics;
+mod partitions;
 mod portions;
 mod replica;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;
+pub use partitions::PartitionOptions;
 pub use replica::{ReplicaOptions, ReplicaSummary, run_replica};

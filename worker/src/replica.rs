@@ -19,9 +19,12 @@ use crate::averaging::LocalTraining;
 use crate::error::WorkerError;
 use crate::link::Link;
 use crate::metrics::WorkerMetrics;
+use crate::partitions::{GrpcExchange, PartitionOptions, serve};
 use crate::portions::PortionWorker;
-use distbelief_model::Mlp;
 use distbelief_model::data::{self, Dataset};
+use distbelief_model::exchange::{ExchangeError, Mailbox};
+use distbelief_model::partition::PartitionScratch;
+use distbelief_model::{Mlp, PartitionedMlp};
 use distbelief_ps_client::{fetch_all, shard_clients};
 
 #[derive(Debug, Clone)]
@@ -50,6 +53,9 @@ pub struct ReplicaOptions {
     /// Injected fault: every step (or Sandblaster portion) takes this many
     /// times its compute time. None uses the job's faults.slowReplicas.
     pub slowdown: Option<f64>,
+    /// Model parallelism: which partition of the replica this process is,
+    /// and where its peers are. Required when the job has partitions.
+    pub partition: Option<PartitionOptions>,
 }
 
 impl ReplicaOptions {
@@ -66,6 +72,7 @@ impl ReplicaOptions {
             backup_of: None,
             heartbeat: distbelief_net::Heartbeat::default(),
             slowdown: None,
+            partition: None,
         }
     }
 }
@@ -189,6 +196,16 @@ pub async fn run_replica(
     );
 
     let incarnation = opts.incarnation.unwrap_or_else(start_time_incarnation);
+    let part = match Part::start(&job, &opts, incarnation).await? {
+        Some(part) => {
+            // Only the shards that hold this partition's parameters.
+            let own = job.partitioning.shards_of(part.me, job.shards());
+            clients = clients.drain(own).collect();
+            Some(part)
+        }
+        None => None,
+    };
+    let base = part.as_ref().map_or(0, |p| p.base);
     let report = |p: &Progress, eps: f64| {
         let mut loss = p.loss.lock().unwrap_or_else(|e| e.into_inner());
         let (sum, n) = std::mem::take(&mut *loss);
@@ -201,6 +218,7 @@ pub async fn run_replica(
             examples_per_second: eps,
             epoch: p.epoch.load(Ordering::Relaxed),
             backup_of: opts.backup_of.unwrap_or(0),
+            partition: opts.partition.as_ref().map_or(0, |p| p.partition),
         }
     };
     // Until the coordinator says otherwise, a backup must not fence out the
@@ -244,7 +262,7 @@ pub async fn run_replica(
         );
     }
 
-    let mut params = vec![0.0f32; job.layout.len()];
+    let mut params = vec![0.0f32; clients.iter().map(|c| c.range.len()).sum()];
     let mut backoff = distbelief_net::Backoff::default();
     let give_up = Instant::now() + opts.coordinator_patience;
     let versions = loop {
@@ -272,6 +290,7 @@ pub async fn run_replica(
     };
     let threads = opts.threads.max(1);
     let mut tasks = Vec::new();
+    let mut stop_mailbox: Option<Arc<Mailbox>> = None;
     let compute = if let Some(sb) = &job.sandblaster {
         let worker = PortionWorker {
             mlp,
@@ -308,8 +327,17 @@ pub async fn run_replica(
         }
         let sync = job.downpour.synchronous.is_some();
         let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
+        let mailbox = part.as_ref().map(|p| p.mailbox.clone());
+        let net = match part {
+            Some(p) => Net::Part {
+                mlp: PartitionedMlp::new(&job.layout, &job.partitioning, p.me),
+                exchange: p.exchange,
+            },
+            None => Net::Whole(mlp),
+        };
         let ctx = Compute {
-            mlp,
+            net,
+            base,
             train,
             indices,
             links: links.clone(),
@@ -340,13 +368,12 @@ pub async fn run_replica(
             local: period.map(|_| LocalTraining::new(Optimizer::from_spec(&job.downpour), &params)),
             slowdown,
         };
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("replica-{}-compute", opts.replica))
-            .spawn(move || {
-                ctx.run(params, versions, threads);
-                Ok(())
-            })
-            .map_err(|e| WorkerError::Compute(e.to_string()))?
+            .spawn(move || ctx.run(params, versions, threads))
+            .map_err(|e| WorkerError::Compute(e.to_string()))?;
+        stop_mailbox = mailbox;
+        thread
     };
 
     let mut tick = tokio::time::interval(opts.report_interval);
@@ -387,6 +414,9 @@ pub async fn run_replica(
         }
     };
     stop.store(true, Ordering::Relaxed);
+    if let Some(m) = &stop_mailbox {
+        m.close();
+    }
     for t in &tasks {
         t.abort();
     }
@@ -431,9 +461,114 @@ pub(crate) fn lower_priority() {
     }
 }
 
+/// This process's partition of a model-parallel replica.
+struct Part {
+    me: usize,
+    /// Where the partition's parameters start in the stored vector.
+    base: usize,
+    mailbox: Arc<Mailbox>,
+    exchange: GrpcExchange,
+}
+
+impl Part {
+    /// Serves the partition's service; `None` for an unpartitioned job.
+    async fn start(
+        job: &Job,
+        opts: &ReplicaOptions,
+        incarnation: u64,
+    ) -> Result<Option<Part>, WorkerError> {
+        let parts = job.partitions();
+        let Some(p) = &opts.partition else {
+            if parts > 1 {
+                return Err(WorkerError::PartitionSetup(format!(
+                    "the job splits each replica into {parts} partitions: start each with --partition and --partition-peers"
+                )));
+            }
+            return Ok(None);
+        };
+        if p.peers.len() != parts || p.partition as usize >= parts {
+            return Err(WorkerError::PartitionSetup(format!(
+                "partition {} with {} peer addresses; the job has {parts} partitions",
+                p.partition,
+                p.peers.len()
+            )));
+        }
+        if parts == 1 {
+            return Ok(None);
+        }
+        let mailbox = Arc::new(Mailbox::new(p.patience));
+        serve(p, mailbox.clone(), opts.replica, incarnation).await?;
+        let exchange = GrpcExchange::new(
+            p,
+            mailbox.clone(),
+            opts.replica,
+            incarnation,
+            opts.rpc_timeout,
+        )?;
+        let me = p.partition as usize;
+        tracing::info!(
+            replica = opts.replica,
+            partition = me,
+            listen = %p.listen,
+            "partition service up"
+        );
+        Ok(Some(Part {
+            me,
+            base: job.partitioning.range(me).start,
+            mailbox,
+            exchange,
+        }))
+    }
+}
+
+/// The model a replica computes with: whole, or one partition of it.
+enum Net {
+    Whole(Mlp),
+    Part {
+        mlp: PartitionedMlp,
+        exchange: GrpcExchange,
+    },
+}
+
+/// Per-thread working memory for [`Net`].
+enum Scratch {
+    Whole(Vec<distbelief_model::mlp::Workspace>),
+    Part(PartitionScratch),
+}
+
+impl Net {
+    fn scratch(&self, batch: usize, threads: usize) -> Scratch {
+        match self {
+            Net::Whole(m) => Scratch::Whole(m.workspaces(batch, threads)),
+            Net::Part { mlp, .. } => Scratch::Part(mlp.scratch(batch)),
+        }
+    }
+
+    /// Adds the batch's mean gradient into `grad`; returns the mean loss.
+    fn gradient(
+        &mut self,
+        params: &[f32],
+        x: ArrayView2<f32>,
+        y: &[u32],
+        scratch: &mut Scratch,
+        step: u64,
+        grad: &mut [f32],
+    ) -> Result<f64, ExchangeError> {
+        match (self, scratch) {
+            (Net::Whole(m), Scratch::Whole(ws)) => Ok(m.batch_gradient(params, x, y, ws, grad)),
+            (Net::Part { mlp, exchange }, Scratch::Part(s)) => {
+                mlp.batch_gradient(params, x, y, s, exchange, step, grad)
+            }
+            _ => unreachable!("scratch is made by the same Net"),
+        }
+    }
+}
+
 /// Everything the compute thread owns.
 struct Compute {
-    mlp: Mlp,
+    net: Net,
+    /// Where `params` starts in the stored vector: a partition holds only its own.
+    base: usize,
     train: Dataset,
     indices: Vec<usize>,
     links: Vec<Arc<Link>>,
@@ -468,15 +603,28 @@ impl Compute {
         None
     }
 
-    fn run(self, params: Vec<f32>, versions: Vec<u64>, threads: usize) {
+    fn run(self, params: Vec<f32>, versions: Vec<u64>, threads: usize) -> Result<(), WorkerError> {
         lower_priority();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .start_handler(|_| lower_priority())
-            .build();
-        match pool {
-            Ok(pool) => pool.install(|| self.train_loop(params, versions, threads)),
-            Err(e) => tracing::error!("cannot build compute pool: {e}"),
+            .build()
+            .map_err(|e| WorkerError::Compute(format!("cannot build compute pool: {e}")))?;
+        let stop = self.stop.clone();
+        match pool.install(|| self.train_loop(params, versions, threads)) {
+            Ok(()) | Err(ExchangeError::Closed) => Ok(()),
+            Err(e) => {
+                // A peer that stopped because the job is done looks lost for
+                // a moment before this replica hears the same.
+                let grace = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < grace {
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e.into())
+            }
         }
     }
 
@@ -490,7 +638,7 @@ impl Compute {
     ) {
         let link = &self.links[i];
         let range = link.client.range.clone();
-        params[range.clone()].copy_from_slice(&f.values);
+        params[range.start - self.base..range.end - self.base].copy_from_slice(&f.values);
         if let Some(local) = self.local.as_mut() {
             local.rebase(range, &f.values);
         }
@@ -498,10 +646,15 @@ impl Compute {
         link.recycle(f.values);
     }
 
-    fn train_loop(mut self, mut params: Vec<f32>, mut versions: Vec<u64>, threads: usize) {
+    fn train_loop(
+        mut self,
+        mut params: Vec<f32>,
+        mut versions: Vec<u64>,
+        threads: usize,
+    ) -> Result<(), ExchangeError> {
         let batch = self.batch.min(self.indices.len());
         let dim = self.train.dim;
-        let mut workspaces = self.mlp.workspaces(batch, threads);
+        let mut scratch = self.net.scratch(batch, threads);
         let mut acc = vec![0.0f32; params.len()];
         let mut acc_base = versions.clone();
         let mut acc_steps = 0;
@@ -529,7 +682,7 @@ impl Compute {
                         link.want_fetch();
                     }
                     let Some(f) = self.wait_for_fetch(&link) else {
-                        return;
+                        return Ok(());
                     };
                     self.install(i, f, &mut params, &mut versions);
                 }
@@ -551,8 +704,8 @@ impl Compute {
             let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
             let began = Instant::now();
             let loss = self
-                .mlp
-                .batch_gradient(&params, xv, &y, &mut workspaces, &mut acc);
+                .net
+                .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?;
             if self.slowdown > 1.0 {
                 std::thread::sleep(began.elapsed().mul_f64(self.slowdown - 1.0));
             }
@@ -570,8 +723,9 @@ impl Compute {
                     local.moved(&params, &mut acc);
                 }
                 for (i, link) in self.links.iter().enumerate() {
+                    let range = &link.client.range;
                     if !link.offer(
-                        &acc[link.client.range.clone()],
+                        &acc[range.start - self.base..range.end - self.base],
                         acc_steps as u32,
                         acc_base[i],
                         fetch,
@@ -596,6 +750,7 @@ impl Compute {
             l.0 += loss;
             l.1 += 1;
         }
+        Ok(())
     }
 }
 

@@ -147,10 +147,15 @@ impl Runtime {
         let coordinator = Proc::new(Role::Coordinator, 0, a, &logs);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = args.threads.unwrap_or((cores / job.replicas()).max(1));
+        let threads = if job.partitions() > 1 {
+            args.threads
+                .unwrap_or((cores / (job.replicas() * job.partitions())).max(1))
+        } else {
+            threads
+        };
         let mut replicas = Vec::new();
         for r in 0..job.replicas() {
             let mut a = vec!["worker".to_string()];
-            a.extend(common(metrics_addr()?));
             a.extend([
                 "--replica".into(),
                 r.to_string(),
@@ -161,7 +166,28 @@ impl Runtime {
                 "--threads".into(),
                 threads.to_string(),
             ]);
-            replicas.push(Proc::new(Role::Replica, r as u32, a, &logs));
+            if job.partitions() == 1 {
+                a.extend(common(metrics_addr()?));
+                replicas.push(Proc::new(Role::Replica, r as u32, a, &logs));
+                continue;
+            }
+            let peers = (0..job.partitions())
+                .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            for (p, listen) in peers.iter().enumerate() {
+                let mut a = a.clone();
+                a.extend(common(metrics_addr()?));
+                a.extend([
+                    "--partition".into(),
+                    p.to_string(),
+                    "--partition-peers".into(),
+                    peers.join(","),
+                    "--partition-listen".into(),
+                    listen.clone(),
+                ]);
+                replicas
+                    .push(Proc::new(Role::Replica, r as u32, a, &logs).partition(p as u32, &logs));
+            }
         }
         let interrupted = Arc::new(AtomicBool::new(false));
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -194,8 +220,12 @@ impl Runtime {
             status_client,
             rt,
         };
+        let partitions = match job.partitions() {
+            1 => String::new(),
+            p => format!(" × {p} partitions"),
+        };
         eprintln!(
-            "distbelief: job {} — {} shard(s), {} replica(s) × {threads} thread(s), {} parameters; run directory {}",
+            "distbelief: job {} — {} shard(s), {} replica(s){partitions} × {threads} thread(s), {} parameters; run directory {}",
             job.name,
             job.shards(),
             job.replicas(),
@@ -247,7 +277,7 @@ impl Runtime {
     /// `processes.tsv` in the run directory: role, index, pid, log — rewritten
     /// on every (re)start so tools and tests can find a process.
     fn write_process_table(&self) {
-        let mut s = String::from("role\tindex\tpid\tlog\n");
+        let mut s = String::from("role\tindex\tpid\tlog\tpartition\n");
         for p in self
             .shards
             .iter()
@@ -256,10 +286,11 @@ impl Runtime {
         {
             if let Some(pid) = p.pid() {
                 s.push_str(&format!(
-                    "{}\t{}\t{pid}\t{}\n",
+                    "{}\t{}\t{pid}\t{}\t{}\n",
                     p.role.name(),
                     p.index,
-                    p.log.display()
+                    p.log.display(),
+                    p.partition.map_or("-".into(), |p| p.to_string())
                 ));
             }
         }
@@ -357,8 +388,15 @@ impl Runtime {
         Ok(summary)
     }
 
+    /// Replicas with a live process (for a partitioned replica, any partition).
     fn live_replicas(&self) -> usize {
-        self.replicas.iter().filter(|p| p.child.is_some()).count()
+        let live: std::collections::BTreeSet<u32> = self
+            .replicas
+            .iter()
+            .filter(|p| p.child.is_some())
+            .map(|p| p.index)
+            .collect();
+        live.len()
     }
 
     /// Restarts dead processes within their budgets.
@@ -384,33 +422,58 @@ impl Runtime {
                 restarted = true;
             }
         }
-        for p in &mut self.replicas {
-            if let Some(status) = p.exited() {
-                if status.success() {
-                    // Stopped by the coordinator: the job is done.
-                    continue;
+        for r in 0..self.job.replicas() as u32 {
+            // A replica's partitions live and restart together: one that
+            // failed takes the others down, and the unit counts once.
+            let mut unit: Vec<&mut Proc> =
+                self.replicas.iter_mut().filter(|p| p.index == r).collect();
+            let mut failed = None;
+            for p in unit.iter_mut() {
+                if let Some(status) = p.exited()
+                    && !status.success()
+                    && failed.is_none()
+                {
+                    failed = Some((status, p.label(), p.log.clone(), p.log_tail(15)));
                 }
-                if status.code() == Some(distbelief_api::EXIT_SERVERS_UNAVAILABLE) {
-                    // The replica waited too long for shards or coordinator:
-                    // their fault, not its own, so no budget is used.
-                    eprintln!(
-                        "\ndistbelief: {} gave up waiting for the job's servers; starting it again",
-                        p.label()
-                    );
-                    p.spawn(&self.exe)
-                        .with_context(|| format!("cannot restart {}", p.label()))?;
-                    restarted = true;
-                    continue;
-                }
-                let budget = Budget {
-                    used: &mut self.replica_restarts,
-                    max: spec.replicas.max_restarts,
-                    kind: "replica",
-                    how: "restarting it",
-                };
-                restart(p, &self.exe, status, budget)?;
-                restarted = true;
             }
+            let Some((status, label, log, tail)) = failed else {
+                // Exit 0 is "stopped by the coordinator": the job is done.
+                continue;
+            };
+            for p in unit.iter_mut() {
+                p.stop(Duration::from_secs(2));
+            }
+            let what = if unit.len() > 1 {
+                format!(
+                    "{label} (its replica's {} partitions restart together)",
+                    unit.len()
+                )
+            } else {
+                label
+            };
+            if status.code() == Some(distbelief_api::EXIT_SERVERS_UNAVAILABLE) {
+                // The replica waited too long for shards or coordinator:
+                // their fault, not its own, so no budget is used.
+                eprintln!(
+                    "\ndistbelief: {what} gave up waiting for the job's servers; starting it again"
+                );
+            } else {
+                let used = &mut self.replica_restarts;
+                let max = spec.replicas.max_restarts;
+                if *used >= max {
+                    bail!(
+                        "{what} exited ({status}) and the replica restart budget ({max}) is used up; last lines of {}:\n{tail}",
+                        log.display()
+                    );
+                }
+                *used += 1;
+                eprintln!("\ndistbelief: {what} exited ({status}); restarting it");
+            }
+            for p in unit.iter_mut() {
+                p.spawn(&self.exe)
+                    .with_context(|| format!("cannot restart {}", p.label()))?;
+            }
+            restarted = true;
         }
         if restarted {
             self.write_process_table();

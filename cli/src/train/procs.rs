@@ -29,6 +29,8 @@ impl Role {
 pub struct Proc {
     pub role: Role,
     pub index: u32,
+    /// A replica's partition, when the job splits replicas into several.
+    pub partition: Option<u32>,
     pub args: Vec<String>,
     pub log: PathBuf,
     pub child: Option<Child>,
@@ -44,6 +46,7 @@ impl Proc {
         Proc {
             role,
             index,
+            partition: None,
             args,
             log,
             child: None,
@@ -51,11 +54,23 @@ impl Proc {
         }
     }
 
+    /// A partition of replica `index`, logging to its own file.
+    pub fn partition(mut self, partition: u32, logs: &Path) -> Self {
+        self.log = logs.join(format!(
+            "{}-{}.p{partition}.log",
+            self.role.name(),
+            self.index
+        ));
+        self.partition = Some(partition);
+        self
+    }
+
     pub fn label(&self) -> String {
-        match self.role {
-            Role::Shard => format!("shard {}", self.index),
-            Role::Coordinator => "coordinator".into(),
-            Role::Replica => format!("replica {}", self.index),
+        match (self.role, self.partition) {
+            (Role::Shard, _) => format!("shard {}", self.index),
+            (Role::Coordinator, _) => "coordinator".into(),
+            (Role::Replica, None) => format!("replica {}", self.index),
+            (Role::Replica, Some(p)) => format!("replica {} partition {p}", self.index),
         }
     }
 

@@ -19,6 +19,7 @@ fn report(replica: u32, incarnation: u64, steps: u64) -> ProgressReport {
         examples_per_second: 100.0,
         epoch: 0,
         backup_of: 0,
+        partition: 0,
     }
 }
 
@@ -103,6 +104,7 @@ fn limits() {
 fn backup(replica: u32, incarnation: u64, of: u64, steps: u64) -> ProgressReport {
     ProgressReport {
         backup_of: of,
+        partition: 0,
         ..report(replica, incarnation, steps)
     }
 }
@@ -202,4 +204,29 @@ fn a_requested_stop_is_a_limit_until_the_job_finishes() {
     t.finish(StopReason::Converged, 1.0);
     assert_eq!(t.limit_reached(2.0), None);
     assert_eq!(t.status(2.0).stop_reason, "converged");
+}
+
+#[test]
+fn other_partitions_follow_partition_0_and_are_not_counted() {
+    let mut t = Tracker::new(stop(None), 0, 1000);
+    let part1 = |incarnation, steps| ProgressReport {
+        partition: 1,
+        ..report(0, incarnation, steps)
+    };
+    assert_eq!(
+        t.on_report(&part1(2, 0), 0.0).action(),
+        Action::Wait,
+        "partition 0 has not reported yet"
+    );
+    assert_eq!(t.on_report(&report(0, 2, 0), 0.1).action(), Action::Train);
+    let reply = t.on_report(&part1(2, 50), 0.2);
+    assert_eq!((reply.action(), reply.fence), (Action::Train, 2));
+    assert_eq!(t.on_report(&report(0, 2, 10), 0.3).action(), Action::Train);
+    assert_eq!(t.examples(), 100, "only partition 0's examples count");
+    // The replica restarted as a unit: a partition of the old incarnation stops.
+    assert_eq!(t.on_report(&report(0, 3, 0), 0.4).action(), Action::Train);
+    assert_eq!(t.on_report(&part1(2, 60), 0.5).action(), Action::Stop);
+    assert_eq!(t.on_report(&part1(3, 0), 0.5).action(), Action::Train);
+    t.finish(StopReason::MaxEpochs, 1.0);
+    assert_eq!(t.on_report(&part1(3, 5), 1.1).action(), Action::Stop);
 }
