@@ -98,10 +98,15 @@ impl Run {
     }
 
     fn pid(&self, role: &str, index: u32) -> Option<i32> {
+        self.pid_of(role, index, "-")
+    }
+
+    /// The pid of `role` `index` (`partition` "-" when the job has none).
+    fn pid_of(&self, role: &str, index: u32, partition: &str) -> Option<i32> {
         let table = std::fs::read_to_string(self.run_dir().join("processes.tsv")).ok()?;
         table.lines().skip(1).find_map(|l| {
             let f: Vec<&str> = l.split('\t').collect();
-            (f.len() >= 3 && f[0] == role && f[1] == index.to_string())
+            (f.len() >= 5 && f[0] == role && f[1] == index.to_string() && f[4] == partition)
                 .then(|| f[2].parse().ok())?
         })
     }
@@ -124,7 +129,7 @@ impl Run {
     }
 
     /// Waits for the run to end and returns its last stdout line, parsed.
-    fn finish(mut self, timeout: Duration) -> serde_json::Value {
+    fn finish(&mut self, timeout: Duration) -> serde_json::Value {
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait") {
@@ -223,7 +228,7 @@ fn assert_reached_target(s: &serde_json::Value) {
 
 #[test]
 fn killed_replica_is_restarted_and_the_run_finishes() {
-    let run = Run::start("kill-replica");
+    let mut run = Run::start("kill-replica");
     run.wait_for_log(
         "logs/worker-1.log",
         "parameters fetched; training",
@@ -239,8 +244,48 @@ fn killed_replica_is_restarted_and_the_run_finishes() {
 }
 
 #[test]
+fn a_killed_partition_restarts_its_replica_as_a_unit_counted_once() {
+    let yaml = job("kill-partition")
+        .replace(
+            "hidden: [{units: 128}]",
+            "hidden: [{units: 128}, {units: 64}]",
+        )
+        .replace(
+            "replicas: {count: 2,",
+            "replicas: {count: 2, partitions: 2,",
+        );
+    let mut run = Run::start_job(yaml);
+    run.wait_for_log(
+        "logs/worker-1.p1.log",
+        "parameters fetched; training",
+        Duration::from_secs(60),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = run.pid_of("worker", 1, "1").expect("replica 1 partition 1");
+    kill9(pid);
+    let dir = run.run_dir();
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    assert_eq!(s["replica_restarts"], 1, "one unit restart: {s}");
+    for p in 0..2 {
+        let log = std::fs::read_to_string(dir.join(format!("logs/worker-1.p{p}.log"))).unwrap();
+        assert_eq!(
+            log.matches("partition service up").count(),
+            2,
+            "partition {p} of replica 1 started twice"
+        );
+        let log = std::fs::read_to_string(dir.join(format!("logs/worker-0.p{p}.log"))).unwrap();
+        assert_eq!(
+            log.matches("partition service up").count(),
+            1,
+            "replica 0 partition {p} was left alone"
+        );
+    }
+}
+
+#[test]
 fn killed_shard_comes_back_from_its_checkpoint() {
-    let run = Run::start("kill-shard");
+    let mut run = Run::start("kill-shard");
     run.wait_for_log(
         "logs/worker-0.log",
         "parameters fetched; training",
@@ -298,7 +343,7 @@ fn bad_job_file_gets_a_clear_error() {
 
 #[test]
 fn sandblaster_reaches_the_target_with_backups_and_a_killed_replica() {
-    let run = Run::start_job(sandblaster_job("sandblaster"));
+    let mut run = Run::start_job(sandblaster_job("sandblaster"));
     run.wait_for_log(
         "logs/coordinator.log",
         "L-BFGS iteration",

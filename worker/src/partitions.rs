@@ -123,6 +123,8 @@ pub struct GrpcExchange {
     patience: Duration,
     /// Bytes of boundary values sent so far.
     pub sent_bytes: Arc<AtomicU64>,
+    /// Time spent blocked on peers: sends in flight and receives.
+    pub waited: Duration,
 }
 
 impl GrpcExchange {
@@ -164,6 +166,7 @@ impl GrpcExchange {
             runtime: tokio::runtime::Handle::current(),
             patience: opts.patience,
             sent_bytes: Arc::new(AtomicU64::new(0)),
+            waited: Duration::ZERO,
         })
     }
 }
@@ -229,7 +232,8 @@ impl Exchange for GrpcExchange {
                 calls.spawn(deliver(client.clone(), to, chunk, self.patience));
             }
         }
-        self.runtime.block_on(async {
+        let began = Instant::now();
+        let sent = self.runtime.block_on(async {
             while let Some(done) = calls.join_next().await {
                 match done {
                     Ok(r) => r?,
@@ -238,10 +242,15 @@ impl Exchange for GrpcExchange {
                 }
             }
             Ok(())
-        })
+        });
+        self.waited += began.elapsed();
+        sent
     }
 
     fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<f32>, ExchangeError> {
-        self.mailbox.take(from, tag)
+        let began = Instant::now();
+        let got = self.mailbox.take(from, tag);
+        self.waited += began.elapsed();
+        got
     }
 }

@@ -537,6 +537,14 @@ enum Scratch {
 }
 
 impl Net {
+    /// Time spent waiting on peer partitions so far.
+    fn waited(&self) -> Duration {
+        match self {
+            Net::Whole(_) => Duration::ZERO,
+            Net::Part { exchange, .. } => exchange.waited,
+        }
+    }
+
     fn scratch(&self, batch: usize, threads: usize) -> Scratch {
         match self {
             Net::Whole(m) => Scratch::Whole(m.workspaces(batch, threads)),
@@ -703,11 +711,17 @@ impl Compute {
             }
             let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
             let began = Instant::now();
+            let waited_before = self.net.waited();
             let loss = self
                 .net
                 .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?;
             if self.slowdown > 1.0 {
-                std::thread::sleep(began.elapsed().mul_f64(self.slowdown - 1.0));
+                // Only this process's own compute is slowed, not its waits
+                // for peer partitions (which are slowed themselves).
+                let busy = began
+                    .elapsed()
+                    .saturating_sub(self.net.waited() - waited_before);
+                std::thread::sleep(busy.mul_f64(self.slowdown - 1.0));
             }
             if let Some(local) = self.local.as_mut() {
                 local.step(&mut params, &mut acc);

@@ -20,7 +20,7 @@ use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{JobStatus, StatusRequest};
 
 use crate::TrainArgs;
-use procs::{Proc, Role, free_port, wait_listening};
+use procs::{Ports, Proc, Role, wait_listening};
 use summary::{Outcome, RunRecord, Summary};
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -93,10 +93,11 @@ impl Runtime {
             .with_context(|| format!("cannot resolve {}", args.job))?
             .display()
             .to_string();
+        let ports = Ports::default();
         let mut next_metrics = args.metrics_port;
         let mut metrics_addr = || -> anyhow::Result<String> {
             let port = if next_metrics == 0 {
-                free_port()?
+                ports.take()?
             } else {
                 next_metrics += 1;
                 next_metrics - 1
@@ -113,7 +114,7 @@ impl Runtime {
         };
 
         let shard_ports = (0..job.shards())
-            .map(|_| free_port())
+            .map(|_| ports.take())
             .collect::<Result<Vec<_>, _>>()?;
         let shard_addrs: Vec<String> = shard_ports
             .iter()
@@ -133,7 +134,7 @@ impl Runtime {
             ]);
             shards.push(Proc::new(Role::Shard, i as u32, a, &logs));
         }
-        let coordinator_port = free_port()?;
+        let coordinator_port = ports.take()?;
         let mut a = vec!["coordinator".to_string()];
         a.extend(common(metrics_addr()?));
         a.extend([
@@ -172,7 +173,7 @@ impl Runtime {
                 continue;
             }
             let peers = (0..job.partitions())
-                .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+                .map(|_| ports.take().map(|p| format!("127.0.0.1:{p}")))
                 .collect::<Result<Vec<_>, _>>()?;
             for (p, listen) in peers.iter().enumerate() {
                 let mut a = a.clone();
@@ -232,6 +233,8 @@ impl Runtime {
             job.layout.len(),
             out.display()
         );
+        // Released only now: until here no port could be handed out twice.
+        drop(ports);
         if let Err(e) = me.launch(&shard_ports) {
             me.stop_all();
             return Err(e);

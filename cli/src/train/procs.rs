@@ -167,10 +167,18 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 /// A free TCP port on 127.0.0.1, found by binding port 0.
-pub fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Free ports on 127.0.0.1, each held until the pool is dropped, so that no
+/// two of the run's processes are given the same one.
+#[derive(Default)]
+pub struct Ports(std::cell::RefCell<Vec<std::net::TcpListener>>);
+
+impl Ports {
+    pub fn take(&self) -> std::io::Result<u16> {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        self.0.borrow_mut().push(l);
+        Ok(port)
+    }
 }
 
 /// Waits until `port` accepts connections, or the process exits, or `timeout` passes.
