@@ -235,6 +235,9 @@ async fn apply_children(
     apply(ctx, namespace, &c.ps_stateful_set).await?;
     apply(ctx, namespace, &c.ps_disruption_budget).await?;
     apply(ctx, namespace, &c.coordinator_service).await?;
+    if let Some(svc) = &c.partition_service {
+        apply(ctx, namespace, svc).await?;
+    }
     if let Some(np) = &c.network_policy {
         apply(ctx, namespace, np).await?;
     }

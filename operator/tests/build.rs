@@ -31,7 +31,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
         serde_json::to_value(c.coordinator_pod.as_ref().expect("not suspended")).unwrap(),
     ];
     for r in 0..4 {
-        let p = children::replica_pod(&t, r, 0, Cause::Start, None);
+        let p = children::replica_pods(&t, r, 0, Cause::Start, None).remove(0);
         docs.push(serde_json::to_value(p).unwrap());
     }
     assert!(c.network_policy.is_none(), "off unless configured");
@@ -48,7 +48,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
         (owner.kind.as_str(), owner.controller),
         ("DistBeliefJob", Some(true))
     );
-    let replica = children::replica_pod(&t, 3, 0, Cause::Start, None);
+    let replica = children::replica_pods(&t, 3, 0, Cause::Start, None).remove(0);
     let env = &replica.spec.as_ref().unwrap().containers[0]
         .env
         .as_ref()

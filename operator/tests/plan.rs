@@ -177,3 +177,127 @@ fn ttl_deletes_a_finished_job_only_once_it_has_passed() {
     );
     assert!(decide(&finished(120), &[], Timestamp::now()).delete_job);
 }
+
+/// Replica `r`'s partition pods at `attempt` for a 2-partition job.
+fn partition_pods(r: u32, attempt: u32, phases: [&str; 2], cause: &str) -> Vec<Pod> {
+    phases
+        .iter()
+        .enumerate()
+        .map(|(p, phase)| {
+            let mut pod = common::replica_pod_for("fm", r, attempt, phase, cause);
+            pod.metadata.name = Some(format!("fm-replica-{r}-{attempt}-p{p}"));
+            pod.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("distbelief.dev/partition".into(), p.to_string());
+            pod
+        })
+        .collect()
+}
+
+fn partitioned() -> Value {
+    json!({"replicas": {"count": 4, "partitions": 2, "maxRestarts": 3}})
+}
+
+fn partitioned_running() -> Vec<Pod> {
+    let mut pods = common::running_pods("fm");
+    pods.retain(|p| !p.name_any().starts_with("fm-replica-"));
+    for r in 0..4 {
+        pods.extend(partition_pods(r, 0, ["Running", "Running"], "start"));
+    }
+    pods
+}
+
+#[test]
+fn a_partitioned_replica_starts_one_pod_per_partition_with_its_peers() {
+    let job = job(Value::Null, partitioned());
+    let mut pods = common::running_pods("fm");
+    pods.retain(|p| !p.name_any().starts_with("fm-replica-"));
+    let plan = decide(&job, &pods, Timestamp::now());
+    let names: Vec<String> = plan.create_pods.iter().map(|p| p.name_any()).collect();
+    assert_eq!(names.len(), 8, "{names:?}");
+    let p1 = plan
+        .create_pods
+        .iter()
+        .find(|p| p.name_any() == "fm-replica-2-0-p1")
+        .expect("replica 2 partition 1");
+    let spec = p1.spec.as_ref().unwrap();
+    assert_eq!(spec.hostname.as_deref(), Some("fm-replica-2-0-p1"));
+    assert_eq!(spec.subdomain.as_deref(), Some("fm-partitions"));
+    let env: std::collections::BTreeMap<_, _> = spec.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
+        .collect();
+    assert_eq!(env["DISTBELIEF_PARTITION"], "1");
+    assert_eq!(
+        env["DISTBELIEF_PARTITION_PEERS"],
+        "fm-replica-2-0-p0.fm-partitions.ml.svc:7200,fm-replica-2-0-p1.fm-partitions.ml.svc:7200"
+    );
+    assert_eq!(env["DISTBELIEF_INCARNATION"], "1");
+}
+
+#[test]
+fn a_failed_partition_restarts_its_replica_as_a_unit_counted_once() {
+    let running = job(common::running_status(), partitioned());
+    let now = Timestamp::now();
+    let with_failure = |finished| {
+        let mut pods = partitioned_running();
+        pods.retain(|p| p.name_any() != "fm-replica-1-0-p1");
+        let mut failed = common::failed_replica("fm", 1, 0, 1, finished);
+        failed.metadata.name = Some("fm-replica-1-0-p1".into());
+        failed
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("distbelief.dev/partition".into(), "1".into());
+        pods.push(failed);
+        pods
+    };
+    let early = decide(&running, &with_failure(now), now);
+    assert!(early.create_pods.is_empty(), "still backing off");
+    assert_eq!(
+        early.delete_pods,
+        ["fm-replica-1-0-p0"],
+        "the failed partition's peer goes at once"
+    );
+
+    let late = decide(&running, &with_failure(ago(3600)), now);
+    assert_eq!(
+        created(&late),
+        [
+            ("fm-replica-1-1-p0".into(), "restart".into()),
+            ("fm-replica-1-1-p1".into(), "restart".into())
+        ]
+    );
+    assert_eq!((late.restarts, late.status.replica_restarts), (1, 1));
+
+    // Once the new unit runs, its two restart pods still count as one restart.
+    let mut pods = partitioned_running();
+    pods.retain(|p| !p.name_any().starts_with("fm-replica-1-"));
+    pods.extend(partition_pods(1, 1, ["Running", "Running"], "restart"));
+    let mut status = common::running_status();
+    status["replicas"][1]["attempt"] = json!(1);
+    let after = decide(&job(status, partitioned()), &pods, now);
+    assert_eq!(after.status.replica_restarts, 1);
+    assert!(after.create_pods.is_empty() && after.delete_pods.is_empty());
+    assert_eq!(after.status.replicas_ready, Some(4), "replicas, not pods");
+}
+
+#[test]
+fn a_deleted_partition_pod_replaces_its_whole_replica() {
+    let job = job(common::running_status(), partitioned());
+    let mut pods = partitioned_running();
+    pods.retain(|p| p.name_any() != "fm-replica-3-0-p0");
+    let plan = decide(&job, &pods, Timestamp::now());
+    assert_eq!(
+        created(&plan),
+        [
+            ("fm-replica-3-1-p0".into(), "reschedule".into()),
+            ("fm-replica-3-1-p1".into(), "reschedule".into())
+        ]
+    );
+    assert_eq!(plan.delete_pods, ["fm-replica-3-0-p1"]);
+    assert_eq!(plan.status.replica_restarts, 0, "not the replica's fault");
+}

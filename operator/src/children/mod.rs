@@ -25,6 +25,8 @@ pub use target::{Target, target};
 
 pub const PS_PORT: u16 = 7000;
 pub const COORDINATOR_PORT: u16 = 7100;
+/// Where a replica's partitions trade boundary values.
+pub const PARTITION_PORT: u16 = 7200;
 pub const METRICS_PORT: u16 = 9090;
 pub const JOB_FILE: &str = "/etc/distbelief/job.yaml";
 pub const CHECKPOINT_DIR: &str = "/var/lib/distbelief/checkpoints";
@@ -36,6 +38,8 @@ pub const LABEL_JOB: &str = "distbelief.dev/job";
 pub const LABEL_ROLE: &str = "distbelief.dev/role";
 pub const LABEL_REPLICA: &str = "distbelief.dev/replica";
 pub const LABEL_ATTEMPT: &str = "distbelief.dev/attempt";
+/// A partitioned replica's pods: which partition each runs.
+pub const LABEL_PARTITION: &str = "distbelief.dev/partition";
 /// Why a replica pod was created: the durable record its job's restart and
 /// reschedule counts are derived from.
 pub const LABEL_CAUSE: &str = "distbelief.dev/cause";
@@ -90,6 +94,9 @@ pub struct Children {
     pub coordinator_service: Service,
     /// None while the job is suspended.
     pub coordinator_pod: Option<Pod>,
+    /// Headless: gives each partition pod a DNS name its peers reach it
+    /// by. Only for jobs whose replicas have several partitions.
+    pub partition_service: Option<Service>,
     pub network_policy: Option<NetworkPolicy>,
 }
 
@@ -153,6 +160,7 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
         ps_disruption_budget,
         coordinator_service,
         coordinator_pod,
+        partition_service: (t.job.spec.replicas.partitions > 1).then(|| servers::partitions(t)),
         network_policy: t.cfg.network_policy.then(|| network_policy(t)),
     })
 }
@@ -199,10 +207,14 @@ fn network_policy(t: &Target) -> NetworkPolicy {
     }
 }
 
-/// Name of replica `replica`'s pod number `attempt`. Restarts and backups
-/// take the next attempt, so a failed pod keeps its logs until cleanup.
-pub fn replica_pod_name(job: &str, replica: u32, attempt: u32) -> String {
-    format!("{job}-replica-{replica}-{attempt}")
+/// Name of replica `replica`'s pod number `attempt` (of its partition, when
+/// it has several). Restarts and backups take the next attempt, so a failed
+/// pod keeps its logs until cleanup.
+pub fn replica_pod_name(job: &str, replica: u32, attempt: u32, partition: Option<u32>) -> String {
+    match partition {
+        None => format!("{job}-replica-{replica}-{attempt}"),
+        Some(p) => format!("{job}-replica-{replica}-{attempt}-p{p}"),
+    }
 }
 
 /// The incarnation of a replica's pod number `attempt`. The attempt only
@@ -211,22 +223,44 @@ pub fn incarnation(attempt: u32) -> u64 {
     u64::from(attempt) + 1
 }
 
-/// One replica process. A backup (`backup_of`: the straggler's attempt) runs
-/// on the same replica index, and so on the same part of the data, as the
-/// straggler it backs up, and starts from where the straggler is.
-pub fn replica_pod(
+/// One replica's pods for `attempt`: one, or one per partition, which share
+/// the attempt and live and die as a unit. A backup (`backup_of`: the
+/// straggler's attempt) runs on the same replica index, and so on the same
+/// part of the data, as the straggler it backs up, and starts from where
+/// the straggler is.
+pub fn replica_pods(
     t: &Target,
     replica: u32,
     attempt: u32,
     cause: Cause,
     backup_of: Option<u32>,
+) -> Vec<Pod> {
+    let parts = t.job.spec.replicas.partitions;
+    if parts <= 1 {
+        return vec![replica_pod(t, replica, attempt, cause, backup_of, None)];
+    }
+    (0..parts)
+        .map(|p| replica_pod(t, replica, attempt, cause, backup_of, Some(p)))
+        .collect()
+}
+
+fn replica_pod(
+    t: &Target,
+    replica: u32,
+    attempt: u32,
+    cause: Cause,
+    backup_of: Option<u32>,
+    partition: Option<u32>,
 ) -> Pod {
-    let name = replica_pod_name(&t.name, replica, attempt);
+    let name = replica_pod_name(&t.name, replica, attempt, partition);
     let mut metadata = t.metadata(&name, "replica");
     if let Some(labels) = metadata.labels.as_mut() {
         labels.insert(LABEL_REPLICA.into(), replica.to_string());
         labels.insert(LABEL_ATTEMPT.into(), attempt.to_string());
         labels.insert(LABEL_CAUSE.into(), cause.as_str().into());
+        if let Some(p) = partition {
+            labels.insert(LABEL_PARTITION.into(), p.to_string());
+        }
     }
     let mut env = vec![
         pod::env("DISTBELIEF_REPLICA", replica.to_string()),
@@ -240,13 +274,39 @@ pub fn replica_pod(
             incarnation(of).to_string(),
         ));
     }
+    if let Some(p) = partition {
+        let peers: Vec<String> = (0..t.job.spec.replicas.partitions)
+            .map(|q| {
+                format!(
+                    "{}.{}.{}.svc:{PARTITION_PORT}",
+                    replica_pod_name(&t.name, replica, attempt, Some(q)),
+                    t.partition_service_name(),
+                    t.namespace
+                )
+            })
+            .collect();
+        env.extend([
+            pod::env("DISTBELIEF_PARTITION", p.to_string()),
+            pod::env("DISTBELIEF_PARTITION_PEERS", peers.join(",")),
+            pod::env(
+                "DISTBELIEF_PARTITION_LISTEN",
+                format!("0.0.0.0:{PARTITION_PORT}"),
+            ),
+        ]);
+    }
     let resources = t.job.spec.replicas.resources.clone();
     let container = t.container("replica", env, resources);
     // Never: the operator, not the kubelet, restarts replicas, so that it
     // can count failures against the budget and back off.
+    let mut spec = t.pod_spec(container, "Never", None);
+    if partition.is_some() {
+        // hostname + subdomain: the partition service's DNS name for this pod.
+        spec.hostname = Some(name);
+        spec.subdomain = Some(t.partition_service_name());
+    }
     Pod {
         metadata,
-        spec: Some(t.pod_spec(container, "Never", None)),
+        spec: Some(spec),
         status: None,
     }
 }

@@ -17,7 +17,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pod::{env, env_field, mount, tcp_ready};
 use super::{
-    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, OUTPUT_DIR, PS_PORT, Target,
+    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, OUTPUT_DIR, PARTITION_PORT, PS_PORT,
+    Target,
 };
 
 fn grpc_port(port: u16) -> ServicePort {
@@ -195,4 +196,21 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
         status: None,
     };
     (service, Some(pod))
+}
+
+/// The headless Service behind which every partition pod of the job has a
+/// DNS name (its hostname under this subdomain), ready or not: peers
+/// connect while they start.
+pub(super) fn partitions(t: &Target) -> Service {
+    Service {
+        metadata: t.metadata(&t.partition_service_name(), "replica"),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(t.selector_labels("replica")),
+            ports: Some(vec![grpc_port(PARTITION_PORT)]),
+            ..Default::default()
+        }),
+        status: None,
+    }
 }

@@ -154,6 +154,10 @@ impl Target<'_> {
             .join(",")
     }
 
+    pub(super) fn partition_service_name(&self) -> String {
+        format!("{}-partitions", self.name)
+    }
+
     pub(super) fn coordinator_address(&self) -> String {
         format!(
             "{}.{}.svc:{COORDINATOR_PORT}",

@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::children::{Cause, Target};
 use kube::ResourceExt;
-use pods::{is_ready, phase_of, restart_count, role};
+use pods::{is_ready, is_unit_head, phase_of, restart_count, role};
 use replica::{Outcome, Scene, count_cause};
 
 /// A Kubernetes Event to publish: one per transition or action.
@@ -332,7 +332,7 @@ fn replicas(plan: &mut Plan, scene: &Scene, old: &DistBeliefJobStatus) -> Result
     let running = scene
         .live
         .iter()
-        .filter(|p| role(p) == Some("replica") && phase_of(p) == "Running")
+        .filter(|p| role(p) == Some("replica") && is_unit_head(p) && phase_of(p) == "Running")
         .count();
     plan.status.replicas_ready = Some(running as u32);
     failed.map_or(Ok(waiting), Err)

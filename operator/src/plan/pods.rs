@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::children::{LABEL_CAUSE, LABEL_ROLE};
+use crate::children::{LABEL_CAUSE, LABEL_PARTITION, LABEL_ROLE};
 
 /// A replica that gave up waiting for its job's shards or coordinator exits
 /// with this code; replacing it uses no restart budget.
@@ -21,6 +21,16 @@ pub fn cause(p: &Pod) -> Option<&str> {
 
 pub fn label_u32(p: &Pod, key: &str) -> Option<u32> {
     p.labels().get(key).and_then(|v| v.parse().ok())
+}
+
+/// The pod that stands for its replica's attempt in counts: the only one,
+/// or partition 0 of a partitioned replica.
+pub fn is_unit_head(p: &Pod) -> bool {
+    label_u32(p, LABEL_PARTITION).unwrap_or(0) == 0
+}
+
+pub fn is_finished(p: &Pod) -> bool {
+    matches!(phase_of(p), "Failed" | "Succeeded")
 }
 
 pub fn phase_of(p: &Pod) -> &str {

@@ -10,7 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::pods::{
-    cause, failure, finished_at, gave_up_waiting, is_disruption, label_u32, phase_of, role,
+    cause, failure, finished_at, gave_up_waiting, is_disruption, is_finished, is_unit_head,
+    label_u32, phase_of, role,
 };
 use super::{Backoff, Plan};
 use crate::children::{self, Cause, LABEL_ATTEMPT, LABEL_REPLICA, Target};
@@ -41,10 +42,12 @@ fn replica_pods<'p>(pods: impl Iterator<Item = &'p Pod>, r: u32) -> impl Iterato
     pods.filter(move |p| role(p) == Some("replica") && label_u32(p, LABEL_REPLICA) == Some(r))
 }
 
-/// Pods of the job created for `cause`, over all replicas (or one).
+/// Pods of the job created for `cause`, over all replicas (or one); a
+/// partitioned replica's attempt counts once.
 pub(super) fn count_cause(pods: &[Pod], c: Cause, replica: Option<u32>) -> u32 {
     pods.iter()
         .filter(|p| role(p) == Some("replica") && cause(p) == Some(c.as_str()))
+        .filter(|p| is_unit_head(p))
         .filter(|p| replica.is_none() || label_u32(p, LABEL_REPLICA) == replica)
         .count() as u32
 }
@@ -52,9 +55,8 @@ pub(super) fn count_cause(pods: &[Pod], c: Cause, replica: Option<u32>) -> u32 {
 /// Decides for replica `r` and records its state in `plan.status.replicas`,
 /// unless it has not started yet.
 pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut Plan) -> Outcome {
-    let mine: BTreeMap<u32, &Pod> = replica_pods(s.live.iter().copied(), r)
-        .filter_map(|p| label_u32(p, LABEL_ATTEMPT).map(|a| (a, p)))
-        .collect();
+    let parts = s.t.job.spec.replicas.partitions.max(1) as usize;
+    let mine = units(replica_pods(s.live.iter().copied(), r), parts);
     let known = prev.is_some();
     let mut st = prev.unwrap_or(ReplicaState {
         replica: r,
@@ -84,9 +86,36 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
         }
         Some(_) => Outcome::Fine,
     };
+    if parts > 1 {
+        d.retire_partitions(plan);
+    }
     plan.status.replicas.retain(|x| x.replica != r);
     plan.status.replicas.push(d.st);
     outcome
+}
+
+/// Each attempt's pods, as the one pod that speaks for them: a failed one if
+/// any failed, else partition 0. An attempt missing a partition is left
+/// out, as a pod that is gone would be: the replica is replaced.
+fn units<'p>(pods: impl Iterator<Item = &'p Pod>, parts: usize) -> BTreeMap<u32, &'p Pod> {
+    let mut by_attempt: BTreeMap<u32, Vec<&Pod>> = BTreeMap::new();
+    for p in pods {
+        if let Some(a) = label_u32(p, LABEL_ATTEMPT) {
+            by_attempt.entry(a).or_default().push(p);
+        }
+    }
+    by_attempt
+        .into_iter()
+        .filter_map(|(a, pods)| {
+            let failed = pods.iter().find(|p| phase_of(p) == "Failed");
+            let head = pods.iter().find(|p| is_unit_head(p));
+            match failed {
+                Some(p) => Some((a, *p)),
+                None if pods.len() < parts => None,
+                None => head.map(|p| (a, *p)),
+            }
+        })
+        .collect()
 }
 
 /// One replica's decision under way: its live pods by attempt, and its state.
@@ -99,14 +128,35 @@ struct Decision<'a> {
 
 impl Decision<'_> {
     fn name(&self, attempt: u32) -> String {
-        children::replica_pod_name(&self.s.t.name, self.r, attempt)
+        let name = children::replica_pod_name(&self.s.t.name, self.r, attempt, None);
+        match self.s.t.job.spec.replicas.partitions {
+            0 | 1 => name,
+            p => format!("{name}-p0..p{}", p - 1),
+        }
     }
 
     fn launch(&mut self, plan: &mut Plan, attempt: u32, c: Cause) {
         let backup_of = (c == Cause::Backup).then_some(self.st.attempt);
-        let pod = children::replica_pod(self.s.t, self.r, attempt, c, backup_of);
-        plan.create_pods.push(pod);
+        let pods = children::replica_pods(self.s.t, self.r, attempt, c, backup_of);
+        plan.create_pods.extend(pods);
         self.st.attempt = attempt;
+    }
+
+    /// A partitioned replica restarts as a unit: the partitions still alive
+    /// beside a failed or missing one, and those of attempts it has moved
+    /// past, are deleted.
+    fn retire_partitions(&self, plan: &mut Plan) {
+        let current_failed = self
+            .mine
+            .get(&self.st.attempt)
+            .is_some_and(|p| phase_of(p) == "Failed");
+        for p in replica_pods(self.s.live.iter().copied(), self.r) {
+            let attempt = label_u32(p, LABEL_ATTEMPT);
+            let superseded = attempt != Some(self.st.attempt) || current_failed;
+            if superseded && !is_finished(p) {
+                plan.delete_pods.push(p.name_any());
+            }
+        }
     }
 
     /// The replica's first pod. After a suspension the old pods may still be
@@ -241,6 +291,8 @@ impl Decision<'_> {
         } else if !self.s.t.job.spec.replicas.stragglers.enabled
             // Sandblaster hands a slow replica's portions out again itself.
             || self.s.t.job.spec.algorithm.sandblaster.is_some()
+            // A backup of a partitioned replica would need all its partitions.
+            || self.s.t.job.spec.replicas.partitions > 1
         {
             self.st.slow_since = None;
         } else if let Some(why) = self.straggling(plan)
