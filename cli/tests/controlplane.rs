@@ -169,6 +169,13 @@ const BROKEN: &[(&str, Change)] = &[
     ("output claim", |j| {
         j["spec"]["output"] = json!({"volumeClaimName": "Models!"})
     }),
+    ("partitions not dividing the shards", |j| {
+        j["spec"]["replicas"]["partitions"] = json!(3)
+    }),
+    ("partitions with averaging", |j| {
+        j["spec"]["replicas"]["partitions"] = json!(2);
+        j["spec"]["algorithm"]["downpour"]["averaging"] = json!({"periodSteps": 4});
+    }),
 ];
 
 /// What `distbelief train` says of `job`: each broken rule as `field: message`.
@@ -835,4 +842,70 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
         quick.as_secs_f64()
     );
     drop(ops);
+}
+
+#[tokio::test]
+async fn kit_a_failed_partition_pod_restarts_its_replica_as_a_unit() {
+    let Some(kit) = kit::kit("kit_partitions").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-partitions").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("fm");
+    job["spec"]["replicas"]["partitions"] = json!(2);
+    create_job(&kit, &ns, &job).await;
+    servers_ready(&kit, &ns, "fm", 2).await;
+    let replica = |r: u32| format!("distbelief.dev/role=replica,distbelief.dev/replica={r}");
+    let mut first = wait_for(
+        Duration::from_secs(60),
+        "replica 1's two partition pods",
+        || async {
+            let names = pod_names(&kit, &ns, &replica(1)).await;
+            (names.len() == 2).then_some(names)
+        },
+    )
+    .await;
+    first.sort();
+    assert_eq!(first, ["fm-replica-1-0-p0", "fm-replica-1-0-p1"]);
+    let svc: Service = Api::namespaced(kit.client.clone(), &ns)
+        .get("fm-partitions")
+        .await
+        .expect("the partitions Service");
+    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    let replica0 = pod_names(&kit, &ns, &replica(0)).await;
+    for p in first.iter().chain(&replica0) {
+        make_ready(&kit, &ns, p).await;
+    }
+
+    make_failed(&kit, &ns, "fm-replica-1-0-p1", 1).await;
+    let mut second = wait_for(Duration::from_secs(60), "replica 1's next unit", || async {
+        let mut names = pod_names(&kit, &ns, &replica(1)).await;
+        names.retain(|n| n.starts_with("fm-replica-1-1-"));
+        (names.len() == 2).then_some(names)
+    })
+    .await;
+    second.sort();
+    assert_eq!(second, ["fm-replica-1-1-p0", "fm-replica-1-1-p1"]);
+    wait_for(
+        Duration::from_secs(30),
+        "the failed unit's live partition gone",
+        || async {
+            let names = pod_names(&kit, &ns, &replica(1)).await;
+            (!names.contains(&"fm-replica-1-0-p0".to_string())).then_some(())
+        },
+    )
+    .await;
+    // Counted once, and it stays once over further reconciles.
+    for p in &second {
+        make_ready(&kit, &ns, p).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = status(&kit, &ns, "fm").await;
+    assert_eq!(st["replicaRestarts"], 1, "{st}");
+    let mut left = pod_names(&kit, &ns, &replica(0)).await;
+    left.sort();
+    assert_eq!(left, replica0, "replica 0 untouched");
+    let all = pod_names(&kit, &ns, &replica(1)).await;
+    assert_eq!(all.len(), 3, "the failed pod keeps its logs: {all:?}");
+    println!("kit_partitions: replica 1 restarted as a unit of 2 pods, replicaRestarts 1");
 }
