@@ -537,6 +537,42 @@ PY
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
 }
 
+# Model parallelism: the example's replica split into 2 partition pods that
+# find each other through the job's headless partitions Service; on a
+# smaller data set it must succeed at 0.8.
+MODEL_PARALLEL=fashion-mnist-model-parallel
+model_parallel() {
+  local name=$MODEL_PARALLEL-small pods
+  python3 - "examples/$MODEL_PARALLEL.yaml" "$work/model-parallel.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
+import sys
+src, dst, name = sys.argv[1:]
+s = open(src).read()
+for old, new in [
+    (f"  name: {src.split('/')[-1][:-5]}\n", f"  name: {name}\n"),
+    ("    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n",
+     "    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n    trainLimit: 12000\n    testLimit: 2000\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.8\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+open(dst, "w").write(s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/model-parallel.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$name (each replica split into 2 partition pods)"
+  for _ in $(seq 60); do
+    pods=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name,distbelief.dev/partition" -o name 2>/dev/null)
+    [ "$(echo "$pods" | grep -c pod/)" -ge 2 ] && break
+    sleep 1
+  done
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  log "$name: final phase $J_PHASE, testAccuracy $J_ACC; partition pods: $(echo $pods | tr '\n' ' ')"
+  [ "$(echo "$pods" | grep -c pod/)" -ge 2 ] || { echo "$name: no partition pods seen"; return 1; }
+  [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$J_ACC" 0.8 || { echo "$name: testAccuracy $J_ACC < 0.8"; return 1; }
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+}
+
 # --- 4. the long job: failures it must survive --------------------------------
 # The example stops within seconds of reaching 85%, too soon to be sure of
 # catching it mid-training. So the same job runs under another name with a
@@ -802,6 +838,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     step "$STRAGGLER: a slowed replica's backup starts at its data position and is kept, the straggler retired" straggler_race
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
+    step "$MODEL_PARALLEL (smaller): a replica of 2 partition pods trading activations reaches Succeeded" model_parallel
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
       step "${LONG_STEPS[1]}" long_shard
