@@ -50,8 +50,7 @@ pub const MSG_AT_LEAST_1: &str = "must be at least 1";
 pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";
 /// The second rule on `spec.replicas.partitions`; [`message`] gives the first.
-pub const MSG_PARTITIONS_ALGORITHM: &str =
-    "more than 1 cannot be combined with sandblaster or downpour.averaging";
+pub const MSG_PARTITIONS_ALGORITHM: &str = "more than 1 cannot be combined with downpour.averaging";
 
 /// Every rule CEL enforces. [`validate`](crate::validate) checks each of
 /// these with the same field and message, and some more that need Rust
@@ -219,7 +218,7 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.replicas.partitions",
-        "self.replicas.partitions == 1 || (!has(self.algorithm.sandblaster) && (!has(self.algorithm.downpour) || !has(self.algorithm.downpour.averaging)))",
+        "self.replicas.partitions == 1 || !has(self.algorithm.downpour) || !has(self.algorithm.downpour.averaging)",
         MSG_PARTITIONS_ALGORITHM,
     ),
     spec(

@@ -529,7 +529,8 @@ pub struct ReplicaSpec {
     /// boundaries travel between them. Must divide parameterServers.shards,
     /// so that each shard holds one partition's parameters, and be at most
     /// the units of the narrowest layer. A lost partition restarts its whole
-    /// replica. Not combined with Sandblaster or parameter averaging; a
+    /// replica. Under Sandblaster, partition 0 takes the portions and the
+    /// others follow it. Not combined with parameter averaging; a
     /// partitioned replica gets no straggler backups. Default: 1.
     #[serde(default = "one")]
     pub partitions: u32,

@@ -210,11 +210,10 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         );
     }
     if partitions > 1
-        && (s.algorithm.sandblaster.is_some()
-            || s.algorithm
-                .downpour
-                .as_ref()
-                .is_some_and(|d| d.averaging.is_some()))
+        && s.algorithm
+            .downpour
+            .as_ref()
+            .is_some_and(|d| d.averaging.is_some())
     {
         fail(
             "spec.replicas.partitions",

@@ -372,6 +372,27 @@ fn sandblaster_reaches_the_target_with_backups_and_a_killed_replica() {
     );
 }
 
+#[test]
+fn sandblaster_runs_on_partitioned_replicas() {
+    // Partition 0 of each replica takes the portions; partition 1 follows
+    // its orders and pushes its own shard's part under the same grants.
+    let yaml = sandblaster_job("sandblaster-partitions")
+        .replace(
+            "replicas: {count: 3,",
+            "replicas: {count: 2, partitions: 2,",
+        )
+        .replace(
+            "faults: {slowReplicas: [{replica: 2, factor: 5}]}",
+            "faults: {slowReplicas: [{replica: 1, factor: 5}]}",
+        );
+    let mut run = Run::start_job(yaml);
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    let sb = &s["sandblaster"];
+    assert!(sb["batches"].as_u64().unwrap_or(0) >= 2, "{s}");
+    assert_eq!(sb["grants_redone"], 0, "no replica was lost: {s}");
+}
+
 /// L-BFGS's own stop ends the run like a limit: one last evaluation, the
 /// model saved, and the reason in the summary.
 #[test]

@@ -6,11 +6,13 @@ mod averaging;
 mod error;
 mod link;
 mod metrics;
+mod network;
+mod orders;
 mod partitions;
 mod portions;
 mod replica;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;
-pub use partitions::PartitionOptions;
+pub use partitions::{GrpcExchange, PartitionOptions, serve as serve_partition};
 pub use replica::{ReplicaOptions, ReplicaSummary, run_replica};

@@ -78,7 +78,7 @@ impl Partition for Service {
 }
 
 /// Binds the partition's service and serves it in the background.
-pub(crate) async fn serve(
+pub async fn serve(
     opts: &PartitionOptions,
     mailbox: Arc<Mailbox>,
     replica: u32,
@@ -128,7 +128,8 @@ pub struct GrpcExchange {
 }
 
 impl GrpcExchange {
-    pub(crate) fn new(
+    /// Must be called within the runtime that will carry the calls.
+    pub fn new(
         opts: &PartitionOptions,
         mailbox: Arc<Mailbox>,
         replica: u32,

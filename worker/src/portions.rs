@@ -4,12 +4,16 @@
 //! portions commits them and pushes their summed gradient under the
 //! coordinator's grant. A refused commit (another replica's backup won) is
 //! dropped. Runs on its own thread; RPCs go through the runtime's handle.
+//!
+//! On a partitioned replica partition 0 does all of this with the
+//! coordinator and gives the other partitions orders (`orders.rs`): they
+//! compute the same portions with it, each push their own shards' part
+//! under its grants, and acknowledge before partition 0 reports the push.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use distbelief_model::Mlp;
 use distbelief_model::data::Dataset;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{GrantPushed, PortionCommit, PortionRequest, WorkKind};
@@ -19,6 +23,8 @@ use tonic::transport::Channel;
 
 use crate::error::WorkerError;
 use crate::metrics::WorkerMetrics;
+use crate::network::{Net, Scratch};
+use crate::orders::{Order, Orders};
 use crate::replica::Progress;
 
 /// Pushes of one grant are retried this often before the replica gives up
@@ -50,7 +56,14 @@ impl Held {
 }
 
 pub(crate) struct PortionWorker {
-    pub mlp: Mlp,
+    pub net: Net,
+    /// Where this process's parameters start in the stored vector.
+    pub base: usize,
+    /// Its parameters' count: the whole vector, or its partition's.
+    pub len: usize,
+    /// Partitions of the replica (1 when unpartitioned) and which this is.
+    pub parts: usize,
+    pub me: usize,
     pub train: Dataset,
     pub clients: Vec<ShardClient>,
     pub coordinator: CoordinatorClient<Channel>,
@@ -66,6 +79,18 @@ pub(crate) struct PortionWorker {
     pub runtime: tokio::runtime::Handle,
     /// The last push's sequence number; shards drop a repeated one.
     pub sequence: u64,
+}
+
+/// A portion worker's working memory.
+struct Work {
+    params: Parameters,
+    held: Held,
+    scratch: Scratch,
+    /// One portion's mean gradient.
+    gradient: Vec<f32>,
+    /// Portions computed so far: the boundary exchanges' step number.
+    computed: u64,
+    orders: Orders,
 }
 
 /// What one batch's parameters are, as fetched.
@@ -87,15 +112,43 @@ impl PortionWorker {
     }
 
     fn work(&mut self, threads: usize) -> Result<(), WorkerError> {
-        let n = self.mlp.layout().len();
-        let mut params = Parameters {
-            values: vec![0.0; n],
-            batch: 0,
-            versions: vec![0; self.clients.len()],
+        let n = self.len;
+        let mut w = Work {
+            params: Parameters {
+                values: vec![0.0; n],
+                batch: 0,
+                versions: vec![0; self.clients.len()],
+            },
+            held: Held::new(n),
+            scratch: self.net.scratch(self.portion_size, threads),
+            gradient: vec![0.0f32; n],
+            computed: 0,
+            orders: Orders::default(),
         };
-        let mut held = Held::new(n);
-        let mut ws = self.mlp.workspaces(self.portion_size, threads);
-        let mut scratch = vec![0.0f32; n];
+        let done = if self.me == 0 {
+            self.lead(&mut w)
+        } else {
+            self.follow(&mut w)
+        };
+        match done {
+            // Closed: the replica is stopping.
+            Err(WorkerError::Partition(distbelief_model::exchange::ExchangeError::Closed)) => {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Sends `order` to the other partitions, if there are any.
+    fn give(&mut self, w: &mut Work, order: &Order) -> Result<(), WorkerError> {
+        if let Some(ex) = self.net.exchange() {
+            w.orders.give(ex, self.parts, order)?;
+        }
+        Ok(())
+    }
+
+    /// Takes portions from the coordinator (partition 0, or the whole replica).
+    fn lead(&mut self, w: &mut Work) -> Result<(), WorkerError> {
         let request = PortionRequest {
             replica: self.replica,
             incarnation: self.incarnation,
@@ -107,42 +160,98 @@ impl PortionWorker {
                 Err(status) => {
                     // The report loop judges the coordinator's silence.
                     tracing::debug!("no portion: {status}");
+                    self.give(w, &Order::Wait)?;
                     std::thread::sleep(Duration::from_millis(200));
                     continue;
                 }
             };
-            let switch = held.batch != work.batch;
-            if !held.portions.is_empty() && (switch || work.kind() != WorkKind::Portion) {
-                self.commit_and_push(&mut held, &params)?;
+            let switch = w.held.batch != work.batch;
+            if !w.held.portions.is_empty() && (switch || work.kind() != WorkKind::Portion) {
+                self.commit_and_push(w)?;
             }
             match work.kind() {
                 WorkKind::Portion => {
-                    self.parameters_for(work.batch, &mut params)?;
-                    held.batch = work.batch;
-                    for &p in &work.portions {
-                        held.loss_sum +=
-                            self.gradient(&params.values, p, &mut ws, &mut scratch, &mut held.sum)?;
-                        held.portions.push(p);
-                    }
-                    if held.portions.len() >= self.per_push {
-                        self.commit_and_push(&mut held, &params)?;
+                    let order = Order::Portions {
+                        batch: work.batch,
+                        portions: work.portions.clone(),
+                    };
+                    self.give(w, &order)?;
+                    self.compute(w, work.batch, &work.portions, false)?;
+                    if w.held.portions.len() >= self.per_push {
+                        self.commit_and_push(w)?;
                     }
                 }
                 WorkKind::Redo => {
-                    self.parameters_for(work.batch, &mut params)?;
-                    let mut redo = Held::new(n);
-                    redo.batch = work.batch;
-                    for &p in &work.portions {
-                        redo.loss_sum +=
-                            self.gradient(&params.values, p, &mut ws, &mut scratch, &mut redo.sum)?;
-                        redo.portions.push(p);
-                    }
-                    self.push(&redo, work.grant, &params)?;
+                    let order = Order::Redo {
+                        batch: work.batch,
+                        grant: work.grant,
+                        portions: work.portions.clone(),
+                    };
+                    self.give(w, &order)?;
+                    let redo = self.compute(w, work.batch, &work.portions, true)?;
+                    self.push(&redo, work.grant, &w.params, &mut w.orders)?;
                 }
-                WorkKind::Wait | WorkKind::Unspecified => {}
+                WorkKind::Wait | WorkKind::Unspecified => self.give(w, &Order::Wait)?,
             }
         }
         Ok(())
+    }
+
+    /// Does what partition 0 says (partitions but the first).
+    fn follow(&mut self, w: &mut Work) -> Result<(), WorkerError> {
+        while !self.stop.load(Ordering::Relaxed) {
+            let Some(ex) = self.net.exchange() else {
+                return Ok(());
+            };
+            match w.orders.next(ex)? {
+                Order::Wait => {}
+                Order::Portions { batch, portions } => {
+                    self.compute(w, batch, &portions, false)?;
+                }
+                Order::Push { grant } => {
+                    self.push(&w.held, grant, &w.params, &mut w.orders)?;
+                    w.held.clear();
+                }
+                Order::Drop => w.held.clear(),
+                Order::Redo {
+                    batch,
+                    grant,
+                    portions,
+                } => {
+                    let redo = self.compute(w, batch, &portions, true)?;
+                    self.push(&redo, grant, &w.params, &mut w.orders)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Computes `portions` of `batch`: into the held sum, or (`apart`) into
+    /// a sum of their own, which it returns.
+    fn compute(
+        &mut self,
+        w: &mut Work,
+        batch: u64,
+        portions: &[u32],
+        apart: bool,
+    ) -> Result<Held, WorkerError> {
+        self.parameters_for(batch, &mut w.params)?;
+        let mut redo = Held::new(if apart { self.len } else { 0 });
+        let held = if apart { &mut redo } else { &mut w.held };
+        held.batch = batch;
+        for &p in portions {
+            held.loss_sum += self.gradient(
+                &w.params.values,
+                p,
+                &mut w.scratch,
+                w.computed,
+                &mut w.gradient,
+                &mut held.sum,
+            )?;
+            w.computed += 1;
+            held.portions.push(p);
+        }
+        Ok(redo)
     }
 
     /// Fetches the parameters unless they are already `batch`'s.
@@ -161,10 +270,11 @@ impl PortionWorker {
 
     /// Adds portion `p`'s summed gradient into `sum`; returns its summed loss.
     fn gradient(
-        &self,
+        &mut self,
         params: &[f32],
         p: u32,
-        ws: &mut [distbelief_model::mlp::Workspace],
+        ws: &mut Scratch,
+        step: u64,
         scratch: &mut [f32],
         sum: &mut [f32],
     ) -> Result<f64, WorkerError> {
@@ -184,16 +294,17 @@ impl PortionWorker {
         )
         .map_err(|e| WorkerError::Compute(e.to_string()))?;
         let began = Instant::now();
+        let waited = self.net.waited();
         scratch.fill(0.0);
-        let loss =
-            self.mlp
-                .batch_gradient(params, x, &self.train.labels[rows.clone()], ws, scratch);
+        let labels = &self.train.labels[rows.clone()];
+        let loss = self.net.gradient(params, x, labels, ws, step, scratch)?;
         let count = rows.len() as f32;
         for (s, g) in sum.iter_mut().zip(scratch.iter()) {
             *s += count * g;
         }
         if self.slowdown > 1.0 {
-            std::thread::sleep(began.elapsed().mul_f64(self.slowdown - 1.0));
+            let busy = began.elapsed().saturating_sub(self.net.waited() - waited);
+            std::thread::sleep(busy.mul_f64(self.slowdown - 1.0));
         }
         self.metrics.steps.inc();
         self.metrics.examples.inc_by(rows.len() as u64);
@@ -207,7 +318,8 @@ impl PortionWorker {
         Ok(loss * rows.len() as f64)
     }
 
-    fn commit_and_push(&mut self, held: &mut Held, params: &Parameters) -> Result<(), WorkerError> {
+    fn commit_and_push(&mut self, w: &mut Work) -> Result<(), WorkerError> {
+        let held = &mut w.held;
         let commit = PortionCommit {
             replica: self.replica,
             incarnation: self.incarnation,
@@ -216,24 +328,44 @@ impl PortionWorker {
         };
         let mut c = self.coordinator.clone();
         let reply = self.runtime.block_on(c.commit_portions(commit));
-        match reply.map(tonic::Response::into_inner) {
-            Ok(r) if r.granted => self.push(held, r.grant, params)?,
+        let grant = match reply.map(tonic::Response::into_inner) {
+            Ok(r) if r.granted => Some(r.grant),
             Ok(_) => {
-                tracing::debug!(portions = ?held.portions, "commit refused: another replica's result won")
+                tracing::debug!(portions = ?held.portions, "commit refused: another replica's result won");
+                None
             }
             // Not committed: the portions go back to the pool when the
             // coordinator takes this replica for lost, or as backups.
-            Err(status) => tracing::warn!("commit failed: {status}"),
+            Err(status) => {
+                tracing::warn!("commit failed: {status}");
+                None
+            }
+        };
+        match grant {
+            Some(grant) => {
+                self.give(w, &Order::Push { grant })?;
+                self.push(&w.held, grant, &w.params, &mut w.orders)?;
+            }
+            None => self.give(w, &Order::Drop)?,
         }
-        held.clear();
+        w.held.clear();
         Ok(())
     }
 
-    /// Pushes `held`'s sum under `grant` to every shard, then tells the
-    /// coordinator. Shards add a grant once, so retries are safe.
-    fn push(&mut self, held: &Held, grant: u64, params: &Parameters) -> Result<(), WorkerError> {
+    /// Pushes `held`'s sum under `grant` to every shard of this process,
+    /// then, once the other partitions have pushed theirs, tells the
+    /// coordinator (partition 0) or partition 0 (the others). Shards add a
+    /// grant once, so retries are safe.
+    fn push(
+        &mut self,
+        held: &Held,
+        grant: u64,
+        params: &Parameters,
+        orders: &mut Orders,
+    ) -> Result<(), WorkerError> {
+        let base = self.base;
         for (i, client) in self.clients.iter_mut().enumerate() {
-            let range = client.range.clone();
+            let range = client.range.start - base..client.range.end - base;
             let mut attempt = 0;
             loop {
                 attempt += 1;
@@ -258,6 +390,13 @@ impl PortionWorker {
                     Err(e) => return Err(e.into()),
                 }
             }
+        }
+        if let Some(ex) = self.net.exchange() {
+            if self.me != 0 {
+                orders.ack(ex)?;
+                return Ok(());
+            }
+            orders.acks(ex, self.parts)?;
         }
         let pushed = GrantPushed {
             replica: self.replica,

@@ -19,11 +19,11 @@ use crate::averaging::LocalTraining;
 use crate::error::WorkerError;
 use crate::link::Link;
 use crate::metrics::WorkerMetrics;
+use crate::network::Net;
 use crate::partitions::{GrpcExchange, PartitionOptions, serve};
 use crate::portions::PortionWorker;
 use distbelief_model::data::{self, Dataset};
 use distbelief_model::exchange::{ExchangeError, Mailbox};
-use distbelief_model::partition::PartitionScratch;
 use distbelief_model::{Mlp, PartitionedMlp};
 use distbelief_ps_client::{fetch_all, shard_clients};
 
@@ -290,10 +290,22 @@ pub async fn run_replica(
     };
     let threads = opts.threads.max(1);
     let mut tasks = Vec::new();
-    let mut stop_mailbox: Option<Arc<Mailbox>> = None;
+    let stop_mailbox: Option<Arc<Mailbox>> = part.as_ref().map(|p| p.mailbox.clone());
+    let (parts, me) = (job.partitions(), part.as_ref().map_or(0, |p| p.me));
+    let net = match part {
+        Some(p) => Net::Part {
+            mlp: PartitionedMlp::new(&job.layout, &job.partitioning, p.me),
+            exchange: p.exchange,
+        },
+        None => Net::Whole(mlp),
+    };
     let compute = if let Some(sb) = &job.sandblaster {
         let worker = PortionWorker {
-            mlp,
+            net,
+            base,
+            len: params.len(),
+            parts,
+            me,
             train,
             clients,
             coordinator: coordinator.client.clone(),
@@ -327,14 +339,6 @@ pub async fn run_replica(
         }
         let sync = job.downpour.synchronous.is_some();
         let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
-        let mailbox = part.as_ref().map(|p| p.mailbox.clone());
-        let net = match part {
-            Some(p) => Net::Part {
-                mlp: PartitionedMlp::new(&job.layout, &job.partitioning, p.me),
-                exchange: p.exchange,
-            },
-            None => Net::Whole(mlp),
-        };
         let ctx = Compute {
             net,
             base,
@@ -372,7 +376,6 @@ pub async fn run_replica(
             .name(format!("replica-{}-compute", opts.replica))
             .spawn(move || ctx.run(params, versions, threads))
             .map_err(|e| WorkerError::Compute(e.to_string()))?;
-        stop_mailbox = mailbox;
         thread
     };
 
@@ -518,57 +521,6 @@ impl Part {
             mailbox,
             exchange,
         }))
-    }
-}
-
-/// The model a replica computes with: whole, or one partition of it.
-enum Net {
-    Whole(Mlp),
-    Part {
-        mlp: PartitionedMlp,
-        exchange: GrpcExchange,
-    },
-}
-
-/// Per-thread working memory for [`Net`].
-enum Scratch {
-    Whole(Vec<distbelief_model::mlp::Workspace>),
-    Part(PartitionScratch),
-}
-
-impl Net {
-    /// Time spent waiting on peer partitions so far.
-    fn waited(&self) -> Duration {
-        match self {
-            Net::Whole(_) => Duration::ZERO,
-            Net::Part { exchange, .. } => exchange.waited,
-        }
-    }
-
-    fn scratch(&self, batch: usize, threads: usize) -> Scratch {
-        match self {
-            Net::Whole(m) => Scratch::Whole(m.workspaces(batch, threads)),
-            Net::Part { mlp, .. } => Scratch::Part(mlp.scratch(batch)),
-        }
-    }
-
-    /// Adds the batch's mean gradient into `grad`; returns the mean loss.
-    fn gradient(
-        &mut self,
-        params: &[f32],
-        x: ArrayView2<f32>,
-        y: &[u32],
-        scratch: &mut Scratch,
-        step: u64,
-        grad: &mut [f32],
-    ) -> Result<f64, ExchangeError> {
-        match (self, scratch) {
-            (Net::Whole(m), Scratch::Whole(ws)) => Ok(m.batch_gradient(params, x, y, ws, grad)),
-            (Net::Part { mlp, exchange }, Scratch::Part(s)) => {
-                mlp.batch_gradient(params, x, y, s, exchange, step, grad)
-            }
-            _ => unreachable!("scratch is made by the same Net"),
-        }
     }
 }
 
