@@ -191,7 +191,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         fail("spec.replicas.count", None);
     }
     let partitions = s.replicas.partitions;
-    if !(1..=MAX_PARTITIONS).contains(&partitions) || shards % partitions.max(1) != 0 {
+    if !(1..=MAX_PARTITIONS).contains(&partitions) || !shards.is_multiple_of(partitions.max(1)) {
         fail("spec.replicas.partitions", None);
     } else if let Some(narrowest) = s
         .model

@@ -372,11 +372,10 @@ pub async fn run_replica(
             local: period.map(|_| LocalTraining::new(Optimizer::from_spec(&job.downpour), &params)),
             slowdown,
         };
-        let thread = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name(format!("replica-{}-compute", opts.replica))
             .spawn(move || ctx.run(params, versions, threads))
-            .map_err(|e| WorkerError::Compute(e.to_string()))?;
-        thread
+            .map_err(|e| WorkerError::Compute(e.to_string()))?
     };
 
     let mut tick = tokio::time::interval(opts.report_interval);

@@ -91,7 +91,7 @@ impl Partitioning {
     pub fn shard_ranges(&self, shards: usize) -> Vec<Range<usize>> {
         let parts = self.parts();
         let len = self.ranges.last().map_or(0, |r| r.end);
-        if parts == 1 || shards % parts != 0 {
+        if parts == 1 || !shards.is_multiple_of(parts) {
             return shard_ranges(len, shards);
         }
         self.ranges
