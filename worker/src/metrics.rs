@@ -13,6 +13,7 @@ pub struct WorkerMetrics {
     pub dropped_gradients: IntCounter,
     pub staleness_waits: IntCounter,
     pub push_bytes: IntCounter,
+    pub boundary_bytes: IntCounter,
 }
 
 impl WorkerMetrics {
@@ -59,6 +60,10 @@ impl WorkerMetrics {
                 "worker_push_bytes_total",
                 "Bytes of gradient values pushed, as they travel (after compression)",
             )?,
+            boundary_bytes: IntCounter::new(
+                "worker_boundary_bytes_total",
+                "Model parallelism: bytes of activations and deltas sent to the replica's other partitions",
+            )?,
         };
         distbelief_net::register_all(
             registry,
@@ -73,6 +78,7 @@ impl WorkerMetrics {
                 Box::new(m.dropped_gradients.clone()),
                 Box::new(m.staleness_waits.clone()),
                 Box::new(m.push_bytes.clone()),
+                Box::new(m.boundary_bytes.clone()),
             ],
         )?;
         Ok(m)

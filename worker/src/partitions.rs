@@ -4,7 +4,6 @@
 //! math itself is `distbelief_model::partition`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use distbelief_model::exchange::{Exchange, ExchangeError, Mailbox, Tag};
@@ -122,7 +121,7 @@ pub struct GrpcExchange {
     runtime: tokio::runtime::Handle,
     patience: Duration,
     /// Bytes of boundary values sent so far.
-    pub sent_bytes: Arc<AtomicU64>,
+    pub sent_bytes: prometheus::IntCounter,
     /// Time spent blocked on peers: sends in flight and receives.
     pub waited: Duration,
 }
@@ -135,6 +134,7 @@ impl GrpcExchange {
         replica: u32,
         incarnation: u64,
         rpc_timeout: Duration,
+        sent_bytes: prometheus::IntCounter,
     ) -> Result<Self, WorkerError> {
         let me = opts.partition as usize;
         let peers = opts
@@ -166,7 +166,7 @@ impl GrpcExchange {
             mailbox,
             runtime: tokio::runtime::Handle::current(),
             patience: opts.patience,
-            sent_bytes: Arc::new(AtomicU64::new(0)),
+            sent_bytes,
             waited: Duration::ZERO,
         })
     }
@@ -228,8 +228,7 @@ impl Exchange for GrpcExchange {
                     total: values.len() as u64,
                     values: encode_f32(&values[r]),
                 };
-                self.sent_bytes
-                    .fetch_add(chunk.values.len() as u64, Ordering::Relaxed);
+                self.sent_bytes.inc_by(chunk.values.len() as u64);
                 calls.spawn(deliver(client.clone(), to, chunk, self.patience));
             }
         }

@@ -196,7 +196,7 @@ pub async fn run_replica(
     );
 
     let incarnation = opts.incarnation.unwrap_or_else(start_time_incarnation);
-    let part = match Part::start(&job, &opts, incarnation).await? {
+    let part = match Part::start(&job, &opts, incarnation, &metrics).await? {
         Some(part) => {
             // Only the shards that hold this partition's parameters.
             let own = job.partitioning.shards_of(part.me, job.shards());
@@ -478,6 +478,7 @@ impl Part {
         job: &Job,
         opts: &ReplicaOptions,
         incarnation: u64,
+        metrics: &WorkerMetrics,
     ) -> Result<Option<Part>, WorkerError> {
         let parts = job.partitions();
         let Some(p) = &opts.partition else {
@@ -506,6 +507,7 @@ impl Part {
             opts.replica,
             incarnation,
             opts.rpc_timeout,
+            metrics.boundary_bytes.clone(),
         )?;
         let me = p.partition as usize;
         tracing::info!(

@@ -316,16 +316,14 @@ fn child(args: &Args, me: usize) -> anyhow::Result<()> {
         patience: Duration::from_secs(60),
     };
     let mailbox = std::sync::Arc::new(Mailbox::new(opts.patience));
+    let sent = prometheus::IntCounter::new("boundary_bytes", "bytes sent to peers")?;
     let mut ex = rt.block_on(async {
         serve_partition(&opts, mailbox.clone(), 0, 1).await?;
-        GrpcExchange::new(&opts, mailbox.clone(), 0, 1, Duration::from_secs(10))
+        GrpcExchange::new(&opts, mailbox.clone(), 0, 1, Duration::from_secs(10), sent)
     })?;
     let r = pool.install(|| {
         steps(args, &mlp, &params, &mut ex, |ex: &GrpcExchange| {
-            (
-                ex.waited,
-                ex.sent_bytes.load(std::sync::atomic::Ordering::Relaxed),
-            )
+            (ex.waited, ex.sent_bytes.get())
         })
     })?;
     println!("{r}");
