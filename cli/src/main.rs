@@ -141,7 +141,7 @@ pub struct WorkerArgs {
     pub slowdown: Option<f64>,
     /// Model parallelism: which partition of the replica this process is,
     /// from 0. Needed when spec.replicas.partitions is more than 1.
-    #[arg(long, env = "DISTBELIEF_PARTITION", requires = "partition_peers")]
+    #[arg(long, env = "DISTBELIEF_PARTITION", requires_all = ["partition_peers", "incarnation"])]
     pub partition: Option<u32>,
     /// Every partition's address of this replica, in partition order,
     /// comma-separated host:port (this process's own included).

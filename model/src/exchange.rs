@@ -3,7 +3,7 @@
 //! the worker) and the in-memory exchange (for tests and benchmarks) both
 //! deliver into a [`Mailbox`], so the matching and waiting live here once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,13 +58,43 @@ pub const MAX_MESSAGE_VALUES: usize = 1 << 28;
 
 struct Pending {
     values: Vec<f32>,
+    /// Offsets of the chunks stored: a chunk delivered twice counts once.
+    chunks: BTreeSet<usize>,
     filled: usize,
 }
+
+/// Messages taken, remembered so that a late repeat of one is dropped.
+const TAKEN_REMEMBERED: usize = 4096;
 
 #[derive(Default)]
 struct Slots {
     messages: HashMap<(usize, Tag), Pending>,
+    taken: HashSet<(usize, Tag)>,
+    taken_order: VecDeque<(usize, Tag)>,
     closed: bool,
+}
+
+impl Slots {
+    fn remember_taken(&mut self, key: (usize, Tag)) {
+        if self.taken.insert(key) {
+            self.taken_order.push_back(key);
+        }
+        if self.taken_order.len() > TAKEN_REMEMBERED
+            && let Some(old) = self.taken_order.pop_front()
+        {
+            self.taken.remove(&old);
+        }
+    }
+}
+
+/// Why a mailbox refused a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The receiving partition is stopping.
+    #[error("the receiving partition is stopping")]
+    Closed,
+    #[error("{0}")]
+    Malformed(String),
 }
 
 /// Messages that arrived for one partition, possibly in chunks and in any
@@ -99,33 +129,44 @@ impl Mailbox {
         offset: usize,
         total: usize,
         le_bytes: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), Refusal> {
         if !le_bytes.len().is_multiple_of(4) {
-            return Err(format!("{} bytes is not whole f32 values", le_bytes.len()));
+            return Err(Refusal::Malformed(format!(
+                "{} bytes is not whole f32 values",
+                le_bytes.len()
+            )));
         }
         let n = le_bytes.len() / 4;
         if total > MAX_MESSAGE_VALUES || offset.checked_add(n).is_none_or(|end| end > total) {
-            return Err(format!(
+            return Err(Refusal::Malformed(format!(
                 "values {offset}..{} do not fit a message of {total}",
                 offset.saturating_add(n)
-            ));
+            )));
         }
         let mut slots = self.lock();
         if slots.closed {
-            return Err("the receiving partition is stopping".into());
+            return Err(Refusal::Closed);
+        }
+        if slots.taken.contains(&(from, tag)) {
+            // A retried delivery of a message already used.
+            return Ok(());
         }
         let pending = slots
             .messages
             .entry((from, tag))
             .or_insert_with(|| Pending {
                 values: vec![0.0; total],
+                chunks: BTreeSet::new(),
                 filled: 0,
             });
         if pending.values.len() != total {
-            return Err(format!(
+            return Err(Refusal::Malformed(format!(
                 "chunks disagree on the message size: {total} and {}",
                 pending.values.len()
-            ));
+            )));
+        }
+        if !pending.chunks.insert(offset) {
+            return Ok(());
         }
         for (v, b) in pending.values[offset..offset + n]
             .iter_mut()
@@ -153,6 +194,7 @@ impl Mailbox {
                 .is_some_and(|p| p.filled >= p.values.len())
                 && let Some(p) = slots.messages.remove(&(from, tag))
             {
+                slots.remember_taken((from, tag));
                 return Ok(p.values);
             }
             let now = Instant::now();
@@ -170,6 +212,10 @@ impl Mailbox {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
     }
 
     /// Wakes every receive with [`ExchangeError::Closed`] and refuses new messages.
@@ -208,7 +254,10 @@ impl Exchange for LocalExchange {
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             self.boxes[to]
                 .put(self.me, tag, 0, values.len(), &bytes)
-                .map_err(|message| ExchangeError::Send { to, message })?;
+                .map_err(|r| match r {
+                    Refusal::Closed => ExchangeError::Closed,
+                    Refusal::Malformed(message) => ExchangeError::Send { to, message },
+                })?;
         }
         Ok(())
     }
@@ -241,6 +290,22 @@ mod tests {
     }
 
     #[test]
+    fn a_chunk_delivered_twice_counts_once() {
+        let m = Mailbox::new(Duration::from_millis(50));
+        m.put(1, TAG, 0, 4, &bytes(&[1.0, 2.0])).unwrap();
+        m.put(1, TAG, 0, 4, &bytes(&[1.0, 2.0])).unwrap();
+        assert!(
+            matches!(m.take(1, TAG), Err(ExchangeError::Silent { .. })),
+            "half a message is not a message"
+        );
+        m.put(1, TAG, 2, 4, &bytes(&[3.0, 4.0])).unwrap();
+        assert_eq!(m.take(1, TAG).unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        // A late repeat of a message already taken is dropped.
+        m.put(1, TAG, 2, 4, &bytes(&[3.0, 4.0])).unwrap();
+        assert!(m.lock().messages.is_empty());
+    }
+
+    #[test]
     fn a_chunk_past_the_message_is_refused() {
         let m = Mailbox::new(Duration::from_secs(1));
         assert!(m.put(0, TAG, 3, 4, &bytes(&[1.0, 2.0])).is_err());
@@ -270,6 +335,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(10));
         m.close();
         assert!(matches!(t.join().unwrap(), Err(ExchangeError::Closed)));
-        assert!(m.put(1, TAG, 0, 1, &bytes(&[1.0])).is_err());
+        assert_eq!(m.put(1, TAG, 0, 1, &bytes(&[1.0])), Err(Refusal::Closed));
     }
 }

@@ -301,3 +301,39 @@ fn a_deleted_partition_pod_replaces_its_whole_replica() {
     assert_eq!(plan.delete_pods, ["fm-replica-3-0-p1"]);
     assert_eq!(plan.status.replica_restarts, 0, "not the replica's fault");
 }
+
+#[test]
+fn an_evicted_partition_makes_its_unit_restart_free_whatever_its_peer_did() {
+    let job = job(common::running_status(), partitioned());
+    let mut pods = partitioned_running();
+    pods.retain(|p| !p.name_any().starts_with("fm-replica-2-"));
+    let mut failed = common::failed_replica("fm", 2, 0, 1, ago(3600));
+    failed.metadata.name = Some("fm-replica-2-0-p0".into());
+    let mut evicted = common::replica_pod("fm", 2, 0, "Failed");
+    evicted.metadata.name = Some("fm-replica-2-0-p1".into());
+    evicted.status =
+        serde_json::from_value(json!({"phase": "Failed", "reason": "Evicted"})).unwrap();
+    for (p, pod) in [(0, &mut failed), (1, &mut evicted)] {
+        pod.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("distbelief.dev/partition".into(), p.to_string());
+    }
+    // Either order of the list: the eviction decides.
+    for order in [
+        vec![failed.clone(), evicted.clone()],
+        vec![evicted.clone(), failed.clone()],
+    ] {
+        let mut all = pods.clone();
+        all.extend(order);
+        let plan = decide(&job, &all, Timestamp::now());
+        assert_eq!(
+            created(&plan),
+            [
+                ("fm-replica-2-1-p0".into(), "reschedule".into()),
+                ("fm-replica-2-1-p1".into(), "reschedule".into())
+            ]
+        );
+        assert_eq!(plan.status.replica_restarts, 0);
+    }
+}

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distbelief_model::exchange::{Exchange, ExchangeError, Mailbox, Tag};
+use distbelief_model::exchange::{Exchange, ExchangeError, Mailbox, Refusal, Tag};
 use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::partition_client::PartitionClient;
 use distbelief_proto::v1::partition_server::{Partition, PartitionServer};
@@ -71,7 +71,11 @@ impl Partition for Service {
                 c.total as usize,
                 &c.values,
             )
-            .map_err(Status::invalid_argument)?;
+            .map_err(|r| match r {
+                // Distinct, so that the sender stops quietly too.
+                Refusal::Closed => Status::aborted(r.to_string()),
+                Refusal::Malformed(m) => Status::invalid_argument(m),
+            })?;
         Ok(Response::new(DeliverReply {}))
     }
 }
@@ -173,18 +177,22 @@ impl GrpcExchange {
 }
 
 /// Delivers one chunk, retrying while the peer is unreachable (it may still
-/// be starting) for up to `patience`.
+/// be starting) for up to `patience`, unless this partition stops meanwhile.
 async fn deliver(
     mut client: PartitionClient<Channel>,
     to: usize,
     chunk: BoundaryChunk,
     patience: Duration,
+    own: Arc<Mailbox>,
 ) -> Result<(), ExchangeError> {
     let give_up = Instant::now() + patience;
     let mut backoff = distbelief_net::Backoff::default();
     loop {
         match client.deliver(chunk.clone()).await {
             Ok(_) => return Ok(()),
+            // The peer is stopping: so is the replica.
+            Err(s) if s.code() == Code::Aborted => return Err(ExchangeError::Closed),
+            Err(_) if own.is_closed() => return Err(ExchangeError::Closed),
             Err(s)
                 if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded)
                     && Instant::now() < give_up =>
@@ -229,7 +237,13 @@ impl Exchange for GrpcExchange {
                     values: encode_f32(&values[r]),
                 };
                 self.sent_bytes.inc_by(chunk.values.len() as u64);
-                calls.spawn(deliver(client.clone(), to, chunk, self.patience));
+                calls.spawn(deliver(
+                    client.clone(),
+                    to,
+                    chunk,
+                    self.patience,
+                    self.mailbox.clone(),
+                ));
             }
         }
         let began = Instant::now();

@@ -108,7 +108,9 @@ impl PortionWorker {
             .start_handler(|_| crate::replica::lower_priority())
             .build()
             .map_err(|e| WorkerError::Compute(format!("cannot build compute pool: {e}")))?;
-        pool.install(|| self.work(threads))
+        let stop = self.stop.clone();
+        let done = pool.install(|| self.work(threads));
+        crate::replica::unless_stopping(&stop, done)
     }
 
     fn work(&mut self, threads: usize) -> Result<(), WorkerError> {
@@ -125,17 +127,10 @@ impl PortionWorker {
             computed: 0,
             orders: Orders::default(),
         };
-        let done = if self.me == 0 {
+        if self.me == 0 {
             self.lead(&mut w)
         } else {
             self.follow(&mut w)
-        };
-        match done {
-            // Closed: the replica is stopping.
-            Err(WorkerError::Partition(distbelief_model::exchange::ExchangeError::Closed)) => {
-                Ok(())
-            }
-            other => other,
         }
     }
 

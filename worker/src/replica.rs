@@ -291,6 +291,7 @@ pub async fn run_replica(
     let threads = opts.threads.max(1);
     let mut tasks = Vec::new();
     let stop_mailbox: Option<Arc<Mailbox>> = part.as_ref().map(|p| p.mailbox.clone());
+    let server = part.as_ref().map(|p| p.server.abort_handle());
     let (parts, me) = (job.partitions(), part.as_ref().map_or(0, |p| p.me));
     let net = match part {
         Some(p) => Net::Part {
@@ -427,6 +428,11 @@ pub async fn run_replica(
         Ok(Ok(r)) => r,
         Ok(Err(_)) | Err(_) => return Err(WorkerError::Compute("compute thread panicked".into())),
     };
+    // Served until the compute thread ended: a peer still sending is told
+    // this partition is stopping, not left to retry a closed port.
+    if let Some(server) = server {
+        server.abort();
+    }
     // The compute thread's own error says more than "stopped unexpectedly".
     computed?;
     outcome?;
@@ -441,6 +447,29 @@ pub async fn run_replica(
         "stopped by coordinator"
     );
     Ok(summary)
+}
+
+/// A compute thread's end: a partition whose peer stopped because the job
+/// is done sees it lost or gone a moment before hearing the same itself,
+/// so an exchange error is an error only if no stop follows within 3 s.
+pub(crate) fn unless_stopping(
+    stop: &AtomicBool,
+    done: Result<(), WorkerError>,
+) -> Result<(), WorkerError> {
+    match done {
+        Ok(()) | Err(WorkerError::Partition(ExchangeError::Closed)) => Ok(()),
+        Err(e @ WorkerError::Partition(_)) => {
+            let grace = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < grace {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether parameters at version `have` are more than `bound` versions
@@ -470,6 +499,7 @@ struct Part {
     base: usize,
     mailbox: Arc<Mailbox>,
     exchange: GrpcExchange,
+    server: tokio::task::JoinHandle<()>,
 }
 
 impl Part {
@@ -499,8 +529,16 @@ impl Part {
         if parts == 1 {
             return Ok(None);
         }
+        let (Some(_), None) = (opts.incarnation, opts.backup_of) else {
+            // Partitions find each other by incarnation and step through the
+            // same mini-batches from the first: each must be told the same
+            // incarnation, and none can start at a straggler's position.
+            return Err(WorkerError::PartitionSetup(
+                "a partition needs --incarnation (the same for all of the replica's partitions) and cannot be a backup (--backup-of)".into(),
+            ));
+        };
         let mailbox = Arc::new(Mailbox::new(p.patience));
-        serve(p, mailbox.clone(), opts.replica, incarnation).await?;
+        let server = serve(p, mailbox.clone(), opts.replica, incarnation).await?;
         let exchange = GrpcExchange::new(
             p,
             mailbox.clone(),
@@ -521,6 +559,7 @@ impl Part {
             base: job.partitioning.range(me).start,
             mailbox,
             exchange,
+            server,
         }))
     }
 }
@@ -572,21 +611,8 @@ impl Compute {
             .build()
             .map_err(|e| WorkerError::Compute(format!("cannot build compute pool: {e}")))?;
         let stop = self.stop.clone();
-        match pool.install(|| self.train_loop(params, versions, threads)) {
-            Ok(()) | Err(ExchangeError::Closed) => Ok(()),
-            Err(e) => {
-                // A peer that stopped because the job is done looks lost for
-                // a moment before this replica hears the same.
-                let grace = Instant::now() + Duration::from_secs(3);
-                while Instant::now() < grace {
-                    if stop.load(Ordering::Relaxed) {
-                        return Ok(());
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e.into())
-            }
-        }
+        let done = pool.install(|| self.train_loop(params, versions, threads));
+        unless_stopping(&stop, done.map_err(WorkerError::from))
     }
 
     /// Makes fetched parameters the ones computed on.

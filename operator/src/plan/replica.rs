@@ -95,8 +95,10 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
 }
 
 /// Each attempt's pods, as the one pod that speaks for them: a failed one if
-/// any failed, else partition 0. An attempt missing a partition is left
-/// out, as a pod that is gone would be: the replica is replaced.
+/// any failed (one Kubernetes took away first, since that failure is not the
+/// replica's and the unit then restarts free), else partition 0. An attempt
+/// missing a partition is left out, as a pod that is gone would be: the
+/// replica is replaced.
 fn units<'p>(pods: impl Iterator<Item = &'p Pod>, parts: usize) -> BTreeMap<u32, &'p Pod> {
     let mut by_attempt: BTreeMap<u32, Vec<&Pod>> = BTreeMap::new();
     for p in pods {
@@ -107,7 +109,10 @@ fn units<'p>(pods: impl Iterator<Item = &'p Pod>, parts: usize) -> BTreeMap<u32,
     by_attempt
         .into_iter()
         .filter_map(|(a, pods)| {
-            let failed = pods.iter().find(|p| phase_of(p) == "Failed");
+            let failed = pods
+                .iter()
+                .filter(|p| phase_of(p) == "Failed")
+                .min_by_key(|p| !(is_disruption(p) || gave_up_waiting(p)));
             let head = pods.iter().find(|p| is_unit_head(p));
             match failed {
                 Some(p) => Some((a, *p)),
