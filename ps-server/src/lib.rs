@@ -56,6 +56,7 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
             s.version = saved.version;
             s.updates_applied = saved.updates_applied;
             s.restored_version = Some(saved.version);
+            s.restore_push_table(&saved.push_table);
             tracing::info!(
                 shard = opts.index,
                 version = s.version,

@@ -1,15 +1,18 @@
-//! Shard checkpoints: parameters, Adagrad accumulators, version and update
-//! count in one file, written to a temporary file and renamed into place so a
-//! crash never leaves a torn checkpoint behind.
+//! Shard checkpoints: parameters, Adagrad accumulators, version, update
+//! count and the fencing and deduplication table in one file, written to a
+//! temporary file and renamed into place so a crash never leaves a torn
+//! checkpoint behind. Files of the first format (no table) still load.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::PsError;
-use crate::shard::Shard;
+use crate::shard::{PushTable, Shard};
 
-const MAGIC: &[u8; 8] = b"DBCKPT01";
+const MAGIC: &[u8; 8] = b"DBCKPT02";
+/// The first format: no push table.
+const MAGIC_V1: &[u8; 8] = b"DBCKPT01";
 
 pub fn path_for(dir: &Path, shard: u32) -> PathBuf {
     dir.join(format!("shard-{shard}.ckpt"))
@@ -22,6 +25,7 @@ pub struct Saved {
     pub updates_applied: u64,
     pub params: Vec<f32>,
     pub accum: Vec<f32>,
+    pub push_table: PushTable,
 }
 
 struct Crc<W> {
@@ -76,6 +80,18 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
         {
             w.write_all(&distbelief_proto::codec::encode_f32(chunk))?;
         }
+        let table = shard.push_table();
+        w.write_all(&(table.fences.len() as u64).to_le_bytes())?;
+        for (r, f) in &table.fences {
+            w.write_all(&r.to_le_bytes())?;
+            w.write_all(&f.to_le_bytes())?;
+        }
+        w.write_all(&(table.sequences.len() as u64).to_le_bytes())?;
+        for (r, inc, seq) in &table.sequences {
+            w.write_all(&r.to_le_bytes())?;
+            w.write_all(&inc.to_le_bytes())?;
+            w.write_all(&seq.to_le_bytes())?;
+        }
         Ok(())
     };
     write_all(&mut w).map_err(io_err(&tmp))?;
@@ -116,9 +132,10 @@ pub fn load(
         .read_to_end(&mut bytes)
         .map_err(io_err(&path))?;
     let header = 8 + 4 + 5 * 8;
-    if bytes.len() < header + 4 || &bytes[..8] != MAGIC {
+    if bytes.len() < header + 4 || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_V1) {
         return Err(bad("not a distbelief shard checkpoint".into()));
     }
+    let with_table = &bytes[..8] == MAGIC;
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     if crc32fast::hash(body) != crc {
@@ -138,12 +155,21 @@ pub fn load(
     }
     let accum_len = u64_at(4) as usize;
     let n = end - start;
-    if body.len() != header + 4 * (n + accum_len) {
-        return Err(bad("length does not match its header".into()));
-    }
+    let values_end = (n as u64)
+        .checked_add(accum_len as u64)
+        .and_then(|v| v.checked_mul(4))
+        .and_then(|v| v.checked_add(header as u64))
+        .filter(|&e| e <= body.len() as u64)
+        .ok_or_else(|| bad("length does not match its header".into()))?
+        as usize;
+    let (values, rest) = body[header..].split_at(values_end - header);
+    let push_table = match with_table {
+        true => read_table(rest).ok_or_else(|| bad("bad push table".into()))?,
+        false if rest.is_empty() => PushTable::default(),
+        false => return Err(bad("length does not match its header".into())),
+    };
     let mut params = vec![0.0; n];
     let mut accum = vec![0.0; accum_len];
-    let values = &body[header..];
     distbelief_proto::codec::decode_f32_into(&values[..4 * n], &mut params)
         .ok_or_else(|| bad("bad parameter payload".into()))?;
     distbelief_proto::codec::decode_f32_into(&values[4 * n..], &mut accum)
@@ -153,13 +179,37 @@ pub fn load(
         updates_applied: u64_at(3),
         params,
         accum,
+        push_table,
     }))
+}
+
+/// The push table after the values: counts, then fixed-size entries, and
+/// nothing after them.
+fn read_table(mut b: &[u8]) -> Option<PushTable> {
+    fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
+        let (head, tail) = b.split_first_chunk::<N>()?;
+        *b = tail;
+        Some(*head)
+    }
+    let u64_of = |b: &mut &[u8]| take::<8>(b).map(u64::from_le_bytes);
+    let u32_of = |b: &mut &[u8]| take::<4>(b).map(u32::from_le_bytes);
+    let mut t = PushTable::default();
+    let fences = u64_of(&mut b)?;
+    for _ in 0..fences {
+        t.fences.push((u32_of(&mut b)?, u64_of(&mut b)?));
+    }
+    let sequences = u64_of(&mut b)?;
+    for _ in 0..sequences {
+        t.sequences
+            .push((u32_of(&mut b)?, u64_of(&mut b)?, u64_of(&mut b)?));
+    }
+    b.is_empty().then_some(t)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::{PushHeader, PushId};
+    use crate::shard::{PushHeader, PushId, PushOutcome};
     use distbelief_model::Optimizer;
 
     fn trained_shard() -> Shard {
@@ -200,6 +250,92 @@ mod tests {
         assert_eq!(saved.updates_applied, 3);
         assert_eq!(saved.params, s.params);
         assert_eq!(saved.accum, s.accum);
+        assert_eq!(saved.push_table, s.push_table());
+        assert_eq!(saved.push_table.sequences, [(0, 1, 3)]);
+    }
+
+    fn push(
+        s: &mut Shard,
+        incarnation: u64,
+        sequence: u64,
+        fence: u64,
+    ) -> Result<PushOutcome, PsError> {
+        let h = PushHeader {
+            shard: 2,
+            id: PushId {
+                replica: 0,
+                incarnation,
+                sequence,
+                base_version: 0,
+                steps: 1,
+                fence,
+                average: false,
+                grant: None,
+            },
+        };
+        s.apply_push(h, &[0.25; 60])
+    }
+
+    /// Restores as the shard server does.
+    fn restore(dir: &Path) -> Shard {
+        let saved = load(dir, 2, 100..160).unwrap().unwrap();
+        let mut s = Shard::new(2, 100..160, trained_shard().optimizer, saved.params);
+        s.accum = saved.accum;
+        s.version = saved.version;
+        s.restore_push_table(&saved.push_table);
+        s
+    }
+
+    #[test]
+    fn deduplication_and_fencing_survive_a_restore() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &trained_shard()).unwrap();
+        let mut s = restore(dir.path());
+        assert!(
+            matches!(
+                push(&mut s, 1, 3, 0),
+                Ok(PushOutcome::Duplicate { version: 3 })
+            ),
+            "a retry of an applied push is not applied again"
+        );
+        assert!(matches!(
+            push(&mut s, 1, 4, 0),
+            Ok(PushOutcome::Applied { version: 4, .. })
+        ));
+        // The replica's next process fences the first out; that too survives.
+        assert!(matches!(
+            push(&mut s, 2, 1, 2),
+            Ok(PushOutcome::Applied { .. })
+        ));
+        save(dir.path(), &s).unwrap();
+        let mut s = restore(dir.path());
+        let before = s.params.clone();
+        assert!(matches!(
+            push(&mut s, 1, 5, 0),
+            Err(PsError::Superseded { incarnation: 1, .. })
+        ));
+        assert!(matches!(
+            push(&mut s, 2, 1, 2),
+            Ok(PushOutcome::Duplicate { .. })
+        ));
+        assert_eq!(s.params, before, "neither changed anything");
+    }
+
+    #[test]
+    fn a_first_format_checkpoint_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = save(dir.path(), &trained_shard()).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        // The same state in the first format: old magic, no table, new checksum.
+        let table = 8 + (4 + 8) + 8 + (4 + 8 + 8);
+        let mut v1 = bytes[..bytes.len() - 4 - table].to_vec();
+        v1[..8].copy_from_slice(MAGIC_V1);
+        let crc = crc32fast::hash(&v1);
+        v1.extend(crc.to_le_bytes());
+        std::fs::write(&path, &v1).unwrap();
+        let saved = load(dir.path(), 2, 100..160).unwrap().unwrap();
+        assert_eq!(saved.version, 3);
+        assert_eq!(saved.push_table, PushTable::default());
     }
 
     #[test]

@@ -88,6 +88,19 @@ impl SyncRound {
     }
 }
 
+/// Who may push and what each has had applied: per replica the lowest
+/// incarnation still taken, and per (replica, incarnation) the last sequence
+/// applied. It travels with the parameters in checkpoints, so that after a
+/// restore a retried push is still applied once and a replaced process is
+/// still refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PushTable {
+    /// (replica, fence), sorted.
+    pub fences: Vec<(u32, u64)>,
+    /// (replica, incarnation, last sequence), sorted.
+    pub sequences: Vec<(u32, u64, u64)>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Shard {
     pub index: u32,
@@ -155,6 +168,29 @@ impl Shard {
             vectors: Vectors::new(range_len, MAX_HISTORY),
             grants: HashSet::new(),
         }
+    }
+
+    /// The fencing and deduplication table, for a checkpoint.
+    pub fn push_table(&self) -> PushTable {
+        let mut fences: Vec<_> = self.fences.iter().map(|(&r, &f)| (r, f)).collect();
+        fences.sort_unstable();
+        let mut sequences: Vec<_> = self
+            .last_sequence
+            .iter()
+            .map(|(&(r, inc), &seq)| (r, inc, seq))
+            .collect();
+        sequences.sort_unstable();
+        PushTable { fences, sequences }
+    }
+
+    /// Takes over a checkpoint's fencing and deduplication table.
+    pub fn restore_push_table(&mut self, t: &PushTable) {
+        self.fences = t.fences.iter().copied().collect();
+        self.last_sequence = t
+            .sequences
+            .iter()
+            .map(|&(r, inc, seq)| ((r, inc), seq))
+            .collect();
     }
 
     /// Runs Sandblaster vector commands over this range; returns their dot
