@@ -97,7 +97,8 @@ impl Mlp {
     }
 
     /// The logits for the rows of `x`.
-    pub fn logits(&self, params: &[f32], x: ArrayView2<f32>) -> Array2<f32> {
+    #[cfg(test)]
+    pub(crate) fn logits(&self, params: &[f32], x: ArrayView2<f32>) -> Array2<f32> {
         let mut scratch = self.scratch(x.nrows());
         self.forward(params, x, &mut scratch);
         scratch.acts.pop().expect("at least one layer")

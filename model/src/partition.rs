@@ -44,13 +44,6 @@ pub struct PartitionScratch {
     dlogits: Array2<f32>,
 }
 
-/// Bytes one partition sends per step of `rows` examples.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BoundaryBytes {
-    pub forward: u64,
-    pub backward: u64,
-}
-
 impl PartitionedMlp {
     pub fn new(layout: &Layout, partitioning: &Partitioning, me: usize) -> Self {
         let base = partitioning.range(me).start;
@@ -117,26 +110,6 @@ impl PartitionedMlp {
         }
     }
 
-    /// What crosses partitions per step of `rows` examples, from this one.
-    pub fn boundary_bytes(&self, rows: usize) -> BoundaryBytes {
-        let peers = self.parts() as u64 - 1;
-        let forward = self
-            .blocks
-            .iter()
-            .map(|b| (rows * b.units.len()) as u64 * peers)
-            .sum::<u64>();
-        let backward = (1..self.blocks.len())
-            .map(|l| {
-                let others = self.layout.layers[l].inputs - self.units[l - 1][self.me].len();
-                (rows * others) as u64
-            })
-            .sum::<u64>();
-        BoundaryBytes {
-            forward: 4 * forward,
-            backward: 4 * backward,
-        }
-    }
-
     fn weight<'a>(&self, params: &'a [f32], l: usize) -> ArrayView2<'a, f32> {
         let b = &self.blocks[l];
         ArrayView2::from_shape(
@@ -190,18 +163,8 @@ impl PartitionedMlp {
             whole.slice_mut(s![.., b.units.clone()]).assign(&own);
             for q in (0..self.parts()).filter(|&q| q != self.me) {
                 let cols = self.units[l][q].clone();
-                let got = ex.recv(q, tag)?;
-                let theirs =
-                    ArrayView2::from_shape((rows, cols.len()), &got[..]).map_err(|_| {
-                        ExchangeError::Size {
-                            from: q,
-                            step,
-                            layer: l as u32,
-                            got: got.len(),
-                            want: rows * cols.len(),
-                        }
-                    })?;
-                whole.slice_mut(s![.., cols]).assign(&theirs);
+                let got = recv_block(ex, q, tag, rows, cols.len())?;
+                whole.slice_mut(s![.., cols]).assign(&got);
             }
         }
         Ok(())
@@ -294,18 +257,7 @@ impl PartitionedMlp {
             let mut da = deltas_before[l - 1].slice_mut(s![..rows, ..]);
             da.assign(&partial.slice(s![.., mine.clone()]));
             for q in (0..self.parts()).filter(|&q| q != self.me) {
-                let got = ex.recv(q, tag)?;
-                let theirs =
-                    ArrayView2::from_shape((rows, mine.len()), &got[..]).map_err(|_| {
-                        ExchangeError::Size {
-                            from: q,
-                            step,
-                            layer: l as u32,
-                            got: got.len(),
-                            want: rows * mine.len(),
-                        }
-                    })?;
-                da += &theirs;
+                da += &recv_block(ex, q, tag, rows, mine.len())?;
             }
             derive(
                 self.layout.layers[l - 1].activation,
@@ -315,6 +267,35 @@ impl PartitionedMlp {
         }
         Ok(loss / rows as f64)
     }
+}
+
+/// Partition `from`'s `rows × cols` block sent under `tag`.
+fn recv_block(
+    ex: &mut impl Exchange,
+    from: usize,
+    tag: Tag,
+    rows: usize,
+    cols: usize,
+) -> Result<Array2<f32>, ExchangeError> {
+    let got = ex.recv(from, tag)?;
+    let len = got.len();
+    Array2::from_shape_vec((rows, cols), got).map_err(|_| ExchangeError::Size {
+        from,
+        step: tag.step,
+        layer: tag.layer,
+        got: len,
+        want: rows * cols,
+    })
+}
+
+/// Bytes crossing partitions per step of `rows` examples, summed over all
+/// `parts` partitions: each layer's activations go to the other partitions,
+/// and each layer's input deltas but the first's come back from them as
+/// partial sums. Only these travel; weights never do.
+pub fn boundary_bytes(layout: &Layout, rows: usize, parts: usize) -> u64 {
+    let units: usize = layout.layers.iter().map(|l| l.units).sum();
+    let inputs: usize = layout.layers.iter().skip(1).map(|l| l.inputs).sum();
+    4 * (rows * parts.saturating_sub(1) * (units + inputs)) as u64
 }
 
 /// `c = alpha·a·b + beta·c`, with the rows of `c` split across the rayon pool.

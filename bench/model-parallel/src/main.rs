@@ -88,13 +88,8 @@ fn layout(hidden: &[u32]) -> Layout {
     })
 }
 
-/// Bytes crossing partitions per step, summed over all P partitions: each
-/// layer's activations go to the P − 1 other partitions, and each layer's
-/// input deltas but the first's come back in partial sums from them.
 fn boundary_bytes_total(layout: &Layout, rows: usize, parts: usize) -> f64 {
-    let units: usize = layout.layers.iter().map(|l| l.units).sum();
-    let inputs: usize = layout.layers.iter().skip(1).map(|l| l.inputs).sum();
-    4.0 * rows as f64 * (parts as f64 - 1.0) * (units + inputs) as f64
+    distbelief_model::partition::boundary_bytes(layout, rows, parts) as f64
 }
 
 fn main() -> anyhow::Result<()> {

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::Mlp;
-use crate::exchange::LocalExchange;
+use crate::exchange::{Exchange, ExchangeError, LocalExchange, Tag};
 use distbelief_api::{Activation, DenseLayer, Loss, ModelSpec, OutputLayer};
 
 fn layout() -> Layout {
@@ -124,21 +124,64 @@ fn partitioned_outputs_and_gradients_equal_the_whole_model() {
     }
 }
 
+/// Counts the bytes a partition sends.
+struct Counting {
+    inner: LocalExchange,
+    sent: u64,
+}
+
+impl Exchange for Counting {
+    fn me(&self) -> usize {
+        self.inner.me()
+    }
+    fn send(&mut self, tag: Tag, messages: Vec<(usize, Vec<f32>)>) -> Result<(), ExchangeError> {
+        self.sent += messages
+            .iter()
+            .map(|(_, v)| 4 * v.len() as u64)
+            .sum::<u64>();
+        self.inner.send(tag, messages)
+    }
+    fn recv(&mut self, from: usize, tag: Tag) -> Result<Vec<f32>, ExchangeError> {
+        self.inner.recv(from, tag)
+    }
+}
+
 #[test]
-fn only_boundary_activations_cross() {
+fn only_the_predicted_boundary_values_cross() {
     let l = layout();
-    let p = Partitioning::new(&l, 2);
-    let m = PartitionedMlp::new(&l, &p, 0);
-    let b = m.boundary_bytes(10);
-    // Forward: this partition's slice of each layer (19 + 9 + 5 + 3 units)
-    // to its one peer; backward: the peer's slice of each hidden layer's
-    // partial deltas (18 + 9 + 4 units).
-    assert_eq!(b.forward, 4 * 10 * (19 + 9 + 5 + 3));
-    assert_eq!(b.backward, 4 * 10 * (18 + 9 + 4));
-    assert_eq!(
-        PartitionedMlp::new(&l, &Partitioning::new(&l, 1), 0).boundary_bytes(10),
-        BoundaryBytes::default()
-    );
+    let (x, y) = batch();
+    for parts in [1, 2, 4] {
+        let p = Partitioning::new(&l, parts);
+        let stored = p.to_stored(&l, &l.initial_values(0..l.len(), 2));
+        let sent: u64 = std::thread::scope(|scope| {
+            let handles: Vec<_> = LocalExchange::connected(parts, Duration::from_secs(10))
+                .into_iter()
+                .enumerate()
+                .map(|(me, inner)| {
+                    let (l, p, stored, x, y) = (&l, &p, &stored, &x, &y);
+                    scope.spawn(move || {
+                        let m = PartitionedMlp::new(l, p, me);
+                        let mut ex = Counting { inner, sent: 0 };
+                        let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
+                        let mut grad = vec![0.0; m.len()];
+                        m.batch_gradient(
+                            &stored[p.range(me)],
+                            xv,
+                            y,
+                            &mut m.scratch(ROWS),
+                            &mut ex,
+                            0,
+                            &mut grad,
+                        )
+                        .unwrap();
+                        ex.sent
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(sent, boundary_bytes(&l, ROWS, parts), "P={parts}");
+    }
 }
 
 #[test]

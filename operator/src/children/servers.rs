@@ -43,17 +43,7 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
     let ps = t.ps_name();
     // Headless, and publishing not-ready pods: replicas resolve each
     // shard's stable name while it is still restoring its checkpoint.
-    let service = Service {
-        metadata: t.metadata(&ps, "ps"),
-        spec: Some(ServiceSpec {
-            cluster_ip: Some("None".into()),
-            publish_not_ready_addresses: Some(true),
-            selector: Some(t.selector_labels("ps")),
-            ports: Some(vec![grpc_port(PS_PORT)]),
-            ..Default::default()
-        }),
-        status: None,
-    };
+    let service = headless(t, &ps, "ps", PS_PORT);
 
     let vars = vec![
         env_field(
@@ -198,19 +188,24 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
     (service, Some(pod))
 }
 
-/// The headless Service behind which every partition pod of the job has a
-/// DNS name (its hostname under this subdomain), ready or not: peers
-/// connect while they start.
-pub(super) fn partitions(t: &Target) -> Service {
+/// A headless Service over the job's pods of `role`, publishing pods that
+/// are not ready yet, so that peers resolve a pod's stable name while it starts.
+fn headless(t: &Target, name: &str, role: &str, port: u16) -> Service {
     Service {
-        metadata: t.metadata(&t.partition_service_name(), "replica"),
+        metadata: t.metadata(name, role),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".into()),
             publish_not_ready_addresses: Some(true),
-            selector: Some(t.selector_labels("replica")),
-            ports: Some(vec![grpc_port(PARTITION_PORT)]),
+            selector: Some(t.selector_labels(role)),
+            ports: Some(vec![grpc_port(port)]),
             ..Default::default()
         }),
         status: None,
     }
+}
+
+/// The Service behind which every partition pod of the job has a DNS name
+/// (its hostname under this subdomain).
+pub(super) fn partitions(t: &Target) -> Service {
+    headless(t, &t.partition_service_name(), "replica", PARTITION_PORT)
 }
