@@ -292,6 +292,11 @@ pub struct ShardProgress {
     /// The checkpoint version this shard's current process restored, if it restored one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_version: Option<u64>,
+    /// One more with every restore from a checkpoint: the updates applied after
+    /// that checkpoint are gone, so the version alone can go back, but
+    /// (shardEpoch, version) never does.
+    #[serde(default)]
+    pub shard_epoch: u64,
 }
 
 /// The median: the middle value, or the mean of the middle two; NaN of none.

@@ -127,6 +127,7 @@ impl Evaluator {
                 shard: info.shard,
                 version: info.version,
                 restored_version: info.restored_version,
+                shard_epoch: info.shard_epoch,
             });
             let merged = StalenessHistogram::from_buckets(
                 info.staleness_bounds,

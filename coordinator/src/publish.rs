@@ -119,6 +119,7 @@ mod tests {
             shard: 0,
             version: 874,
             restored_version: Some(696),
+            shard_epoch: 1,
         }];
         let p = progress(&status, &shards);
         assert_eq!(p.train_loss, None);

@@ -16,6 +16,8 @@ mod error;
 
 pub use error::ClientError;
 
+/// Where a shard's parameters stood when fetched.
+pub use distbelief_ps::lineage::Stamp;
 /// The client states the same push id the shard checks.
 pub use distbelief_ps::shard::PushId;
 /// The Sandblaster commands a client sends, as the shard runs them.
@@ -76,8 +78,8 @@ impl ShardClient {
     }
 
     /// Fetches the shard's range into `out` (which must be exactly that long)
-    /// and returns the shard version it reflects.
-    pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
+    /// and returns where the shard stood.
+    pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<Stamp, ClientError> {
         // The channel's deadline covers the response headers only; this one
         // covers every chunk.
         let deadline = self.timeout;
@@ -90,7 +92,7 @@ impl ShardClient {
             })
     }
 
-    async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<u64, ClientError> {
+    async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<Stamp, ClientError> {
         let stream = self
             .client
             .fetch(FetchRequest { shard: self.index })
@@ -105,7 +107,7 @@ impl ShardClient {
         &self,
         mut stream: tonic::Streaming<ParameterChunk>,
         out: &mut [f32],
-    ) -> Result<u64, ClientError> {
+    ) -> Result<Stamp, ClientError> {
         debug_assert_eq!(out.len(), self.range.len());
         let mut next = self.range.start;
         let mut version = None;
@@ -121,7 +123,7 @@ impl ShardClient {
             decode_f32_into(&chunk.values, &mut out[at..at + n])
                 .ok_or_else(|| self.bad("a chunk that is not whole f32 values".into()))?;
             next += n;
-            version.get_or_insert(chunk.version);
+            version.get_or_insert(Stamp::new(chunk.shard_epoch, chunk.version));
         }
         if next != self.range.end {
             return Err(self.bad(format!(
@@ -129,7 +131,7 @@ impl ShardClient {
                 self.range.start, self.range.end
             )));
         }
-        Ok(version.unwrap_or(0))
+        Ok(version.unwrap_or_default())
     }
 
     /// Pushes one gradient for the whole range, as chunks made by
@@ -144,12 +146,12 @@ impl ShardClient {
 
     /// Pushes one gradient and reads the parameters the shard answers with,
     /// as they are right after the push was applied, into `out`. Returns
-    /// their version.
+    /// where they stand.
     pub async fn exchange(
         &mut self,
         chunks: Vec<GradientChunk>,
         out: &mut [f32],
-    ) -> Result<u64, ClientError> {
+    ) -> Result<Stamp, ClientError> {
         let deadline = self.timeout;
         let exchange = async {
             let stream = self
@@ -207,7 +209,8 @@ impl ShardClient {
             replica: id.replica,
             incarnation: id.incarnation,
             sequence: id.sequence,
-            base_version: id.base_version,
+            base_shard_epoch: id.base.epoch,
+            base_version: id.base.version,
             steps: id.steps,
             fence: id.fence,
             average: id.average,
@@ -260,11 +263,11 @@ pub fn shard_clients(
         .collect()
 }
 
-/// Fetches every shard concurrently into `params`; returns each shard's version.
+/// Fetches every shard concurrently into `params`; returns where each stood.
 pub async fn fetch_all(
     clients: &mut [ShardClient],
     params: &mut [f32],
-) -> Result<Vec<u64>, ClientError> {
+) -> Result<Vec<Stamp>, ClientError> {
     let mut rest = params;
     let mut jobs = Vec::with_capacity(clients.len());
     for c in clients.iter_mut() {

@@ -49,18 +49,12 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
     };
     let mut shard = match saved {
         Some(saved) => {
-            let mut s = Shard::new(opts.index, range, optimizer, saved.params);
-            if s.accum.len() == saved.accum.len() {
-                s.accum = saved.accum;
-            }
-            s.version = saved.version;
-            s.updates_applied = saved.updates_applied;
-            s.restored_version = Some(saved.version);
-            s.restore_push_table(&saved.push_table);
+            let s = saved.restore(opts.index, range, optimizer);
             tracing::info!(
                 shard = opts.index,
                 version = s.version,
-                "restored from checkpoint"
+                shard_epoch = s.epoch(),
+                "restored from checkpoint; what was applied after it is lost, so a new epoch starts"
             );
             s
         }
@@ -100,6 +94,11 @@ pub async fn serve(
         addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         "parameter-server shard serving"
     );
+    if let Some(dir) = &opts.checkpoint_dir {
+        // Before serving: the epoch this process runs in is on disk, so a
+        // crash before the next checkpoint cannot start the same epoch twice.
+        checkpoint::save(dir, &shard)?;
+    }
     let state = Arc::new(RwLock::new(shard));
     let checkpointer = opts.checkpoint_dir.clone().map(|dir| {
         let state = state.clone();

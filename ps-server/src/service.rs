@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
 use distbelief_ps::PsError;
+use distbelief_ps::lineage::Stamp;
 use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushId, PushOutcome, Shard};
 
 use crate::error::status;
@@ -33,6 +34,8 @@ pub struct ShardService {
     assembling: Arc<Semaphore>,
     /// The shard's version, for exchanges that wait for a synchronous step.
     versions: tokio::sync::watch::Sender<u64>,
+    /// Fixed for the life of the process: only a restore starts an epoch.
+    epoch: u64,
 }
 
 /// Longest a synchronous exchange waits for its step to be applied before it
@@ -45,9 +48,10 @@ const ASSEMBLY_DEADLINE: Duration = Duration::from_secs(10);
 
 impl ShardService {
     pub fn new(state: Arc<RwLock<Shard>>, metrics: PsMetrics) -> Self {
-        let version = state.read().unwrap_or_else(|p| p.into_inner()).version;
+        let stamp = state.read().unwrap_or_else(|p| p.into_inner()).stamp();
         ShardService {
-            versions: tokio::sync::watch::Sender::new(version),
+            versions: tokio::sync::watch::Sender::new(stamp.version),
+            epoch: stamp.epoch,
             state,
             metrics,
             staging: Arc::new(Mutex::new(Vec::new())),
@@ -73,6 +77,7 @@ impl ShardService {
     /// it, so a fetch never holds more than one chunk in memory. Chunks may
     /// straddle a push: shards are Hogwild-consistent, not atomic.
     fn parameters(&self, version: u64) -> FetchStream {
+        let shard_epoch = self.epoch;
         let state = self.state.clone();
         let range = self.read().range.clone();
         let stream = futures::stream::iter(chunk_ranges(range.len())).map(move |r| {
@@ -81,6 +86,7 @@ impl ShardService {
                 version,
                 offset: (range.start + r.start) as u64,
                 values: encode_f32(&s.params[r]),
+                shard_epoch,
             })
         });
         Box::pin(stream)
@@ -142,6 +148,7 @@ impl ShardService {
                     applied: true,
                     staleness,
                     waiting: false,
+                    shard_epoch: self.epoch,
                 })
             }
             PushOutcome::Waiting { version } => Ok(PushReply {
@@ -149,6 +156,7 @@ impl ShardService {
                 applied: true,
                 staleness: 0,
                 waiting: true,
+                shard_epoch: self.epoch,
             }),
             PushOutcome::Late { version } => {
                 self.metrics.late_pushes.inc();
@@ -157,6 +165,7 @@ impl ShardService {
                     applied: false,
                     staleness: 0,
                     waiting: false,
+                    shard_epoch: self.epoch,
                 })
             }
             PushOutcome::Duplicate { version } => {
@@ -166,6 +175,7 @@ impl ShardService {
                     applied: false,
                     staleness: 0,
                     waiting: false,
+                    shard_epoch: self.epoch,
                 })
             }
         }
@@ -188,7 +198,7 @@ fn header(c: &GradientChunk) -> PushHeader {
             replica: c.replica,
             incarnation: c.incarnation,
             sequence: c.sequence,
-            base_version: c.base_version,
+            base: Stamp::new(c.base_shard_epoch, c.base_version),
             steps: c.steps.max(1),
             fence: c.fence,
             average: c.average,
@@ -271,6 +281,7 @@ impl ParameterServer for ShardService {
             staleness_max: s.staleness_max,
             staleness_bounds,
             restored_version: s.restored_version,
+            shard_epoch: s.epoch(),
         }))
     }
 

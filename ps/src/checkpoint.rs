@@ -1,16 +1,21 @@
 //! Shard checkpoints: parameters, Adagrad accumulators, version, update
-//! count and the fencing and deduplication table in one file, written to a
-//! temporary file and renamed into place so a crash never leaves a torn
-//! checkpoint behind. Files of the first format (no table) still load.
+//! count, the fencing and deduplication table and the shard's epochs in one
+//! file, written to a temporary file and renamed into place so a crash never
+//! leaves a torn checkpoint behind. Files of the earlier formats (no table,
+//! no epochs) still load.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::PsError;
+use crate::lineage::Lineage;
 use crate::shard::{PushTable, Shard};
+use distbelief_model::Optimizer;
 
-const MAGIC: &[u8; 8] = b"DBCKPT02";
+const MAGIC: &[u8; 8] = b"DBCKPT03";
+/// The second format: no epochs.
+const MAGIC_V2: &[u8; 8] = b"DBCKPT02";
 /// The first format: no push table.
 const MAGIC_V1: &[u8; 8] = b"DBCKPT01";
 
@@ -26,6 +31,8 @@ pub struct Saved {
     pub params: Vec<f32>,
     pub accum: Vec<f32>,
     pub push_table: PushTable,
+    /// The epochs up to the one the state was saved in.
+    pub lineage: Lineage,
 }
 
 struct Crc<W> {
@@ -92,6 +99,12 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
             w.write_all(&inc.to_le_bytes())?;
             w.write_all(&seq.to_le_bytes())?;
         }
+        let starts = shard.lineage.starts();
+        w.write_all(&(starts.len() as u64).to_le_bytes())?;
+        for (epoch, start) in starts {
+            w.write_all(&epoch.to_le_bytes())?;
+            w.write_all(&start.to_le_bytes())?;
+        }
         Ok(())
     };
     write_all(&mut w).map_err(io_err(&tmp))?;
@@ -107,6 +120,25 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
         let _ = d.sync_all();
     }
     Ok(path)
+}
+
+impl Saved {
+    /// The shard as the checkpoint left it, in a new epoch: what was applied
+    /// after the checkpoint is gone, so its version numbers must not be
+    /// taken to mean the same state again.
+    pub fn restore(self, index: u32, range: std::ops::Range<usize>, optimizer: Optimizer) -> Shard {
+        let mut s = Shard::new(index, range, optimizer, self.params);
+        if s.accum.len() == self.accum.len() {
+            s.accum = self.accum;
+        }
+        s.version = self.version;
+        s.updates_applied = self.updates_applied;
+        s.restored_version = Some(self.version);
+        s.restore_push_table(&self.push_table);
+        s.lineage = self.lineage;
+        s.lineage.fork(self.version);
+        s
+    }
 }
 
 /// Reads shard `index`'s checkpoint from `dir`, if there is one. A checkpoint
@@ -132,10 +164,16 @@ pub fn load(
         .read_to_end(&mut bytes)
         .map_err(io_err(&path))?;
     let header = 8 + 4 + 5 * 8;
-    if bytes.len() < header + 4 || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_V1) {
+    let format = match bytes.get(..8) {
+        _ if bytes.len() < header + 4 => None,
+        Some(m) if m == MAGIC => Some(3),
+        Some(m) if m == MAGIC_V2 => Some(2),
+        Some(m) if m == MAGIC_V1 => Some(1),
+        _ => None,
+    };
+    let Some(format) = format else {
         return Err(bad("not a distbelief shard checkpoint".into()));
-    }
-    let with_table = &bytes[..8] == MAGIC;
+    };
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
     if crc32fast::hash(body) != crc {
@@ -163,10 +201,10 @@ pub fn load(
         .ok_or_else(|| bad("length does not match its header".into()))?
         as usize;
     let (values, rest) = body[header..].split_at(values_end - header);
-    let push_table = match with_table {
-        true => read_table(rest).ok_or_else(|| bad("bad push table".into()))?,
-        false if rest.is_empty() => PushTable::default(),
-        false => return Err(bad("length does not match its header".into())),
+    let (push_table, lineage) = match format {
+        1 if rest.is_empty() => (PushTable::default(), Lineage::default()),
+        1 => return Err(bad("length does not match its header".into())),
+        _ => read_tail(rest, format == 3).ok_or_else(|| bad("bad push table or epochs".into()))?,
     };
     let mut params = vec![0.0; n];
     let mut accum = vec![0.0; accum_len];
@@ -180,12 +218,13 @@ pub fn load(
         params,
         accum,
         push_table,
+        lineage,
     }))
 }
 
-/// The push table after the values: counts, then fixed-size entries, and
-/// nothing after them.
-fn read_table(mut b: &[u8]) -> Option<PushTable> {
+/// What follows the values: the push table, then (from the third format)
+/// the epochs; each a count, then fixed-size entries; nothing after them.
+fn read_tail(mut b: &[u8], with_epochs: bool) -> Option<(PushTable, Lineage)> {
     fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
         let (head, tail) = b.split_first_chunk::<N>()?;
         *b = tail;
@@ -203,14 +242,24 @@ fn read_table(mut b: &[u8]) -> Option<PushTable> {
         t.sequences
             .push((u32_of(&mut b)?, u64_of(&mut b)?, u64_of(&mut b)?));
     }
-    b.is_empty().then_some(t)
+    let lineage = if with_epochs {
+        let n = u64_of(&mut b)?;
+        let mut starts = Vec::new();
+        for _ in 0..n {
+            starts.push((u64_of(&mut b)?, u64_of(&mut b)?));
+        }
+        Lineage::from_starts(starts)?
+    } else {
+        Lineage::default()
+    };
+    b.is_empty().then_some((t, lineage))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lineage::Stamp;
     use crate::shard::{PushHeader, PushId, PushOutcome};
-    use distbelief_model::Optimizer;
 
     fn trained_shard() -> Shard {
         let opt = Optimizer::Adagrad {
@@ -226,7 +275,7 @@ mod tests {
                     replica: 0,
                     incarnation: 1,
                     sequence: seq,
-                    base_version: 0,
+                    base: Stamp::default(),
                     steps: 1,
                     fence: 0,
                     average: false,
@@ -266,7 +315,7 @@ mod tests {
                 replica: 0,
                 incarnation,
                 sequence,
-                base_version: 0,
+                base: Stamp::default(),
                 steps: 1,
                 fence,
                 average: false,
@@ -276,14 +325,9 @@ mod tests {
         s.apply_push(h, &[0.25; 60])
     }
 
-    /// Restores as the shard server does.
     fn restore(dir: &Path) -> Shard {
         let saved = load(dir, 2, 100..160).unwrap().unwrap();
-        let mut s = Shard::new(2, 100..160, trained_shard().optimizer, saved.params);
-        s.accum = saved.accum;
-        s.version = saved.version;
-        s.restore_push_table(&saved.push_table);
-        s
+        saved.restore(2, 100..160, trained_shard().optimizer)
     }
 
     #[test]
@@ -322,20 +366,80 @@ mod tests {
     }
 
     #[test]
-    fn a_first_format_checkpoint_still_loads() {
+    fn versions_never_go_back_and_staleness_stays_honest_across_restores() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = trained_shard();
+        save(dir.path(), &s).unwrap();
+        // Applied after the checkpoint, then lost with the process.
+        for seq in 4..=9 {
+            push(&mut s, 1, seq, 0).unwrap();
+        }
+        let lost = s.stamp();
+        assert_eq!(lost, Stamp::new(0, 9));
+        let mut s = restore(dir.path());
+        assert_eq!(
+            s.stamp(),
+            Stamp::new(1, 3),
+            "a new epoch at the restored version"
+        );
+        assert!(s.stamp() > lost, "(epoch, version) never goes back");
+        // The restore is written down at once (as the server does), so a
+        // second crash does not hand out epoch 1 again.
+        save(dir.path(), &s).unwrap();
+        push(&mut s, 1, 10, 0).unwrap();
+        let mut s = restore(dir.path());
+        assert_eq!(s.stamp(), Stamp::new(2, 3));
+        // Now at version 5 of epoch 2: a push computed on the lost version 9
+        // of epoch 0 shares versions up to 3 with this state, so it lacks 2.
+        push(&mut s, 1, 11, 0).unwrap();
+        push(&mut s, 1, 12, 0).unwrap();
+        let lost_base = PushHeader {
+            shard: 2,
+            id: PushId {
+                replica: 1,
+                incarnation: 1,
+                sequence: 1,
+                base: lost,
+                steps: 1,
+                fence: 0,
+                average: false,
+                grant: None,
+            },
+        };
+        assert_eq!(
+            s.apply_push(lost_base, &[0.25; 60]).unwrap(),
+            PushOutcome::Applied {
+                version: 6,
+                staleness: 2
+            }
+        );
+    }
+
+    #[test]
+    fn earlier_formats_still_load() {
         let dir = tempfile::tempdir().unwrap();
         let path = save(dir.path(), &trained_shard()).unwrap();
         let bytes = std::fs::read(&path).unwrap();
-        // The same state in the first format: old magic, no table, new checksum.
         let table = 8 + (4 + 8) + 8 + (4 + 8 + 8);
-        let mut v1 = bytes[..bytes.len() - 4 - table].to_vec();
-        v1[..8].copy_from_slice(MAGIC_V1);
-        let crc = crc32fast::hash(&v1);
-        v1.extend(crc.to_le_bytes());
-        std::fs::write(&path, &v1).unwrap();
-        let saved = load(dir.path(), 2, 100..160).unwrap().unwrap();
-        assert_eq!(saved.version, 3);
-        assert_eq!(saved.push_table, PushTable::default());
+        let epochs = 8 + 16;
+        // The same state in an earlier format: its magic, without what it
+        // lacked, a new checksum.
+        for (magic, cut) in [(MAGIC_V2, epochs), (MAGIC_V1, epochs + table)] {
+            let mut old = bytes[..bytes.len() - 4 - cut].to_vec();
+            old[..8].copy_from_slice(magic);
+            let crc = crc32fast::hash(&old);
+            old.extend(crc.to_le_bytes());
+            std::fs::write(&path, &old).unwrap();
+            let saved = load(dir.path(), 2, 100..160).unwrap().unwrap();
+            assert_eq!(saved.version, 3);
+            assert_eq!(saved.lineage, Lineage::default());
+            let table = if magic == MAGIC_V1 {
+                PushTable::default()
+            } else {
+                trained_shard().push_table()
+            };
+            assert_eq!(saved.push_table, table);
+        }
     }
 
     #[test]

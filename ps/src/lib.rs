@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 mod error;
+pub mod lineage;
 pub mod shard;
 pub mod vectors;
 

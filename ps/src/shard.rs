@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use crate::error::PsError;
+use crate::lineage::{Lineage, Stamp};
 use crate::vectors::{Command, MAX_HISTORY, Vector, Vectors};
 use distbelief_model::Optimizer;
 
@@ -15,7 +16,8 @@ pub struct PushId {
     pub replica: u32,
     pub incarnation: u64,
     pub sequence: u64,
-    pub base_version: u64,
+    /// Where the parameters the values were computed from stood.
+    pub base: Stamp,
     /// Mini-batch gradients summed into the push (at least 1).
     pub steps: u32,
     /// The lowest incarnation of the replica still allowed to push (at most
@@ -109,6 +111,9 @@ pub struct Shard {
     pub params: Vec<f32>,
     pub accum: Vec<f32>,
     pub version: u64,
+    /// The shard's epochs: a restore starts a new one, so that (epoch,
+    /// version) never goes back.
+    pub lineage: Lineage,
     pub updates_applied: u64,
     pub pushes_refused: u64,
     /// Bytes of the pushes applied, as they travelled.
@@ -154,6 +159,7 @@ impl Shard {
             params,
             accum,
             version: 0,
+            lineage: Lineage::default(),
             updates_applied: 0,
             pushes_refused: 0,
             push_bytes: 0,
@@ -214,6 +220,15 @@ impl Shard {
         &self.vectors
     }
 
+    pub fn epoch(&self) -> u64 {
+        self.lineage.epoch()
+    }
+
+    /// Where the shard's state stands.
+    pub fn stamp(&self) -> Stamp {
+        Stamp::new(self.lineage.epoch(), self.version)
+    }
+
     pub fn len(&self) -> usize {
         self.range.len()
     }
@@ -255,9 +270,9 @@ impl Shard {
             self.last_sequence
                 .retain(|&(r, inc), _| r != replica || inc >= floor);
         }
-        // A shard restored from an older checkpoint can be behind the version a
-        // replica fetched before the restart; that counts as fresh, not negative.
-        let staleness = self.version.saturating_sub(h.id.base_version);
+        let staleness = self
+            .lineage
+            .staleness(self.version, h.id.base.epoch, h.id.base.version);
         if let Some(grant) = h.id.grant {
             if !self.grants.insert(grant) {
                 return Ok(PushOutcome::Duplicate {
@@ -298,10 +313,11 @@ impl Shard {
     /// Adds a checked push to the synchronous round, and applies the round
     /// once it has its quorum.
     fn join_round(&mut self, h: PushHeader, grad: &[f32]) -> PushOutcome {
+        let stamp = self.stamp();
         let Some(round) = self.sync.as_mut() else {
             unreachable!("join_round is called in synchronous mode only");
         };
-        if h.id.base_version != self.version || round.replicas.contains(&h.id.replica) {
+        if h.id.base != stamp || round.replicas.contains(&h.id.replica) {
             self.pushes_late += 1;
             return PushOutcome::Late {
                 version: self.version,
@@ -440,8 +456,8 @@ impl PushAssembly {
                 if first.id.sequence != h.id.sequence {
                     return Err(PsError::InconsistentHeader("sequence"));
                 }
-                if first.id.base_version != h.id.base_version {
-                    return Err(PsError::InconsistentHeader("base_version"));
+                if first.id.base != h.id.base {
+                    return Err(PsError::InconsistentHeader("base"));
                 }
                 if first.id.steps != h.id.steps {
                     return Err(PsError::InconsistentHeader("steps"));
@@ -518,7 +534,7 @@ mod tests {
                 replica: 0,
                 incarnation: 7,
                 sequence: seq,
-                base_version: 0,
+                base: Stamp::default(),
                 steps: 1,
                 fence: 0,
                 average: false,
@@ -552,7 +568,7 @@ mod tests {
                 PushHeader {
                     id: PushId {
                         sequence: 2,
-                        base_version: 0,
+                        base: Stamp::default(),
                         ..header(2).id
                     },
                     ..header(2)
@@ -637,7 +653,7 @@ mod tests {
         // Four versions behind: a quarter of the step.
         let stale = PushHeader {
             id: PushId {
-                base_version: 0,
+                base: Stamp::default(),
                 ..header(3).id
             },
             ..header(3)
@@ -651,7 +667,7 @@ mod tests {
         s.apply_push(
             PushHeader {
                 id: PushId {
-                    base_version: 0,
+                    base: Stamp::default(),
                     ..header(4).id
                 },
                 ..header(4)
@@ -672,7 +688,7 @@ mod tests {
                 replica,
                 incarnation: 1,
                 sequence,
-                base_version,
+                base: Stamp::new(0, base_version),
                 ..header(0).id
             },
             ..header(0)

@@ -67,7 +67,7 @@ impl World {
                     replica,
                     incarnation: 1,
                     sequence: self.sequence,
-                    base_version: 0,
+                    base: Default::default(),
                     steps: 1,
                     fence: 0,
                     average: false,

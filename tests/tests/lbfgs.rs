@@ -135,7 +135,7 @@ impl Shards for GrpcShards<'_> {
                 replica: 0,
                 incarnation: 1,
                 sequence: self.next_grant * 10 + sequence as u64,
-                base_version: 0,
+                base: Default::default(),
                 steps: 1,
                 fence: 0,
                 average: false,

@@ -72,7 +72,7 @@ spec:
             replica: 0,
             incarnation: 1,
             sequence: seq,
-            base_version: 0,
+            base: Default::default(),
             steps: 1,
             fence: 0,
             average: false,

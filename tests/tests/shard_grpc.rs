@@ -7,7 +7,7 @@ use std::time::Duration;
 use distbelief_proto::codec::encode_f32;
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{GradientChunk, InfoRequest};
-use distbelief_ps_client::{PushId, ShardClient};
+use distbelief_ps_client::{PushId, ShardClient, Stamp};
 use distbelief_tests::start;
 
 /// 784·700 + 700 + 700·10 + 10 = 556,510 parameters: two 1 MiB chunks per shard.
@@ -26,7 +26,7 @@ fn id(sequence: u64) -> PushId {
         replica: 0,
         incarnation: 42,
         sequence,
-        base_version: 0,
+        base: Default::default(),
         steps: 1,
         fence: 0,
         average: false,
@@ -73,7 +73,7 @@ async fn bad_pushes_are_refused_and_change_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(version, Some(0));
+    assert_eq!(version, Some(Stamp::new(0, 0)));
     assert_eq!(initial, job.layout.initial_values(0..n, job.downpour.seed));
 
     let channel = distbelief_net::channel(&addr, Duration::from_secs(10)).expect("channel");
@@ -150,7 +150,10 @@ async fn bad_pushes_are_refused_and_change_nothing() {
     assert_eq!(huge.code(), tonic::Code::OutOfRange, "{huge:?}");
 
     let mut after = vec![0.0f32; n];
-    assert_eq!(shard.fetch_into(&mut after).await.expect("fetch"), 0);
+    assert_eq!(
+        shard.fetch_into(&mut after).await.expect("fetch"),
+        Stamp::new(0, 0)
+    );
     assert_eq!(after, initial, "a refused push changed the parameters");
     let info = raw.info(InfoRequest {}).await.expect("info").into_inner();
     assert_eq!((info.version, info.updates_applied), (0, 0));
@@ -168,7 +171,10 @@ async fn bad_pushes_are_refused_and_change_nothing() {
         .await
         .expect("retried push");
     assert!(!retry.applied, "a retried push is applied once");
-    assert_eq!(shard.fetch_into(&mut after).await.expect("fetch"), 1);
+    assert_eq!(
+        shard.fetch_into(&mut after).await.expect("fetch"),
+        Stamp::new(0, 1)
+    );
     // First Adagrad step from accumulator 0.1: each weight moves by lr·g/√(0.1+g²).
     let step = 0.1 * 0.5 / (0.1f32 + 0.25).sqrt();
     for i in [0, n / 2, n - 1] {
@@ -201,7 +207,11 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
         .exchange(shard.dense_chunks(id(1), &vec![0.5f32; n]), &mut answered)
         .await
         .expect("exchange");
-    assert_eq!(version, 1, "the answer carries the push's version");
+    assert_eq!(
+        version,
+        Stamp::new(0, 1),
+        "the answer carries the push's version"
+    );
     let step = 0.1 * 0.5 / (0.1f32 + 0.25).sqrt();
     for i in [0, n / 2, n - 1] {
         assert!(
@@ -210,7 +220,10 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
         );
     }
     let mut fetched = vec![0.0f32; n];
-    assert_eq!(shard.fetch_into(&mut fetched).await.expect("fetch"), 1);
+    assert_eq!(
+        shard.fetch_into(&mut fetched).await.expect("fetch"),
+        Stamp::new(0, 1)
+    );
     assert_eq!(fetched, answered);
 
     // A retry is applied once but still answered with the parameters.
@@ -219,7 +232,7 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
         .exchange(shard.dense_chunks(id(1), &vec![0.5f32; n]), &mut again)
         .await
         .expect("retried exchange");
-    assert_eq!((retried, &again), (1, &answered));
+    assert_eq!((retried, &again), (Stamp::new(0, 1), &answered));
 
     let bad = shard
         .exchange(shard.dense_chunks(id(2), &vec![f32::NAN; n]), &mut again)

@@ -10,7 +10,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::metrics::WorkerMetrics;
-use distbelief_ps_client::{PushId, ShardClient};
+use distbelief_ps_client::{PushId, ShardClient, Stamp};
 
 /// Mini-batch gradients merged into one pending push while the shard is slow
 /// or away. Beyond this the oldest sum is dropped: parameters that stale
@@ -19,14 +19,14 @@ const MAX_COALESCED_STEPS: u32 = distbelief_api::MAX_PUSH_STEPS;
 
 #[derive(Debug)]
 pub struct Fetched {
-    pub version: u64,
+    pub version: Stamp,
     pub values: Vec<f32>,
 }
 
 #[derive(Debug)]
 struct Pending {
     grad: Vec<f32>,
-    base_version: u64,
+    base: Stamp,
     steps: u32,
     /// Answer with the parameters after applying it (an exchange).
     fetch: bool,
@@ -39,8 +39,8 @@ pub struct Link {
     pending: Mutex<Option<Pending>>,
     push_wanted: Notify,
     spare: Mutex<Vec<Vec<f32>>>,
-    /// The newest shard version a fetch or a push reply has shown.
-    shard_version: AtomicU64,
+    /// The newest shard stamp a fetch or a push reply has shown.
+    shard_version: Mutex<Stamp>,
     /// Pushes handed over and not yet answered: each will move the shard's
     /// version on by one, whatever else happens there.
     unanswered: AtomicU64,
@@ -61,7 +61,7 @@ impl Link {
             pending: Mutex::new(None),
             push_wanted: Notify::new(),
             spare: Mutex::new(Vec::new()),
-            shard_version: AtomicU64::new(0),
+            shard_version: Mutex::new(Stamp::default()),
             unanswered: AtomicU64::new(0),
             exchanges: AtomicU64::new(0),
         })
@@ -89,8 +89,8 @@ impl Link {
     /// land: the newest version seen plus the pushes not yet answered. A lone
     /// replica then knows how far its own pushes have run ahead of its
     /// parameters before any reply says so.
-    pub fn shard_version(&self) -> u64 {
-        self.shard_version.load(Ordering::Relaxed) + self.unanswered.load(Ordering::Relaxed)
+    pub fn shard_version(&self) -> Stamp {
+        lock(&self.shard_version).ahead(self.unanswered.load(Ordering::Relaxed))
     }
 
     /// Whether a push on its way will bring parameters back.
@@ -98,8 +98,9 @@ impl Link {
         self.exchanges.load(Ordering::Relaxed) > 0
     }
 
-    fn saw_version(&self, v: u64) {
-        self.shard_version.fetch_max(v, Ordering::Relaxed);
+    fn saw_version(&self, v: Stamp) {
+        let mut newest = lock(&self.shard_version);
+        *newest = (*newest).max(v);
     }
 
     /// The parameters fetched since the last call, if any.
@@ -111,7 +112,7 @@ impl Link {
     /// wanted too. If the previous push has not left yet, the two are summed,
     /// so compute never waits. Returns false when an old sum had to be
     /// dropped.
-    pub fn offer(&self, grad: &[f32], steps: u32, base_version: u64, fetch: bool) -> bool {
+    pub fn offer(&self, grad: &[f32], steps: u32, base: Stamp, fetch: bool) -> bool {
         // An idle link answers the push with the parameters (an exchange).
         // A busy one would make the parameters wait for the push queued
         // behind it, so they are fetched beside it instead.
@@ -128,7 +129,7 @@ impl Link {
                     for (a, g) in p.grad.iter_mut().zip(grad) {
                         *a += g;
                     }
-                    p.base_version = p.base_version.min(base_version);
+                    p.base = p.base.min(base);
                     p.steps += steps;
                     if fetch && !p.fetch {
                         p.fetch = true;
@@ -147,7 +148,7 @@ impl Link {
                     }
                     if let Some(old) = pending.replace(Pending {
                         grad: buf,
-                        base_version,
+                        base,
                         steps,
                         fetch,
                     }) {
@@ -238,7 +239,7 @@ impl Link {
                 replica,
                 incarnation,
                 sequence,
-                base_version: p.base_version,
+                base: p.base,
                 steps: p.steps,
                 fence: fence.load(Ordering::Relaxed),
                 average,
@@ -260,7 +261,10 @@ impl Link {
                 let started = Instant::now();
                 let sent = match params.as_mut() {
                     Some(out) => client.exchange(chunks.clone(), out).await,
-                    None => client.push(chunks.clone()).await.map(|r| r.version),
+                    None => client
+                        .push(chunks.clone())
+                        .await
+                        .map(|r| Stamp::new(r.shard_epoch, r.version)),
                 };
                 match sent {
                     Ok(version) => {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use distbelief_model::data::Dataset;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{GrantPushed, PortionCommit, PortionRequest, WorkKind};
-use distbelief_ps_client::{PushId, ShardClient, fetch_all};
+use distbelief_ps_client::{PushId, ShardClient, Stamp, fetch_all};
 use ndarray::ArrayView2;
 use tonic::transport::Channel;
 
@@ -97,7 +97,7 @@ struct Work {
 struct Parameters {
     values: Vec<f32>,
     batch: u64,
-    versions: Vec<u64>,
+    versions: Vec<Stamp>,
 }
 
 impl PortionWorker {
@@ -119,7 +119,7 @@ impl PortionWorker {
             params: Parameters {
                 values: vec![0.0; n],
                 batch: 0,
-                versions: vec![0; self.clients.len()],
+                versions: vec![Stamp::default(); self.clients.len()],
             },
             held: Held::new(n),
             scratch: self.net.scratch(self.portion_size, threads),
@@ -369,7 +369,7 @@ impl PortionWorker {
                     replica: self.replica,
                     incarnation: self.incarnation,
                     sequence: self.sequence,
-                    base_version: params.versions.get(i).copied().unwrap_or(0),
+                    base: params.versions.get(i).copied().unwrap_or_default(),
                     steps: 1,
                     fence: 0,
                     average: false,

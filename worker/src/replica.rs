@@ -25,7 +25,7 @@ use crate::portions::PortionWorker;
 use distbelief_model::data::{self, Dataset};
 use distbelief_model::exchange::{ExchangeError, Mailbox};
 use distbelief_model::{Mlp, PartitionedMlp};
-use distbelief_ps_client::{fetch_all, shard_clients};
+use distbelief_ps_client::{Stamp, fetch_all, shard_clients};
 
 #[derive(Debug, Clone)]
 pub struct ReplicaOptions {
@@ -472,10 +472,10 @@ pub(crate) fn unless_stopping(
     }
 }
 
-/// Whether parameters at version `have` are more than `bound` versions
-/// behind the shard's `latest`.
-fn too_stale(latest: u64, have: u64, bound: Option<u64>) -> bool {
-    bound.is_some_and(|b| latest.saturating_sub(have) > b)
+/// Whether parameters at `have` are more than `bound` versions behind the
+/// shard's `latest` (always, across a restore of the shard).
+fn too_stale(latest: Stamp, have: Stamp, bound: Option<u64>) -> bool {
+    bound.is_some_and(|b| have.behind(latest) > b)
 }
 
 /// Compute threads run at a lower priority than the network threads (and the
@@ -603,7 +603,12 @@ impl Compute {
         None
     }
 
-    fn run(self, params: Vec<f32>, versions: Vec<u64>, threads: usize) -> Result<(), WorkerError> {
+    fn run(
+        self,
+        params: Vec<f32>,
+        versions: Vec<Stamp>,
+        threads: usize,
+    ) -> Result<(), WorkerError> {
         lower_priority();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -621,7 +626,7 @@ impl Compute {
         i: usize,
         f: crate::link::Fetched,
         params: &mut [f32],
-        versions: &mut [u64],
+        versions: &mut [Stamp],
     ) {
         let link = &self.links[i];
         let range = link.client.range.clone();
@@ -636,7 +641,7 @@ impl Compute {
     fn train_loop(
         mut self,
         mut params: Vec<f32>,
-        mut versions: Vec<u64>,
+        mut versions: Vec<Stamp>,
         threads: usize,
     ) -> Result<(), ExchangeError> {
         let batch = self.batch.min(self.indices.len());
@@ -750,18 +755,24 @@ impl Compute {
 #[cfg(test)]
 mod tests {
     use super::too_stale;
+    use distbelief_ps_client::Stamp;
 
     #[test]
     fn a_replica_waits_only_past_its_staleness_bound() {
-        assert!(!too_stale(10, 2, None), "unbounded never waits");
+        let at = |v| Stamp::new(1, v);
+        assert!(!too_stale(at(10), at(2), None), "unbounded never waits");
         assert!(
-            !too_stale(10, 6, Some(4)),
+            !too_stale(at(10), at(6), Some(4)),
             "4 behind is within a bound of 4"
         );
-        assert!(too_stale(10, 5, Some(4)), "5 behind is past it");
+        assert!(too_stale(at(10), at(5), Some(4)), "5 behind is past it");
         assert!(
-            !too_stale(3, 7, Some(1)),
-            "a shard behind (restored) is not stale"
+            too_stale(Stamp::new(2, 3), at(7), Some(1)),
+            "parameters from before a restore of the shard are refetched"
+        );
+        assert!(
+            !too_stale(at(7), Stamp::new(2, 3), Some(1)),
+            "a link that has not yet seen the restore is not ahead"
         );
     }
 }

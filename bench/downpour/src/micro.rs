@@ -103,7 +103,7 @@ pub fn fetch_push(
             replica: 0,
             incarnation: 1,
             sequence,
-            base_version: 0,
+            base: Default::default(),
             steps: 1,
             fence: 0,
             average: false,
