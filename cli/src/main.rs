@@ -69,6 +69,17 @@ pub struct TrainArgs {
     /// Compute threads per replica. Default: the machine's cores shared among the replicas.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Audit pushes (asynchronous Downpour): shards log every push they apply,
+    /// replicas every push acknowledged to them, and the summary says how many
+    /// acknowledged pushes were lost or applied twice.
+    #[arg(long)]
+    pub audit: bool,
+    /// Break things for a bounded time, then audit: e.g.
+    /// `replica=10s,shard=20s,for=3m` SIGKILLs a random replica every 10 s
+    /// and SIGKILLs or freezes (SIGSTOP) a random shard every 20 s, for 3
+    /// minutes. Also `shard-fault=kill|freeze|both` and `seed=N`. Implies --audit.
+    #[arg(long, value_name = "SPEC")]
+    pub chaos: Option<train::chaos::ChaosSpec>,
 }
 
 /// Flags every role shares.
@@ -103,6 +114,10 @@ pub struct PsArgs {
     /// Checkpoint directory. Default: spec.checkpoint.dir; none disables checkpoints.
     #[arg(long, env = "DISTBELIEF_CHECKPOINT_DIR")]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Append the id of every applied push to this file, for an audit of
+    /// what was applied (`distbelief train --audit` reads it).
+    #[arg(long, env = "DISTBELIEF_PUSH_LOG")]
+    pub push_log: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -114,6 +129,10 @@ pub struct WorkerArgs {
     /// Which replica this is, from 0.
     #[arg(long, env = "DISTBELIEF_REPLICA")]
     pub replica: u32,
+    /// Append the id of every push a shard acknowledged to this file
+    /// (Downpour), for an audit against the shards' push logs.
+    #[arg(long, env = "DISTBELIEF_ACK_LOG")]
+    pub ack_log: Option<PathBuf>,
     /// Shard addresses in shard order, comma-separated host:port.
     #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
     pub shards: Vec<String>,

@@ -67,6 +67,7 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
         checkpoint_dir,
         checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),
         heartbeat: Default::default(),
+        push_log: a.push_log.clone(),
     };
     runtime()?.block_on(async {
         let registry = registry("ps", Some(a.shard))?;
@@ -88,6 +89,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     opts.incarnation = a.incarnation;
     opts.backup_of = a.backup_of;
     opts.slowdown = a.slowdown;
+    opts.ack_log = a.ack_log.clone();
     opts.partition = a
         .partition
         .map(|partition| distbelief_worker::PartitionOptions {

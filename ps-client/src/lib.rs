@@ -16,6 +16,8 @@ mod error;
 
 pub use error::ClientError;
 
+/// The audit trail's line formats, which replicas write too.
+pub use distbelief_ps::audit;
 /// Where a shard's parameters stood when fetched.
 pub use distbelief_ps::lineage::Stamp;
 /// The client states the same push id the shard checks.

@@ -18,6 +18,11 @@ pub enum ServeError {
     Shard(#[from] PsError),
     #[error("shard {index} does not exist: the job has {shards} shards")]
     NoSuchShard { index: u32, shards: usize },
+    #[error("cannot write the push log {path}: {source}")]
+    PushLog {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }

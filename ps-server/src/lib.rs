@@ -13,7 +13,7 @@ use distbelief_api::Job;
 use distbelief_model::Optimizer;
 use distbelief_proto::v1::parameter_server_server::ParameterServerServer;
 use distbelief_ps::shard::SyncRound;
-use distbelief_ps::{PsError, Shard, checkpoint};
+use distbelief_ps::{PsError, Shard, audit, checkpoint};
 use tokio::net::TcpListener;
 
 pub use error::ServeError;
@@ -29,6 +29,8 @@ pub struct ShardOptions {
     pub checkpoint_interval: Duration,
     /// Beaten while the shard's state can be locked.
     pub heartbeat: distbelief_net::Heartbeat,
+    /// Append every applied push's id here (see `distbelief_ps::audit`).
+    pub push_log: Option<PathBuf>,
 }
 
 /// Builds shard `index` of `job`: from its checkpoint when one exists,
@@ -99,6 +101,19 @@ pub async fn serve(
         // crash before the next checkpoint cannot start the same epoch twice.
         checkpoint::save(dir, &shard)?;
     }
+    let push_log = match &opts.push_log {
+        Some(path) => {
+            let failed = |source| ServeError::PushLog {
+                path: path.display().to_string(),
+                source,
+            };
+            let mut log = audit::Appender::open(path).map_err(failed)?;
+            log.write(&audit::open_line(shard.stamp()))
+                .map_err(failed)?;
+            Some(log)
+        }
+        None => None,
+    };
     let state = Arc::new(RwLock::new(shard));
     let checkpointer = opts.checkpoint_dir.clone().map(|dir| {
         let state = state.clone();
@@ -111,7 +126,7 @@ pub async fn serve(
         ))
     });
     let beating = tokio::spawn(beat_while_unlocked(state.clone(), opts.heartbeat.clone()));
-    let svc = ShardService::new(state.clone(), metrics.clone());
+    let svc = ShardService::new(state.clone(), metrics.clone(), push_log);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let router = distbelief_net::server().add_service(
         ParameterServerServer::new(svc)

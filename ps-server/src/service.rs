@@ -16,9 +16,9 @@ use futures::Stream;
 use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status, Streaming};
 
-use distbelief_ps::PsError;
 use distbelief_ps::lineage::Stamp;
 use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushId, PushOutcome, Shard};
+use distbelief_ps::{PsError, audit};
 
 use crate::error::status;
 use crate::metrics::PsMetrics;
@@ -36,6 +36,9 @@ pub struct ShardService {
     versions: tokio::sync::watch::Sender<u64>,
     /// Fixed for the life of the process: only a restore starts an epoch.
     epoch: u64,
+    /// Written under the shard's write lock, so its lines are in the order
+    /// pushes were applied.
+    push_log: Option<Mutex<audit::Appender>>,
 }
 
 /// Longest a synchronous exchange waits for its step to be applied before it
@@ -47,11 +50,16 @@ const CONCURRENT_ASSEMBLIES: usize = 1;
 const ASSEMBLY_DEADLINE: Duration = Duration::from_secs(10);
 
 impl ShardService {
-    pub fn new(state: Arc<RwLock<Shard>>, metrics: PsMetrics) -> Self {
+    pub fn new(
+        state: Arc<RwLock<Shard>>,
+        metrics: PsMetrics,
+        push_log: Option<audit::Appender>,
+    ) -> Self {
         let stamp = state.read().unwrap_or_else(|p| p.into_inner()).stamp();
         ShardService {
             versions: tokio::sync::watch::Sender::new(stamp.version),
             epoch: stamp.epoch,
+            push_log: push_log.map(Mutex::new),
             state,
             metrics,
             staging: Arc::new(Mutex::new(Vec::new())),
@@ -128,6 +136,9 @@ impl ShardService {
             if let Ok(PushOutcome::Applied { .. } | PushOutcome::Waiting { .. }) = outcome {
                 s.push_bytes += assembly.bytes;
             }
+            if let (Ok(PushOutcome::Applied { .. }), Some(log)) = (&outcome, &self.push_log) {
+                self.log_applied(log, h, s.stamp());
+            }
             outcome
         });
         self.staging
@@ -178,6 +189,22 @@ impl ShardService {
                     shard_epoch: self.epoch,
                 })
             }
+        }
+    }
+
+    fn log_applied(&self, log: &Mutex<audit::Appender>, h: PushHeader, after: Stamp) {
+        let key = audit::PushKey {
+            shard: h.shard,
+            replica: h.id.replica,
+            incarnation: h.id.incarnation,
+            sequence: h.id.sequence,
+        };
+        let written = log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .write(&audit::apply_line(key, after));
+        if let Err(e) = written {
+            tracing::error!("cannot write the push log: {e}");
         }
     }
 

@@ -3,6 +3,7 @@
 //! gradients with the job's update rule, and checkpoints itself. Serving it
 //! over gRPC is `distbelief-ps-server`'s job.
 
+pub mod audit;
 pub mod checkpoint;
 mod error;
 pub mod lineage;

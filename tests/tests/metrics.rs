@@ -48,6 +48,7 @@ spec:
         checkpoint_dir: None,
         checkpoint_interval: Duration::from_secs(60),
         heartbeat: Default::default(),
+        push_log: None,
     };
     let (j, r) = (job.clone(), registry.clone());
     tokio::spawn(async move {

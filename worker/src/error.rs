@@ -40,6 +40,11 @@ pub enum WorkerError {
     },
     #[error("{0}")]
     PartitionSetup(String),
+    #[error("cannot write the acknowledgement log {path}: {source}")]
+    AckLog {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl WorkerError {
@@ -71,6 +76,7 @@ impl WorkerError {
             WorkerError::Partition(_) => "partition",
             WorkerError::PartitionAddress { .. } | WorkerError::PartitionListen { .. } => "address",
             WorkerError::PartitionSetup(_) => "partition_setup",
+            WorkerError::AckLog { .. } => "ack_log",
         }
     }
 }

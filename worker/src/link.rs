@@ -10,6 +10,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::metrics::WorkerMetrics;
+use distbelief_ps_client::audit::{self, Appender, PushKey};
 use distbelief_ps_client::{PushId, ShardClient, Stamp};
 
 /// Mini-batch gradients merged into one pending push while the shard is slow
@@ -30,6 +31,33 @@ struct Pending {
     steps: u32,
     /// Answer with the parameters after applying it (an exchange).
     fetch: bool,
+}
+
+/// How a replica's pushes are stamped and sent, the same on every link.
+#[derive(Clone)]
+pub struct Pushing {
+    pub replica: u32,
+    pub incarnation: u64,
+    /// The lowest incarnation of the replica the shards should still take.
+    pub fence: Arc<AtomicU64>,
+    /// Compressed pushes: quantise to ±threshold, with error feedback.
+    pub threshold: Option<f32>,
+    /// Parameter averaging: push moves, not gradients.
+    pub average: bool,
+    /// Append every acknowledged push's id here (see `distbelief_ps::audit`).
+    pub ack_log: Option<Arc<Mutex<Appender>>>,
+}
+
+fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
+    let key = PushKey {
+        shard,
+        replica: id.replica,
+        incarnation: id.incarnation,
+        sequence: id.sequence,
+    };
+    if let Err(e) = lock(log).write(&audit::ack_line(key)) {
+        tracing::error!("cannot write the acknowledgement log: {e}");
+    }
 }
 
 pub struct Link {
@@ -211,15 +239,15 @@ impl Link {
     /// the same sequence number, so the shard applies it at most once. With
     /// a `threshold`, pushes are quantised to ±threshold, and what a push
     /// holds back stays here for the next (error feedback).
-    pub async fn push_loop(
-        self: Arc<Self>,
-        replica: u32,
-        incarnation: u64,
-        fence: Arc<AtomicU64>,
-        threshold: Option<f32>,
-        average: bool,
-        metrics: WorkerMetrics,
-    ) {
+    pub async fn push_loop(self: Arc<Self>, how: Pushing, metrics: WorkerMetrics) {
+        let Pushing {
+            replica,
+            incarnation,
+            fence,
+            threshold,
+            average,
+            ack_log,
+        } = how;
         let mut client = self.client.clone();
         let mut residual = match threshold {
             Some(_) => vec![0.0f32; client.range.len()],
@@ -269,6 +297,9 @@ impl Link {
                 match sent {
                     Ok(version) => {
                         self.saw_version(version);
+                        if let Some(log) = &ack_log {
+                            acknowledged(log, client.index, &id);
+                        }
                         metrics
                             .push_seconds
                             .observe(started.elapsed().as_secs_f64());

@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 
 use crate::averaging::LocalTraining;
 use crate::error::WorkerError;
-use crate::link::Link;
+use crate::link::{Link, Pushing};
 use crate::metrics::WorkerMetrics;
 use crate::network::Net;
 use crate::partitions::{GrpcExchange, PartitionOptions, serve};
@@ -25,6 +25,7 @@ use crate::portions::PortionWorker;
 use distbelief_model::data::{self, Dataset};
 use distbelief_model::exchange::{ExchangeError, Mailbox};
 use distbelief_model::{Mlp, PartitionedMlp};
+use distbelief_ps_client::audit::Appender;
 use distbelief_ps_client::{Stamp, fetch_all, shard_clients};
 
 #[derive(Debug, Clone)]
@@ -56,6 +57,9 @@ pub struct ReplicaOptions {
     /// Model parallelism: which partition of the replica this process is,
     /// and where its peers are. Required when the job has partitions.
     pub partition: Option<PartitionOptions>,
+    /// Append the id of every push a shard acknowledged to this file
+    /// (Downpour), for an audit against the shards' push logs.
+    pub ack_log: Option<std::path::PathBuf>,
 }
 
 impl ReplicaOptions {
@@ -73,6 +77,7 @@ impl ReplicaOptions {
             heartbeat: distbelief_net::Heartbeat::default(),
             slowdown: None,
             partition: None,
+            ack_log: None,
         }
     }
 }
@@ -327,16 +332,28 @@ pub async fn run_replica(
             .map_err(|e| WorkerError::Compute(e.to_string()))?
     } else {
         let links: Vec<Arc<Link>> = clients.into_iter().map(Link::new).collect();
+        let ack_log = match &opts.ack_log {
+            Some(path) => Some(Arc::new(std::sync::Mutex::new(
+                Appender::open(path).map_err(|source| WorkerError::AckLog {
+                    path: path.display().to_string(),
+                    source,
+                })?,
+            ))),
+            None => None,
+        };
+        let pushing = Pushing {
+            replica: opts.replica,
+            incarnation,
+            fence: fence.clone(),
+            threshold: job.downpour.compression.map(|c| c.threshold as f32),
+            average: job.downpour.averaging.is_some(),
+            ack_log,
+        };
         for link in &links {
             tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
-            tasks.push(tokio::spawn(link.clone().push_loop(
-                opts.replica,
-                incarnation,
-                fence.clone(),
-                job.downpour.compression.map(|c| c.threshold as f32),
-                job.downpour.averaging.is_some(),
-                metrics.clone(),
-            )));
+            tasks.push(tokio::spawn(
+                link.clone().push_loop(pushing.clone(), metrics.clone()),
+            ));
         }
         let sync = job.downpour.synchronous.is_some();
         let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));

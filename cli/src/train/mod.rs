@@ -3,6 +3,8 @@
 //! the ones that die within the spec's budgets, shows progress, and ends
 //! with a JSON summary on the last line of stdout.
 
+mod audit;
+pub mod chaos;
 mod plot;
 mod procs;
 mod progress;
@@ -27,6 +29,14 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STATUS_EVERY: Duration = Duration::from_millis(500);
 /// How long the coordinator may fail to answer before the run is abandoned.
 const COORDINATOR_PATIENCE: Duration = Duration::from_secs(30);
+/// Liveness probes: how often, how long each may take, and how long a shard
+/// or replica may go without answering before it is killed and restarted
+/// (a frozen or stuck process is thereby replaced within 5 s).
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+const SILENT_LIMIT: Duration = Duration::from_secs(3);
+/// The coordinator cannot be restarted locally: a silent one ends the run.
+const COORDINATOR_SILENT_LIMIT: Duration = Duration::from_secs(5);
 
 pub fn main(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let job = distbelief_api::load_job(&args.job)?;
@@ -63,6 +73,11 @@ struct Runtime {
     interrupted: Arc<AtomicBool>,
     status_client: CoordinatorClient<tonic::transport::Channel>,
     rt: tokio::runtime::Runtime,
+    /// Where shards and replicas log pushes, with --audit or --chaos.
+    audit: Option<PathBuf>,
+    chaos: Option<chaos::Chaos>,
+    /// Processes killed for not answering their liveness probe.
+    unresponsive_killed: u32,
 }
 
 impl Runtime {
@@ -87,6 +102,25 @@ impl Runtime {
         if model.exists() {
             std::fs::remove_file(&model)
                 .with_context(|| format!("cannot remove the old {}", model.display()))?;
+        }
+        let audit = (args.audit || args.chaos.is_some()).then(|| out.join("audit"));
+        if let Some(dir) = &audit {
+            if job.sandblaster.is_some() || job.downpour.synchronous.is_some() {
+                bail!(
+                    "--audit and --chaos check asynchronous Downpour pushes; this job runs {}",
+                    if job.sandblaster.is_some() {
+                        "Sandblaster"
+                    } else {
+                        "synchronous SGD"
+                    }
+                );
+            }
+            if !args.resume && dir.exists() {
+                std::fs::remove_dir_all(dir)
+                    .with_context(|| format!("cannot clear old audit logs in {}", dir.display()))?;
+            }
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
         }
         let exe = std::env::current_exe().context("cannot find the distbelief executable")?;
         let job_path = std::fs::canonicalize(&args.job)
@@ -132,6 +166,12 @@ impl Runtime {
                 "--checkpoint-dir".into(),
                 checkpoints.display().to_string(),
             ]);
+            if let Some(dir) = &audit {
+                a.extend([
+                    "--push-log".into(),
+                    dir.join(format!("shard-{i}.log")).display().to_string(),
+                ]);
+            }
             shards.push(Proc::new(Role::Shard, i as u32, a, &logs));
         }
         let coordinator_port = ports.take()?;
@@ -167,8 +207,15 @@ impl Runtime {
                 "--threads".into(),
                 threads.to_string(),
             ]);
+            let ack_log = |name: String| -> Vec<String> {
+                match &audit {
+                    Some(dir) => vec!["--ack-log".into(), dir.join(name).display().to_string()],
+                    None => vec![],
+                }
+            };
             if job.partitions() == 1 {
                 a.extend(common(metrics_addr()?));
+                a.extend(ack_log(format!("replica-{r}.log")));
                 replicas.push(Proc::new(Role::Replica, r as u32, a, &logs));
                 continue;
             }
@@ -186,6 +233,7 @@ impl Runtime {
                     "--partition-listen".into(),
                     listen.clone(),
                 ]);
+                a.extend(ack_log(format!("replica-{r}.p{p}.log")));
                 replicas
                     .push(Proc::new(Role::Replica, r as u32, a, &logs).partition(p as u32, &logs));
             }
@@ -220,6 +268,12 @@ impl Runtime {
             interrupted,
             status_client,
             rt,
+            audit,
+            chaos: args
+                .chaos
+                .clone()
+                .map(|c| chaos::Chaos::new(c, Instant::now())),
+            unresponsive_killed: 0,
         };
         let partitions = match job.partitions() {
             1 => String::new(),
@@ -317,9 +371,17 @@ impl Runtime {
         let mut last_status: Option<JobStatus> = None;
         let mut last_answer = Instant::now();
         let mut next_status = Instant::now();
+        let mut next_probe = Instant::now() + PROBE_EVERY;
         let result: anyhow::Result<Outcome> = loop {
             if self.interrupted.load(Ordering::Relaxed) {
                 break Ok(Outcome::Interrupted);
+            }
+            self.inject_chaos();
+            if Instant::now() >= next_probe {
+                next_probe = Instant::now() + PROBE_EVERY;
+                if let Err(e) = self.probe_liveness() {
+                    break Err(e);
+                }
             }
             if let Err(e) = self.supervise() {
                 break Err(e);
@@ -386,9 +448,82 @@ impl Runtime {
             out: &self.out,
             wall_seconds: started.elapsed().as_secs_f64(),
         };
-        let summary = Summary::new(&self.job, &status, run);
+        let mut summary = Summary::new(&self.job, &status, run);
+        summary.unresponsive_killed = self.unresponsive_killed;
+        summary.chaos = self.chaos.as_ref().map(|c| c.done.clone());
+        if let Some(dir) = &self.audit {
+            match audit::read(dir, self.job.shards()) {
+                Ok(v) => {
+                    eprintln!("distbelief: audit: {}", v.headline());
+                    summary.audit = Some(v);
+                }
+                Err(e) => eprintln!("distbelief: cannot audit the pushes: {e}"),
+            }
+        }
         eprintln!("distbelief: {}", summary.headline());
         Ok(summary)
+    }
+
+    /// Carries out the chaos faults that are due.
+    fn inject_chaos(&mut self) {
+        let Some(chaos) = self.chaos.as_mut() else {
+            return;
+        };
+        let faults = chaos.due(Instant::now(), self.job.replicas(), self.job.shards());
+        for fault in faults {
+            let (p, what) = match fault {
+                chaos::Fault::KillReplica(r) => (
+                    self.replicas
+                        .iter()
+                        .find(|p| p.index == r && p.child.is_some()),
+                    "SIGKILL",
+                ),
+                chaos::Fault::KillShard(i) => (self.shards.get(i as usize), "SIGKILL"),
+                chaos::Fault::FreezeShard(i) => (self.shards.get(i as usize), "SIGSTOP"),
+            };
+            let Some(p) = p.filter(|p| p.child.is_some()) else {
+                continue;
+            };
+            eprintln!("\ndistbelief: chaos: {what} to {}", p.label());
+            match fault {
+                chaos::Fault::FreezeShard(_) => p.freeze(),
+                _ => p.kill(),
+            }
+        }
+    }
+
+    /// Kills a shard or replica that has not answered its liveness probe for
+    /// SILENT_LIMIT (the supervisor then restarts it); fails the run if the
+    /// coordinator is the silent one.
+    fn probe_liveness(&mut self) -> anyhow::Result<()> {
+        if let Err(silent) = self.coordinator.probe(PROBE_TIMEOUT)
+            && silent > COORDINATOR_SILENT_LIMIT
+        {
+            bail!(
+                "the coordinator has not answered its liveness probe for {:.1} s (frozen or stuck); see {}",
+                silent.as_secs_f64(),
+                self.coordinator.log.display()
+            );
+        }
+        for p in self.shards.iter_mut().chain(self.replicas.iter_mut()) {
+            if p.child.is_none() {
+                continue;
+            }
+            if let Err(silent) = p.probe(PROBE_TIMEOUT)
+                && silent > SILENT_LIMIT
+            {
+                eprintln!(
+                    "\ndistbelief: {} has not answered its liveness probe for {:.1} s (frozen or stuck); killing it so that it restarts",
+                    p.label(),
+                    silent.as_secs_f64()
+                );
+                p.kill();
+                // Answering is judged afresh from the restart.
+                p.answered = Instant::now();
+                self.unresponsive_killed += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Replicas with a live process (for a partitioned replica, any partition).

@@ -35,6 +35,10 @@ pub struct Proc {
     pub log: PathBuf,
     pub child: Option<Child>,
     pub starts: u32,
+    /// Where it serves `/healthz` (its metrics address).
+    pub health: Option<std::net::SocketAddr>,
+    /// When it last answered a liveness probe (or was started).
+    pub answered: Instant,
 }
 
 impl Proc {
@@ -43,6 +47,11 @@ impl Proc {
             Role::Coordinator => logs.join("coordinator.log"),
             _ => logs.join(format!("{}-{index}.log", role.name())),
         };
+        let health = args
+            .iter()
+            .position(|a| a == "--metrics-addr")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|a| a.parse().ok());
         Proc {
             role,
             index,
@@ -51,6 +60,8 @@ impl Proc {
             log,
             child: None,
             starts: 0,
+            health,
+            answered: Instant::now(),
         }
     }
 
@@ -101,7 +112,36 @@ impl Proc {
         die_with_parent(&mut cmd);
         self.child = Some(cmd.spawn()?);
         self.starts += 1;
+        self.answered = Instant::now();
         Ok(())
+    }
+
+    /// SIGKILL, without waiting: the supervisor sees the exit and restarts it.
+    pub fn kill(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+
+    /// SIGSTOP: alive but answering nothing, as a hung process.
+    pub fn freeze(&self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    /// Probes `/healthz`; true if it answered 200 within `timeout`. Returns
+    /// how long it has been silent otherwise.
+    pub fn probe(&mut self, timeout: Duration) -> Result<(), Duration> {
+        let Some(addr) = self.health else {
+            return Ok(());
+        };
+        if healthy(addr, timeout) {
+            self.answered = Instant::now();
+            Ok(())
+        } else {
+            Err(self.answered.elapsed())
+        }
     }
 
     /// The exit status if the process has ended since the last look.
@@ -142,6 +182,22 @@ impl Proc {
         let all: Vec<&str> = s.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+}
+
+/// One HTTP/1.0 GET of `/healthz`: a frozen process accepts the connection
+/// (the kernel does that) but never answers.
+fn healthy(addr: std::net::SocketAddr, timeout: Duration) -> bool {
+    use std::io::Write;
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, timeout) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(timeout));
+    let _ = s.set_write_timeout(Some(timeout));
+    if s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
 }
 
 fn signal(pid: u32, sig: libc::c_int) {

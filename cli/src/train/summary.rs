@@ -7,6 +7,9 @@ use distbelief_model::saved::MODEL_FILE;
 use distbelief_proto::v1::JobStatus;
 use serde::Serialize;
 
+use super::chaos::ChaosSummary;
+use distbelief_ps::audit::Verdict;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -60,6 +63,13 @@ pub struct Summary {
     pub model: Option<String>,
     /// Sandblaster's figures, when the job ran it.
     pub sandblaster: Option<SandblasterSummary>,
+    /// Shards and replicas killed (and so restarted) for not answering their
+    /// liveness probe: frozen or stuck.
+    pub unresponsive_killed: u32,
+    /// What --chaos broke.
+    pub chaos: Option<ChaosSummary>,
+    /// What the push audit found (--audit, --chaos).
+    pub audit: Option<Verdict>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -151,6 +161,9 @@ impl Summary {
                 command_bytes_per_batch: sb.command_bytes as f64 / sb.batches.max(1) as f64,
                 parameter_bytes: 4 * job.layout.len() as u64,
             }),
+            unresponsive_killed: 0,
+            chaos: None,
+            audit: None,
         }
     }
 

@@ -1,0 +1,254 @@
+//! Chaos mode of the local runtime (`distbelief train JOB --chaos SPEC`):
+//! for a bounded time, SIGKILL a random replica every so often and SIGKILL
+//! or SIGSTOP (freeze) a random shard every so often. The runtime then has to
+//! notice (a frozen shard answers nothing), restart what died, and at the
+//! end the audit says whether any acknowledged push was lost or applied
+//! twice. This file only decides what to break and when; the runtime does it.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardFaults {
+    Kill,
+    Freeze,
+    /// Kill or freeze, at random each time.
+    Both,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChaosSpec {
+    pub replica_every: Option<Duration>,
+    pub shard_every: Option<Duration>,
+    /// Faults stop after this long; the job then runs on to its end.
+    pub duration: Duration,
+    pub shard_faults: ShardFaults,
+    pub seed: u64,
+}
+
+/// The longest chaos a spec may ask for: chaos is for tests and drills.
+const MAX_DURATION: Duration = Duration::from_secs(3600);
+
+fn duration(key: &str, v: &str) -> Result<Duration, String> {
+    let (number, unit) = match v.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("{key}={v}: expected a duration such as 10s, 500ms or 3m"))?;
+    let seconds = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("{key}={v}: the unit must be ms, s or m")),
+    };
+    if seconds <= 0.0 || seconds > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "{key}={v}: must be more than 0 and at most {} s",
+            MAX_DURATION.as_secs()
+        ));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+impl std::str::FromStr for ChaosSpec {
+    type Err = String;
+
+    /// `replica=10s,shard=20s,for=3m[,shard-fault=kill|freeze|both][,seed=N]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut spec = ChaosSpec {
+            replica_every: None,
+            shard_every: None,
+            duration: Duration::ZERO,
+            shard_faults: ShardFaults::Both,
+            seed: 1,
+        };
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: expected key=value"))?;
+            match key {
+                "replica" => spec.replica_every = Some(duration(key, value)?),
+                "shard" => spec.shard_every = Some(duration(key, value)?),
+                "for" => spec.duration = duration(key, value)?,
+                "shard-fault" => {
+                    spec.shard_faults = match value {
+                        "kill" => ShardFaults::Kill,
+                        "freeze" => ShardFaults::Freeze,
+                        "both" => ShardFaults::Both,
+                        _ => return Err(format!("shard-fault={value}: kill, freeze or both")),
+                    }
+                }
+                "seed" => {
+                    spec.seed = value
+                        .parse()
+                        .map_err(|_| format!("seed={value}: expected a whole number"))?
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown key {key:?}: use replica, shard, for, shard-fault, seed"
+                    ));
+                }
+            }
+        }
+        if spec.replica_every.is_none() && spec.shard_every.is_none() {
+            return Err("say what to break: replica=DURATION, shard=DURATION or both".into());
+        }
+        if spec.duration.is_zero() {
+            return Err("say how long: for=DURATION (at most 1 hour)".into());
+        }
+        Ok(spec)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    KillReplica(u32),
+    KillShard(u32),
+    FreezeShard(u32),
+}
+
+/// What chaos did, for the summary.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChaosSummary {
+    pub replicas_killed: u32,
+    pub shards_killed: u32,
+    pub shards_frozen: u32,
+    pub seconds: f64,
+}
+
+pub struct Chaos {
+    spec: ChaosSpec,
+    started: Instant,
+    next_replica: Option<Instant>,
+    next_shard: Option<Instant>,
+    rng: u64,
+    pub done: ChaosSummary,
+}
+
+impl Chaos {
+    pub fn new(spec: ChaosSpec, now: Instant) -> Self {
+        Chaos {
+            next_replica: spec.replica_every.map(|d| now + d),
+            next_shard: spec.shard_every.map(|d| now + d),
+            // xorshift needs a non-zero state.
+            rng: spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            started: now,
+            spec,
+            done: ChaosSummary::default(),
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn pick(&mut self, n: usize) -> u32 {
+        (self.next() % n.max(1) as u64) as u32
+    }
+
+    /// Whether the chaos period is over.
+    pub fn over(&self, now: Instant) -> bool {
+        now.duration_since(self.started) >= self.spec.duration
+    }
+
+    /// The faults due at `now`, each at most once per period.
+    pub fn due(&mut self, now: Instant, replicas: usize, shards: usize) -> Vec<Fault> {
+        let mut faults = Vec::new();
+        if self.over(now) {
+            return faults;
+        }
+        if let (Some(at), Some(every)) = (self.next_replica, self.spec.replica_every)
+            && now >= at
+        {
+            self.next_replica = Some(now + every);
+            faults.push(Fault::KillReplica(self.pick(replicas)));
+            self.done.replicas_killed += 1;
+        }
+        if let (Some(at), Some(every)) = (self.next_shard, self.spec.shard_every)
+            && now >= at
+        {
+            self.next_shard = Some(now + every);
+            let shard = self.pick(shards);
+            let freeze = match self.spec.shard_faults {
+                ShardFaults::Kill => false,
+                ShardFaults::Freeze => true,
+                ShardFaults::Both => self.next() & 1 == 1,
+            };
+            if freeze {
+                self.done.shards_frozen += 1;
+                faults.push(Fault::FreezeShard(shard));
+            } else {
+                self.done.shards_killed += 1;
+                faults.push(Fault::KillShard(shard));
+            }
+        }
+        self.done.seconds = now
+            .duration_since(self.started)
+            .min(self.spec.duration)
+            .as_secs_f64();
+        faults
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_reads_and_bad_ones_say_why() {
+        let s: ChaosSpec = "replica=10s,shard=20s,for=3m,seed=7".parse().unwrap();
+        assert_eq!(s.replica_every, Some(Duration::from_secs(10)));
+        assert_eq!(s.shard_every, Some(Duration::from_secs(20)));
+        assert_eq!(s.duration, Duration::from_secs(180));
+        assert_eq!((s.shard_faults, s.seed), (ShardFaults::Both, 7));
+        let s: ChaosSpec = "shard=500ms,for=5,shard-fault=freeze".parse().unwrap();
+        assert_eq!(s.shard_every, Some(Duration::from_millis(500)));
+        assert_eq!(s.shard_faults, ShardFaults::Freeze);
+        for (bad, says) in [
+            ("for=10s", "say what to break"),
+            ("replica=10s", "say how long"),
+            ("replica=10x,for=1m", "unit"),
+            ("replica=0s,for=1m", "more than 0"),
+            ("replica=10s,for=2h", "at most"),
+            ("replicas=10s,for=1m", "unknown key"),
+            ("replica,for=1m", "key=value"),
+            ("shard=1s,for=1m,shard-fault=melt", "kill, freeze or both"),
+        ] {
+            let e = bad.parse::<ChaosSpec>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn faults_come_once_per_period_and_stop_when_chaos_is_over() {
+        let spec: ChaosSpec = "replica=10s,shard=20s,for=60s".parse().unwrap();
+        let t0 = Instant::now();
+        let mut c = Chaos::new(spec, t0);
+        let mut replica_kills = 0;
+        let mut shard_faults = 0;
+        for s in 0..=120 {
+            for f in c.due(t0 + Duration::from_secs(s), 3, 2) {
+                match f {
+                    Fault::KillReplica(r) => {
+                        assert!(r < 3);
+                        replica_kills += 1;
+                    }
+                    Fault::KillShard(i) | Fault::FreezeShard(i) => {
+                        assert!(i < 2);
+                        shard_faults += 1;
+                    }
+                }
+            }
+        }
+        // At 10, 20, ..., 50 s and at 20 and 40 s: none at or after 60 s.
+        assert_eq!((replica_kills, shard_faults), (5, 2));
+        assert_eq!(c.done.replicas_killed, 5);
+        assert_eq!(c.done.shards_killed + c.done.shards_frozen, 2);
+    }
+}

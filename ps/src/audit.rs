@@ -1,0 +1,320 @@
+//! The audit trail of pushes: shards write down every push they apply and
+//! replicas every push a shard acknowledged, one line each, so that a test
+//! (or `distbelief train --chaos`) can prove afterwards that no acknowledged
+//! push was lost and none was applied twice.
+//!
+//! A shard's log is a sequence of events in the order they happened:
+//! `open EPOCH VERSION` when a process starts serving (fresh, or restored
+//! from the checkpoint at VERSION), then `apply REPLICA INCARNATION SEQUENCE
+//! EPOCH VERSION` per applied push, VERSION being the shard's version right
+//! after it. Lines are written while the push is being applied, before it is
+//! acknowledged, so a log never misses a push a replica was told was applied.
+//! A replica's log holds `ack SHARD REPLICA INCARNATION SEQUENCE` lines.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+
+use crate::lineage::Stamp;
+
+/// One push, as both sides name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PushKey {
+    pub shard: u32,
+    pub replica: u32,
+    pub incarnation: u64,
+    pub sequence: u64,
+}
+
+pub fn open_line(at: Stamp) -> String {
+    format!("open {} {}\n", at.epoch, at.version)
+}
+
+pub fn apply_line(k: PushKey, after: Stamp) -> String {
+    format!(
+        "apply {} {} {} {} {}\n",
+        k.replica, k.incarnation, k.sequence, after.epoch, after.version
+    )
+}
+
+pub fn ack_line(k: PushKey) -> String {
+    format!(
+        "ack {} {} {} {}\n",
+        k.shard, k.replica, k.incarnation, k.sequence
+    )
+}
+
+/// An append-only log file. Each line goes out in one `write`, unbuffered:
+/// what was written survives the process being killed a moment later.
+#[derive(Debug)]
+pub struct Appender {
+    file: File,
+}
+
+impl Appender {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Appender { file })
+    }
+
+    pub fn write(&mut self, line: &str) -> std::io::Result<()> {
+        self.file.write_all(line.as_bytes())
+    }
+}
+
+/// What the logs show, over every shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Verdict {
+    /// Distinct pushes the replicas were told were applied.
+    pub acknowledged: u64,
+    /// Distinct pushes in the shards' final states.
+    pub applied: u64,
+    /// Acknowledged, and not in the final state: lost with a shard's process.
+    pub lost: u64,
+    /// In a final state more than once.
+    pub duplicated: u64,
+    /// Applied and then gone with a restore (acknowledged or not).
+    pub rolled_back: u64,
+    /// Shard processes that started serving (first starts and restarts).
+    pub shard_opens: u64,
+    /// Up to ten lost pushes, to look for in the logs.
+    pub lost_examples: Vec<String>,
+}
+
+impl Verdict {
+    pub fn headline(&self) -> String {
+        format!(
+            "{} pushes acknowledged, {} applied, {} lost, {} applied twice",
+            self.acknowledged, self.applied, self.lost, self.duplicated
+        )
+    }
+}
+
+/// Why a log could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name} line {line}: {message}")]
+pub struct AuditError {
+    pub source_name: String,
+    pub line: usize,
+    pub message: String,
+}
+
+/// A shard's log replayed: the pushes in its final state, in order, with the
+/// version each made.
+#[derive(Debug, Default)]
+struct Replay {
+    state: Vec<(u64, PushKey)>,
+    rolled_back: u64,
+    opens: u64,
+}
+
+fn numbers<const N: usize>(fields: &[&str]) -> Option<[u64; N]> {
+    if fields.len() != N {
+        return None;
+    }
+    let mut out = [0; N];
+    for (o, f) in out.iter_mut().zip(fields) {
+        *o = f.parse().ok()?;
+    }
+    Some(out)
+}
+
+fn replay(shard: u32, name: &str, text: &str) -> Result<Replay, AuditError> {
+    let mut r = Replay::default();
+    // A line cut short by a kill mid-write can only be the last one.
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    for (i, line) in complete.lines().enumerate() {
+        let bad = |message: &str| AuditError {
+            source_name: name.to_string(),
+            line: i + 1,
+            message: format!("{message}: {line:?}"),
+        };
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.split_first() {
+            Some((&"open", rest)) => {
+                let [_, version] = numbers::<2>(rest).ok_or_else(|| bad("bad open line"))?;
+                // The process restored the state at `version` of this same
+                // lineage: everything applied after it is gone.
+                let keep = r.state.partition_point(|&(v, _)| v <= version);
+                r.rolled_back += (r.state.len() - keep) as u64;
+                r.state.truncate(keep);
+                r.opens += 1;
+            }
+            Some((&"apply", rest)) => {
+                let [replica, incarnation, sequence, _, version] =
+                    numbers::<5>(rest).ok_or_else(|| bad("bad apply line"))?;
+                let replica = u32::try_from(replica).map_err(|_| bad("bad replica"))?;
+                let key = PushKey {
+                    shard,
+                    replica,
+                    incarnation,
+                    sequence,
+                };
+                r.state.push((version, key));
+            }
+            _ => return Err(bad("not an audit line")),
+        }
+    }
+    Ok(r)
+}
+
+/// Reads acknowledgement lines into `acked`.
+fn read_acks(name: &str, text: &str, acked: &mut BTreeSet<PushKey>) -> Result<(), AuditError> {
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    for (i, line) in complete.lines().enumerate() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let parsed = match fields.split_first() {
+            Some((&"ack", rest)) => numbers::<4>(rest),
+            _ => None,
+        };
+        let [shard, replica, incarnation, sequence] = parsed.ok_or_else(|| AuditError {
+            source_name: name.to_string(),
+            line: i + 1,
+            message: format!("not an acknowledgement: {line:?}"),
+        })?;
+        let (Ok(shard), Ok(replica)) = (u32::try_from(shard), u32::try_from(replica)) else {
+            return Err(AuditError {
+                source_name: name.to_string(),
+                line: i + 1,
+                message: format!("bad shard or replica: {line:?}"),
+            });
+        };
+        acked.insert(PushKey {
+            shard,
+            replica,
+            incarnation,
+            sequence,
+        });
+    }
+    Ok(())
+}
+
+/// Compares what the shards' logs say they hold with what the replicas'
+/// logs say was acknowledged. `shard_logs` maps a shard to its log's name
+/// and text; `ack_logs` are (name, text) pairs.
+pub fn verdict(
+    shard_logs: &BTreeMap<u32, (String, String)>,
+    ack_logs: &[(String, String)],
+) -> Result<Verdict, AuditError> {
+    let mut acked = BTreeSet::new();
+    for (name, text) in ack_logs {
+        read_acks(name, text, &mut acked)?;
+    }
+    let mut v = Verdict::default();
+    let mut held: HashMap<PushKey, u64> = HashMap::new();
+    for (&shard, (name, text)) in shard_logs {
+        let r = replay(shard, name, text)?;
+        v.rolled_back += r.rolled_back;
+        v.shard_opens += r.opens;
+        for (_, key) in r.state {
+            *held.entry(key).or_default() += 1;
+        }
+    }
+    v.acknowledged = acked.len() as u64;
+    v.applied = held.len() as u64;
+    v.duplicated = held.values().filter(|&&n| n > 1).count() as u64;
+    let lost: Vec<&PushKey> = acked.iter().filter(|k| !held.contains_key(k)).collect();
+    v.lost = lost.len() as u64;
+    v.lost_examples = lost
+        .iter()
+        .take(10)
+        .map(|k| {
+            format!(
+                "shard {} replica {} incarnation {} sequence {}",
+                k.shard, k.replica, k.incarnation, k.sequence
+            )
+        })
+        .collect();
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(shard: u32, sequence: u64) -> PushKey {
+        PushKey {
+            shard,
+            replica: 1,
+            incarnation: 2,
+            sequence,
+        }
+    }
+
+    fn shard_log(lines: &[String]) -> (String, String) {
+        ("shard".into(), lines.concat())
+    }
+
+    #[test]
+    fn a_clean_run_loses_nothing() {
+        let s0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+            apply_line(key(0, 2), Stamp::new(0, 2)),
+        ]);
+        let acks = ("r".to_string(), ack_line(key(0, 1)) + &ack_line(key(0, 2)));
+        let v = verdict(&BTreeMap::from([(0, s0)]), &[acks]).unwrap();
+        assert_eq!(
+            (v.acknowledged, v.applied, v.lost, v.duplicated),
+            (2, 2, 0, 0)
+        );
+        assert_eq!(v.shard_opens, 1);
+    }
+
+    #[test]
+    fn a_restore_loses_what_was_applied_after_its_checkpoint() {
+        let s0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+            apply_line(key(0, 2), Stamp::new(0, 2)),
+            apply_line(key(0, 3), Stamp::new(0, 3)),
+            // Killed; the checkpoint held version 1.
+            open_line(Stamp::new(1, 1)),
+            apply_line(key(0, 4), Stamp::new(1, 2)),
+        ]);
+        let acks = (
+            "r".to_string(),
+            [1, 2, 3, 4].map(|s| ack_line(key(0, s))).concat(),
+        );
+        let v = verdict(&BTreeMap::from([(0, s0)]), &[acks]).unwrap();
+        assert_eq!(
+            (v.acknowledged, v.applied, v.lost, v.duplicated),
+            (4, 2, 2, 0)
+        );
+        assert_eq!(v.rolled_back, 2);
+        assert_eq!(v.lost_examples.len(), 2);
+    }
+
+    #[test]
+    fn a_push_applied_twice_is_counted() {
+        let s0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+            apply_line(key(0, 1), Stamp::new(0, 2)),
+        ]);
+        let v = verdict(&BTreeMap::from([(0, s0)]), &[]).unwrap();
+        assert_eq!((v.applied, v.duplicated), (1, 1));
+    }
+
+    #[test]
+    fn a_line_cut_by_a_kill_is_ignored_and_garbage_is_an_error() {
+        let mut text = open_line(Stamp::new(0, 0)) + &apply_line(key(0, 1), Stamp::new(0, 1));
+        text.push_str("apply 1 2");
+        let v = verdict(&BTreeMap::from([(0, ("s".into(), text))]), &[]).unwrap();
+        assert_eq!(v.applied, 1);
+        let bad = open_line(Stamp::new(0, 0)) + "hello\n";
+        let e = verdict(&BTreeMap::from([(0, ("s0.log".into(), bad))]), &[]).unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.to_string().contains("s0.log line 2"), "{e}");
+    }
+}
