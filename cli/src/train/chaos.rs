@@ -215,7 +215,7 @@ mod tests {
             ("replica=10s", "say how long"),
             ("replica=10x,for=1m", "unit"),
             ("replica=0s,for=1m", "more than 0"),
-            ("replica=10s,for=2h", "at most"),
+            ("replica=10s,for=90m", "at most"),
             ("replicas=10s,for=1m", "unknown key"),
             ("replica,for=1m", "key=value"),
             ("shard=1s,for=1m,shard-fault=melt", "kill, freeze or both"),
