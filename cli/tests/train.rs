@@ -75,10 +75,17 @@ impl Run {
     }
 
     fn start_job(yaml: String) -> Run {
+        Run::start_with(yaml, &[])
+    }
+
+    /// Starts `distbelief train` with extra flags; its stderr goes to
+    /// `stderr.log` beside the run directory.
+    fn start_with(yaml: String, flags: &[&str]) -> Run {
         require_fashion_mnist();
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("job.yaml");
         std::fs::write(&file, yaml).expect("write job");
+        let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
         let child = Command::new(EXE)
             .arg("train")
             .arg(&file)
@@ -86,11 +93,16 @@ impl Run {
             .arg(dir.path().join("run"))
             .arg("--summary-json")
             .arg(dir.path().join("summary.json"))
+            .args(flags)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start distbelief train");
         Run { child, dir }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
 
     fn run_dir(&self) -> PathBuf {
@@ -406,4 +418,102 @@ fn sandblaster_stops_after_max_iterations_and_saves_its_model() {
     assert_eq!(s["stop_reason"], "max_iterations", "{s}");
     assert_eq!(s["sandblaster"]["iterations"], 3, "{s}");
     assert!(s["model"].is_string(), "{s}");
+}
+
+/// The job above with restart budgets for chaos, a third replica, and
+/// slower steps, so that the run outlasts the chaos.
+fn chaos_job(name: &str) -> String {
+    job(name)
+        .replace(
+            "parameterServers: {shards: 2, maxRestarts: 2}",
+            "parameterServers: {shards: 2, maxRestarts: 10}",
+        )
+        .replace(
+            "replicas: {count: 2, maxRestarts: 2}",
+            "replicas: {count: 3, maxRestarts: 10}",
+        )
+        .replace(
+            "slowReplicas: [{replica: 0, factor: 20}, {replica: 1, factor: 20}]",
+            "slowReplicas: [{replica: 0, factor: 60}, {replica: 1, factor: 60}, {replica: 2, factor: 60}]",
+        )
+}
+
+fn audit(s: &serde_json::Value) -> (u64, u64, u64, u64) {
+    let a = &s["audit"];
+    let n = |k: &str| {
+        a[k].as_u64()
+            .unwrap_or_else(|| panic!("audit lacks {k}: {s}"))
+    };
+    (n("acknowledged"), n("applied"), n("lost"), n("duplicated"))
+}
+
+#[test]
+fn a_frozen_shard_is_detected_within_5_s_and_replaced() {
+    let mut run = Run::start_with(
+        chaos_job("freeze-shard"),
+        &["--chaos", "shard=2s,for=3s,shard-fault=freeze,seed=3"],
+    );
+    let s = run.finish(Duration::from_secs(240));
+    let stderr = run.stderr();
+    assert_reached_target(&s);
+    assert_eq!(s["chaos"]["shards_frozen"], 1, "{s}");
+    assert_eq!(s["unresponsive_killed"], 1, "{s}\n{stderr}");
+    assert_eq!(s["shard_restarts"], 1, "{s}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("has not answered its liveness probe for"))
+        .unwrap_or_else(|| panic!("the runtime never named the frozen shard:\n{stderr}"));
+    assert!(line.contains("shard "), "{line}");
+    let silent: f64 = line
+        .split("probe for ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no silence figure in {line:?}"));
+    assert!(silent <= 5.0, "detected after {silent} s: {line}");
+    let (acknowledged, _, _, duplicated) = audit(&s);
+    assert!(acknowledged > 0, "{s}");
+    assert_eq!(duplicated, 0, "{s}");
+}
+
+/// Without replication a shard's restore loses what it applied after its
+/// checkpoint: the audit measures that (a figure, not a failure), and shows
+/// that nothing was applied twice and that every restart was counted.
+#[test]
+fn chaos_without_replication_loses_only_what_checkpoints_missed_and_applies_nothing_twice() {
+    let mut run = Run::start_with(
+        chaos_job("chaos-r1"),
+        &[
+            "--chaos",
+            "replica=2s,shard=3s,for=12s,shard-fault=kill,seed=5",
+        ],
+    );
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    let (acknowledged, applied, lost, duplicated) = audit(&s);
+    eprintln!(
+        "chaos, replication 1: {acknowledged} acknowledged, {applied} applied, {lost} lost, {duplicated} applied twice; {}",
+        s["chaos"]
+    );
+    assert!(acknowledged > 0, "{s}");
+    assert_eq!(duplicated, 0, "{s}");
+    assert!(
+        lost <= s["audit"]["rolled_back"].as_u64().unwrap(),
+        "only pushes rolled back by a restore can be lost: {s}"
+    );
+    assert_eq!(s["replica_restarts"], s["chaos"]["replicas_killed"], "{s}");
+    assert_eq!(s["shard_restarts"], s["chaos"]["shards_killed"], "{s}");
+    assert!(s["chaos"]["replicas_killed"].as_u64().unwrap() >= 1, "{s}");
+}
+
+#[test]
+fn a_clean_audited_run_loses_nothing() {
+    let mut run = Run::start_with(job("audit-clean"), &["--audit"]);
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    let (acknowledged, applied, lost, duplicated) = audit(&s);
+    assert!(acknowledged > 0, "{s}");
+    assert_eq!((lost, duplicated), (0, 0), "{s}");
+    assert!(applied >= acknowledged, "{s}");
+    assert!(s["chaos"].is_null(), "{s}");
 }
