@@ -51,6 +51,9 @@ pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";
 /// The second rule on `spec.replicas.partitions`; [`message`] gives the first.
 pub const MSG_PARTITIONS_ALGORITHM: &str = "more than 1 cannot be combined with downpour.averaging";
+/// The second rule on `spec.parameterServers.replication`.
+pub const MSG_REPLICATION_ALGORITHM: &str =
+    "more than 1 needs asynchronous Downpour (not downpour.synchronous, not Sandblaster)";
 
 /// Every rule CEL enforces. [`validate`](crate::validate) checks each of
 /// these with the same field and message, and some more that need Rust
@@ -205,6 +208,16 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.parameterServers.shards",
         "self.parameterServers.shards >= 1",
         MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.parameterServers.replication",
+        "self.parameterServers.replication >= 1 && self.parameterServers.replication <= 3",
+        "must be between 1 and 3",
+    ),
+    spec(
+        "spec.parameterServers.replication",
+        "self.parameterServers.replication == 1 || (has(self.algorithm.downpour) && !has(self.algorithm.downpour.synchronous))",
+        MSG_REPLICATION_ALGORITHM,
     ),
     spec(
         "spec.replicas.count",

@@ -484,6 +484,14 @@ pub struct ParameterServerSpec {
     /// contiguous ranges of near-equal size. Default: 1.
     #[serde(default = "one")]
     pub shards: u32,
+    /// Member processes per shard, 1 to 3. With 2 or 3 every shard is held by
+    /// a chain of members: a push is acknowledged only once every live
+    /// member has applied it, so a member's death loses no acknowledged
+    /// push, and a member that returns catches up from the chain before it
+    /// serves. Needs asynchronous Downpour. Default: 1 (a lost shard process
+    /// falls back to its last checkpoint).
+    #[serde(default = "one")]
+    pub replication: u32,
     /// Shard restarts (each from the shard's checkpoint) allowed over the whole job before it fails. Default: 3.
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
@@ -496,6 +504,7 @@ impl Default for ParameterServerSpec {
     fn default() -> Self {
         ParameterServerSpec {
             shards: 1,
+            replication: 1,
             max_restarts: default_max_restarts(),
             resources: None,
         }

@@ -30,6 +30,11 @@ impl Job {
         self.spec.parameter_servers.shards as usize
     }
 
+    /// Member processes per shard.
+    pub fn replication(&self) -> usize {
+        self.spec.parameter_servers.replication as usize
+    }
+
     pub fn replicas(&self) -> usize {
         self.spec.replicas.count as usize
     }
@@ -60,6 +65,8 @@ const MAX_PARAMETERS: usize = 1 << 31;
 pub const MAX_HISTORY: u32 = 64;
 /// Partitions a replica may be split into.
 pub const MAX_PARTITIONS: u32 = 16;
+/// Member processes a shard may have.
+pub const MAX_REPLICATION: u32 = 3;
 
 /// Checks every rule and returns all broken ones together.
 pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
@@ -185,6 +192,20 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
             Some(format!(
                 "{shards} shards for {parameters} parameters leaves some shard empty"
             )),
+        );
+    }
+    let replication = s.parameter_servers.replication;
+    if !(1..=MAX_REPLICATION).contains(&replication) {
+        fail("spec.parameterServers.replication", None);
+    } else if replication > 1
+        && s.algorithm
+            .downpour
+            .as_ref()
+            .is_none_or(|d| d.synchronous.is_some())
+    {
+        fail(
+            "spec.parameterServers.replication",
+            Some(admission::MSG_REPLICATION_ALGORITHM.to_string()),
         );
     }
     if s.replicas.count == 0 {

@@ -118,6 +118,16 @@ pub struct PsArgs {
     /// what was applied (`distbelief train --audit` reads it).
     #[arg(long, env = "DISTBELIEF_PUSH_LOG")]
     pub push_log: Option<PathBuf>,
+    /// Replication: which member of the shard this process is, from 0.
+    #[arg(long, env = "DISTBELIEF_MEMBER")]
+    pub member: Option<u32>,
+    /// Replication: every member's address of this shard, this one's
+    /// included, in member order, comma-separated host:port.
+    #[arg(long, env = "DISTBELIEF_MEMBERS", value_delimiter = ',')]
+    pub members: Vec<String>,
+    /// Replication: the coordinator, which keeps the shards' chains.
+    #[arg(long, env = "DISTBELIEF_COORDINATOR")]
+    pub coordinator: Option<String>,
 }
 
 #[derive(Args)]

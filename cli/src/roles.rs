@@ -62,7 +62,21 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
     let checkpoint_dir = a
         .checkpoint_dir
         .or_else(|| job.spec.checkpoint.dir.clone().map(Into::into));
+    let member = match (job.replication(), a.member, a.coordinator.clone()) {
+        (1, _, _) => None,
+        (r, Some(member), Some(coordinator)) if a.members.len() == r => {
+            Some(distbelief_ps_server::MemberOptions {
+                member,
+                members: a.members.clone(),
+                coordinator,
+            })
+        }
+        (r, _, _) => anyhow::bail!(
+            "the job replicates each shard {r} times: give this member --member, --members (all {r} addresses) and --coordinator"
+        ),
+    };
     let opts = distbelief_ps_server::ShardOptions {
+        member,
         index: a.shard,
         checkpoint_dir,
         checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),

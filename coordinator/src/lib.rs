@@ -2,7 +2,9 @@
 //! evaluates the model on the test set from a fetched parameter snapshot,
 //! and applies the stopping rule.
 
+pub mod chains;
 mod evaluate;
+mod keeper;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
 pub mod lbfgs;
@@ -21,8 +23,8 @@ use distbelief_model::Mlp;
 use distbelief_model::data::{self, DataError};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{
-    CommitReply, GrantPushed, JobStatus, PortionCommit, PortionRequest, PortionWork,
-    ProgressReport, PushedReply, ReportReply, StatusRequest,
+    ChainConfig, ChainRequest, CommitReply, GrantPushed, JobStatus, PortionCommit, PortionRequest,
+    PortionWork, ProgressReport, PushedReply, ReportReply, StatusRequest,
 };
 use distbelief_ps_client::{ClientError, shard_clients};
 use tokio::net::TcpListener;
@@ -42,6 +44,8 @@ pub enum CoordinatorError {
     Metrics(#[from] prometheus::Error),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("replication: {0}")]
+    Chains(String),
 }
 
 impl CoordinatorError {
@@ -52,13 +56,15 @@ impl CoordinatorError {
             CoordinatorError::Shard(e) => e.category(),
             CoordinatorError::Metrics(_) => "metrics",
             CoordinatorError::Transport(_) => "transport",
+            CoordinatorError::Chains(_) => "chains",
         }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct CoordinatorOptions {
-    /// Shard addresses, `host:port`, in shard order.
+    /// Shard addresses, `host:port`, in shard order (with replication, every
+    /// member of shard 0, then of shard 1, and so on).
     pub shards: Vec<String>,
     pub rpc_timeout: Duration,
     /// On Kubernetes: the job whose status.progress this coordinator writes.
@@ -96,6 +102,8 @@ struct Shared {
     portions: Option<Arc<sandblaster::Portions>>,
     /// Wakes the evaluator before its next tick (a stop was requested).
     wake: tokio::sync::Notify,
+    /// Replication: the shards' chains.
+    chains: Option<keeper::ChainKeeper>,
 }
 
 impl Shared {
@@ -173,6 +181,14 @@ impl Coordinator for Service {
         self.portions()?.pushed(req.get_ref());
         Ok(Response::new(PushedReply {}))
     }
+
+    async fn chain(&self, req: Request<ChainRequest>) -> Result<Response<ChainConfig>, Status> {
+        let keeper =
+            self.shared.chains.as_ref().ok_or_else(|| {
+                Status::failed_precondition("this job's shards are not replicated")
+            })?;
+        keeper.handle(req.get_ref()).await.map(Response::new)
+    }
 }
 
 /// Runs the coordinator on `listener` until `shutdown` resolves.
@@ -224,6 +240,13 @@ pub async fn serve(
             .as_ref()
             .map(|sb| Arc::new(sandblaster::Portions::new(sb, training_examples))),
         wake: tokio::sync::Notify::new(),
+        chains: match job.replication() {
+            1 => None,
+            r => Some(
+                keeper::ChainKeeper::new(job.shards(), r, &opts.shards)
+                    .map_err(CoordinatorError::Chains)?,
+            ),
+        },
     });
     let driver = match (&job.sandblaster, &shared.portions) {
         (Some(sb), Some(portions)) => Some(tokio::spawn(sandblaster::drive(

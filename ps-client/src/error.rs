@@ -14,7 +14,7 @@ pub enum ClientError {
         peer: String,
         message: String,
     },
-    #[error("the job has {expected} shards but {got} shard addresses were given")]
+    #[error("the job needs {expected} shard addresses (shards × replication) but {got} were given")]
     ShardCount { expected: usize, got: usize },
 }
 

@@ -1,5 +1,8 @@
 //! Client side of the parameter-server protocol: fetch a shard's range into
-//! a slice, push a gradient slice as chunks. Every call has a deadline.
+//! a slice, push a gradient slice as chunks. Every call has a deadline. A
+//! replicated shard has several members; the client talks to the one it
+//! takes for the chain's head, and moves on when told of another or when
+//! that one does not answer (the next call then goes there).
 
 use std::ops::Range;
 use std::time::Duration;
@@ -25,18 +28,41 @@ pub use distbelief_ps::shard::PushId;
 /// The Sandblaster commands a client sends, as the shard runs them.
 pub use distbelief_ps::vectors;
 
+/// The gRPC metadata key under which a member that is not the head names
+/// the head (a member index).
+pub const HEAD_KEY: &str = "x-distbelief-head";
+
+/// A parameter-server client for `addr`, with the project's message limits.
+pub fn ps_client(
+    addr: &str,
+    timeout: Duration,
+) -> Result<ParameterServerClient<Channel>, ClientError> {
+    let channel =
+        distbelief_net::channel(addr, timeout).map_err(|source| ClientError::Address {
+            addr: addr.to_string(),
+            source,
+        })?;
+    Ok(ParameterServerClient::new(channel)
+        .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+        .max_encoding_message_size(distbelief_net::MAX_MESSAGE))
+}
+
 #[derive(Clone)]
 pub struct ShardClient {
     pub index: u32,
     pub range: Range<usize>,
-    pub addr: String,
     timeout: Duration,
-    client: ParameterServerClient<Channel>,
+    /// One per member of the shard, in member order; one without replication.
+    members: Vec<(String, ParameterServerClient<Channel>)>,
+    /// The member calls go to.
+    head: usize,
+    /// The last call to the member before `head` failed to reach it.
+    head_unreachable: bool,
 }
 
 impl std::fmt::Debug for ShardClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "shard {} at {}", self.index, self.addr)
+        write!(f, "shard {} at {}", self.index, self.addr())
     }
 }
 
@@ -47,36 +73,89 @@ impl ShardClient {
         addr: &str,
         timeout: Duration,
     ) -> Result<Self, ClientError> {
-        let channel =
-            distbelief_net::channel(addr, timeout).map_err(|source| ClientError::Address {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let client = ParameterServerClient::new(channel)
-            .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
-            .max_encoding_message_size(distbelief_net::MAX_MESSAGE);
+        Self::replicated(index, range, &[addr.to_string()], timeout)
+    }
+
+    /// A client of a shard held by these members (in member order).
+    pub fn replicated(
+        index: u32,
+        range: Range<usize>,
+        addrs: &[String],
+        timeout: Duration,
+    ) -> Result<Self, ClientError> {
+        let members = addrs
+            .iter()
+            .map(|a| Ok((a.clone(), ps_client(a, timeout)?)))
+            .collect::<Result<Vec<_>, ClientError>>()?;
+        if members.is_empty() {
+            return Err(ClientError::ShardCount {
+                expected: 1,
+                got: 0,
+            });
+        }
         Ok(ShardClient {
             index,
             range,
-            addr: addr.to_string(),
             timeout,
-            client,
+            members,
+            head: 0,
+            head_unreachable: false,
         })
     }
 
-    fn rpc(&self, status: tonic::Status) -> ClientError {
-        ClientError::Rpc {
-            peer: format!("shard {} at {}", self.index, self.addr),
-            status,
+    /// The member calls go to now.
+    pub fn addr(&self) -> &str {
+        &self.members[self.head].0
+    }
+
+    fn client(&self) -> ParameterServerClient<Channel> {
+        self.members[self.head].1.clone()
+    }
+
+    /// Learns from a failed call where the next one should go: to the head
+    /// a member named, or, if the member did not answer, to the next one.
+    fn steer(&mut self, status: &tonic::Status) {
+        let named = status
+            .metadata()
+            .get(HEAD_KEY)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&h| h < self.members.len());
+        if let Some(h) = named {
+            self.head = h;
+            return;
         }
+        let unreachable = matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        );
+        if unreachable && self.members.len() > 1 {
+            self.head = (self.head + 1) % self.members.len();
+            self.head_unreachable = true;
+        }
+    }
+
+    fn rpc(&mut self, status: tonic::Status) -> ClientError {
+        let peer = format!("shard {} at {}", self.index, self.addr());
+        self.steer(&status);
+        ClientError::Rpc { peer, status }
     }
 
     fn bad(&self, message: String) -> ClientError {
         ClientError::BadReply {
             shard: self.index,
-            peer: self.addr.clone(),
+            peer: self.addr().to_string(),
             message,
         }
+    }
+
+    /// Marks chunks about to be sent with whether the last member tried did
+    /// not answer, so that the one receiving them can have that checked.
+    fn mark(&self, mut chunks: Vec<GradientChunk>) -> Vec<GradientChunk> {
+        for c in &mut chunks {
+            c.head_unreachable = self.head_unreachable;
+        }
+        chunks
     }
 
     /// Fetches the shard's range into `out` (which must be exactly that long)
@@ -85,28 +164,36 @@ impl ShardClient {
         // The channel's deadline covers the response headers only; this one
         // covers every chunk.
         let deadline = self.timeout;
-        tokio::time::timeout(deadline, self.fetch_stream(out))
-            .await
-            .unwrap_or_else(|_| {
-                Err(self.rpc(tonic::Status::deadline_exceeded(format!(
-                    "fetch did not complete within {deadline:?}"
-                ))))
-            })
-    }
-
-    async fn fetch_stream(&mut self, out: &mut [f32]) -> Result<Stamp, ClientError> {
-        let stream = self
-            .client
-            .fetch(FetchRequest { shard: self.index })
-            .await
-            .map_err(|s| self.rpc(s))?
-            .into_inner();
-        self.receive_parameters(stream, out).await
+        let mut client = self.client();
+        let index = self.index;
+        let fetched = tokio::time::timeout(deadline, async {
+            let stream = client
+                .fetch(FetchRequest { shard: index })
+                .await?
+                .into_inner();
+            Ok::<_, tonic::Status>(stream)
+        })
+        .await;
+        let stream = match fetched {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(status)) => return Err(self.rpc(status)),
+            Err(_) => {
+                return Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                    "fetch did not start within {deadline:?}"
+                ))));
+            }
+        };
+        match tokio::time::timeout(deadline, self.receive_parameters(stream, out)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                "fetch did not complete within {deadline:?}"
+            )))),
+        }
     }
 
     /// Reads a stream of parameter chunks that must cover the range exactly.
     async fn receive_parameters(
-        &self,
+        &mut self,
         mut stream: tonic::Streaming<ParameterChunk>,
         out: &mut [f32],
     ) -> Result<Stamp, ClientError> {
@@ -133,17 +220,21 @@ impl ShardClient {
                 self.range.start, self.range.end
             )));
         }
+        self.head_unreachable = false;
         Ok(version.unwrap_or_default())
     }
 
     /// Pushes one gradient for the whole range, as chunks made by
     /// [`Self::dense_chunks`] or [`Self::threshold_chunks`].
     pub async fn push(&mut self, chunks: Vec<GradientChunk>) -> Result<PushReply, ClientError> {
-        self.client
-            .push(tokio_stream::iter(chunks))
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| self.rpc(s))
+        let chunks = self.mark(chunks);
+        match self.client().push(tokio_stream::iter(chunks)).await {
+            Ok(r) => {
+                self.head_unreachable = false;
+                Ok(r.into_inner())
+            }
+            Err(s) => Err(self.rpc(s)),
+        }
     }
 
     /// Pushes one gradient and reads the parameters the shard answers with,
@@ -155,22 +246,25 @@ impl ShardClient {
         out: &mut [f32],
     ) -> Result<Stamp, ClientError> {
         let deadline = self.timeout;
-        let exchange = async {
-            let stream = self
-                .client
-                .exchange(tokio_stream::iter(chunks))
-                .await
-                .map_err(|s| self.rpc(s))?
-                .into_inner();
-            self.receive_parameters(stream, out).await
+        let chunks = self.mark(chunks);
+        let mut client = self.client();
+        let started =
+            tokio::time::timeout(deadline, client.exchange(tokio_stream::iter(chunks))).await;
+        let stream = match started {
+            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => return Err(self.rpc(status)),
+            Err(_) => {
+                return Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                    "exchange did not start within {deadline:?}"
+                ))));
+            }
         };
-        tokio::time::timeout(deadline, exchange)
-            .await
-            .unwrap_or_else(|_| {
-                Err(self.rpc(tonic::Status::deadline_exceeded(format!(
-                    "exchange did not complete within {deadline:?}"
-                ))))
-            })
+        match tokio::time::timeout(deadline, self.receive_parameters(stream, out)).await {
+            Ok(r) => r,
+            Err(_) => Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                "exchange did not complete within {deadline:?}"
+            )))),
+        }
     }
 
     /// A gradient for the whole range as f32 chunks.
@@ -228,40 +322,40 @@ impl ShardClient {
             shard: self.index,
             commands: commands.iter().map(|c| (*c).into()).collect(),
         };
-        self.client
-            .run(req)
-            .await
-            .map(|r| r.into_inner().dots)
-            .map_err(|s| self.rpc(s))
+        match self.client().run(req).await {
+            Ok(r) => Ok(r.into_inner().dots),
+            Err(s) => Err(self.rpc(s)),
+        }
     }
 
     pub async fn info(&mut self) -> Result<ShardInfo, ClientError> {
-        self.client
-            .info(InfoRequest {})
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|s| self.rpc(s))
+        match self.client().info(InfoRequest {}).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => Err(self.rpc(s)),
+        }
     }
 }
 
-/// One client per shard, for `job`'s layout and the given addresses.
+/// One client per shard, for `job`'s layout and the given addresses: every
+/// member of shard 0, then of shard 1, and so on.
 pub fn shard_clients(
     job: &distbelief_api::Job,
     addrs: &[String],
     timeout: Duration,
 ) -> Result<Vec<ShardClient>, ClientError> {
     let ranges = job.shard_ranges();
-    if ranges.len() != addrs.len() {
+    let members = job.replication();
+    if ranges.len() * members != addrs.len() {
         return Err(ClientError::ShardCount {
-            expected: ranges.len(),
+            expected: ranges.len() * members,
             got: addrs.len(),
         });
     }
     ranges
         .into_iter()
-        .zip(addrs)
+        .zip(addrs.chunks(members))
         .enumerate()
-        .map(|(i, (r, a))| ShardClient::new(i as u32, r, a, timeout))
+        .map(|(i, (r, a))| ShardClient::replicated(i as u32, r, a, timeout))
         .collect()
 }
 

@@ -23,6 +23,8 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
+    #[error("replication: {0}")]
+    Member(String),
     #[error("gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }

@@ -1,8 +1,10 @@
 //! Serves a parameter-server shard over gRPC: pushes, fetches and exchanges,
 //! periodic checkpoints, Prometheus metrics and a liveness heartbeat.
 
+mod chained;
 mod error;
 mod metrics;
+mod replication;
 mod service;
 
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use tokio::net::TcpListener;
 
 pub use error::ServeError;
 pub use metrics::PsMetrics;
+pub use replication::MemberOptions;
 pub use service::ShardService;
 
 /// How to run one shard.
@@ -31,6 +34,9 @@ pub struct ShardOptions {
     pub heartbeat: distbelief_net::Heartbeat,
     /// Append every applied push's id here (see `distbelief_ps::audit`).
     pub push_log: Option<PathBuf>,
+    /// Replication: which member of the shard this is, and where the others
+    /// and the coordinator are. None without replication.
+    pub member: Option<MemberOptions>,
 }
 
 /// Builds shard `index` of `job`: from its checkpoint when one exists,
@@ -126,7 +132,14 @@ pub async fn serve(
         ))
     });
     let beating = tokio::spawn(beat_while_unlocked(state.clone(), opts.heartbeat.clone()));
-    let svc = ShardService::new(state.clone(), metrics.clone(), push_log);
+    let chain = match &opts.member {
+        Some(m) => Some(Arc::new(
+            replication::Membership::new(opts.index, m).map_err(ServeError::Member)?,
+        )),
+        None => None,
+    };
+    let keeping_up = chain.clone().map(|c| tokio::spawn(c.keep_up()));
+    let svc = ShardService::new(state.clone(), metrics.clone(), push_log, chain);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let router = distbelief_net::server().add_service(
         ParameterServerServer::new(svc)
@@ -142,6 +155,9 @@ pub async fn serve(
         handle.abort();
     }
     beating.abort();
+    if let Some(k) = keeping_up {
+        k.abort();
+    }
     if let Some(dir) = &opts.checkpoint_dir {
         service::checkpoint_now(&state, dir, &metrics).await;
     }

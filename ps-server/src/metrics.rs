@@ -14,6 +14,8 @@ pub struct PsMetrics {
     pub version: IntGauge,
     pub apply_seconds: Histogram,
     pub checkpoint_seconds: Histogram,
+    pub forward_failures: IntCounter,
+    pub fenced_forwards: IntCounter,
 }
 
 impl PsMetrics {
@@ -63,6 +65,14 @@ impl PsMetrics {
                 HistogramOpts::new("ps_checkpoint_seconds", "Time to write one checkpoint")
                     .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
             )?,
+            forward_failures: IntCounter::new(
+                "ps_forward_failures_total",
+                "Replication: pushes the head could not forward to a member, which was then taken out of the chain",
+            )?,
+            fenced_forwards: IntCounter::new(
+                "ps_fenced_forwards_total",
+                "Replication: forwards refused because they came from another chain epoch",
+            )?,
         };
         distbelief_net::register_all(
             registry,
@@ -77,6 +87,8 @@ impl PsMetrics {
                 Box::new(m.version.clone()),
                 Box::new(m.apply_seconds.clone()),
                 Box::new(m.checkpoint_seconds.clone()),
+                Box::new(m.forward_failures.clone()),
+                Box::new(m.fenced_forwards.clone()),
             ],
         )?;
         Ok(m)

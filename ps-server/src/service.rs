@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::parameter_server_server::ParameterServer;
 use distbelief_proto::v1::{
-    FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
-    ShardInfo, VectorCommands, VectorReply,
+    CatchUpReply, CatchUpRequest, FetchRequest, GradientChunk, GradientEncoding, InfoRequest,
+    InstallReply, ParameterChunk, PushReply, ShardInfo, StateBytes, VectorCommands, VectorReply,
 };
 use futures::Stream;
 use tokio::sync::Semaphore;
@@ -22,23 +22,24 @@ use distbelief_ps::{PsError, audit};
 
 use crate::error::status;
 use crate::metrics::PsMetrics;
+use crate::replication::Membership;
 
 type FetchStream = Pin<Box<dyn Stream<Item = Result<ParameterChunk, Status>> + Send>>;
 
 pub struct ShardService {
-    state: Arc<RwLock<Shard>>,
-    metrics: PsMetrics,
+    pub(crate) state: Arc<RwLock<Shard>>,
+    pub(crate) metrics: PsMetrics,
     /// Reused push buffers, so that a steady stream of pushes allocates nothing.
     staging: Arc<Mutex<Vec<Vec<f32>>>>,
     /// Pushes being assembled at once; bounds staging memory to this many shard-sized buffers.
-    assembling: Arc<Semaphore>,
+    pub(crate) assembling: Arc<Semaphore>,
     /// The shard's version, for exchanges that wait for a synchronous step.
-    versions: tokio::sync::watch::Sender<u64>,
-    /// Fixed for the life of the process: only a restore starts an epoch.
-    epoch: u64,
+    pub(crate) versions: tokio::sync::watch::Sender<u64>,
+    /// Replication: this member's place in its shard's chain.
+    pub(crate) chain: Option<Arc<Membership>>,
     /// Written under the shard's write lock, so its lines are in the order
     /// pushes were applied.
-    push_log: Option<Mutex<audit::Appender>>,
+    pub(crate) push_log: Option<Mutex<audit::Appender>>,
 }
 
 /// Longest a synchronous exchange waits for its step to be applied before it
@@ -54,11 +55,12 @@ impl ShardService {
         state: Arc<RwLock<Shard>>,
         metrics: PsMetrics,
         push_log: Option<audit::Appender>,
+        chain: Option<Arc<Membership>>,
     ) -> Self {
         let stamp = state.read().unwrap_or_else(|p| p.into_inner()).stamp();
         ShardService {
             versions: tokio::sync::watch::Sender::new(stamp.version),
-            epoch: stamp.epoch,
+            chain,
             push_log: push_log.map(Mutex::new),
             state,
             metrics,
@@ -85,7 +87,7 @@ impl ShardService {
     /// it, so a fetch never holds more than one chunk in memory. Chunks may
     /// straddle a push: shards are Hogwild-consistent, not atomic.
     fn parameters(&self, version: u64) -> FetchStream {
-        let shard_epoch = self.epoch;
+        let shard_epoch = self.read().epoch();
         let state = self.state.clone();
         let range = self.read().range.clone();
         let stream = futures::stream::iter(chunk_ranges(range.len())).map(move |r| {
@@ -114,11 +116,24 @@ impl ShardService {
             .pop()
             .unwrap_or_else(|| distbelief_model::memory::with_capacity(range.len()));
         let mut assembly = PushAssembly::new(range, buffer);
+        let mut route = Route::default();
+        // The head forwards the push as it came.
+        let mut kept = Vec::new();
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
             while let Some(chunk) = stream.message().await? {
                 if let Err(e) = assembly.add(header(&chunk), chunk.offset, payload(&chunk)) {
                     return Err(self.refuse_unassembled(e));
+                }
+                if kept.is_empty() {
+                    route = Route {
+                        head_unreachable: chunk.head_unreachable,
+                        chain_epoch: chunk.chain_epoch,
+                        forwarded_version: chunk.forwarded_version,
+                    };
+                }
+                if self.chain.is_some() {
+                    kept.push(chunk);
                 }
             }
             Ok(())
@@ -127,6 +142,14 @@ impl ShardService {
             .await
             .map_err(|_| Status::deadline_exceeded("push did not arrive in time"))??;
         let h = assembly.finish().map_err(|e| self.refuse_unassembled(e))?;
+        if let Some(m) = &self.chain {
+            if route.forwarded_version > 0 {
+                let reply = self.apply_forwarded(m, h, route, &assembly.values).await;
+                self.recycle(std::mem::take(&mut assembly.values));
+                return reply;
+            }
+            self.check_head(m, route.head_unreachable).await?;
+        }
         let started = Instant::now();
         // Applying a large push is CPU work under the write lock: tell the
         // runtime, so that other connections are served from other threads.
@@ -139,13 +162,14 @@ impl ShardService {
             if let (Ok(PushOutcome::Applied { .. }), Some(log)) = (&outcome, &self.push_log) {
                 self.log_applied(log, h, s.stamp());
             }
-            outcome
+            outcome.map(|o| (o, s.epoch()))
         });
-        self.staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(std::mem::take(&mut assembly.values));
-        match outcome.map_err(|e| self.refuse(e))? {
+        self.recycle(std::mem::take(&mut assembly.values));
+        let (outcome, shard_epoch) = outcome.map_err(|e| self.refuse(e))?;
+        if let (Some(m), PushOutcome::Applied { version, .. }) = (&self.chain, outcome) {
+            self.replicate(m, kept, version).await?;
+        }
+        match outcome {
             PushOutcome::Applied { version, staleness } => {
                 self.metrics
                     .apply_seconds
@@ -159,7 +183,7 @@ impl ShardService {
                     applied: true,
                     staleness,
                     waiting: false,
-                    shard_epoch: self.epoch,
+                    shard_epoch,
                 })
             }
             PushOutcome::Waiting { version } => Ok(PushReply {
@@ -167,7 +191,7 @@ impl ShardService {
                 applied: true,
                 staleness: 0,
                 waiting: true,
-                shard_epoch: self.epoch,
+                shard_epoch,
             }),
             PushOutcome::Late { version } => {
                 self.metrics.late_pushes.inc();
@@ -176,7 +200,7 @@ impl ShardService {
                     applied: false,
                     staleness: 0,
                     waiting: false,
-                    shard_epoch: self.epoch,
+                    shard_epoch,
                 })
             }
             PushOutcome::Duplicate { version } => {
@@ -186,13 +210,13 @@ impl ShardService {
                     applied: false,
                     staleness: 0,
                     waiting: false,
-                    shard_epoch: self.epoch,
+                    shard_epoch,
                 })
             }
         }
     }
 
-    fn log_applied(&self, log: &Mutex<audit::Appender>, h: PushHeader, after: Stamp) {
+    pub(crate) fn log_applied(&self, log: &Mutex<audit::Appender>, h: PushHeader, after: Stamp) {
         let key = audit::PushKey {
             shard: h.shard,
             replica: h.id.replica,
@@ -208,6 +232,13 @@ impl ShardService {
         }
     }
 
+    pub(crate) fn recycle(&self, values: Vec<f32>) {
+        self.staging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(values);
+    }
+
     fn refuse(&self, e: PsError) -> Status {
         self.metrics
             .pushes_refused
@@ -216,6 +247,17 @@ impl ShardService {
         tracing::warn!(reason = e.category(), "push refused: {e}");
         status(e)
     }
+}
+
+/// What a push's first chunk says about where it comes from.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Route {
+    /// From a replica that could not reach the member it took for the head.
+    pub head_unreachable: bool,
+    /// Forwarded by the head at this chain epoch...
+    pub chain_epoch: u64,
+    /// ...where it made this version (0: not forwarded).
+    pub forwarded_version: u64,
 }
 
 fn header(c: &GradientChunk) -> PushHeader {
@@ -255,6 +297,11 @@ impl ParameterServer for ShardService {
             (s.index, s.version)
         };
         let asked = req.into_inner().shard;
+        if let Some(m) = &self.chain
+            && !m.in_chain()
+        {
+            return Err(m.not_head());
+        }
         if asked != index {
             return Err(status(PsError::WrongShard {
                 expected: index,
@@ -310,6 +357,22 @@ impl ParameterServer for ShardService {
             restored_version: s.restored_version,
             shard_epoch: s.epoch(),
         }))
+    }
+
+    async fn catch_up(
+        &self,
+        req: Request<CatchUpRequest>,
+    ) -> Result<Response<CatchUpReply>, Status> {
+        self.catch_up(req.into_inner().member).await?;
+        Ok(Response::new(CatchUpReply {}))
+    }
+
+    async fn install(
+        &self,
+        req: Request<Streaming<StateBytes>>,
+    ) -> Result<Response<InstallReply>, Status> {
+        ShardService::install(self, req.into_inner()).await?;
+        Ok(Response::new(InstallReply {}))
     }
 
     async fn run(&self, req: Request<VectorCommands>) -> Result<Response<VectorReply>, Status> {

@@ -38,6 +38,11 @@ pub fn apply_line(k: PushKey, after: Stamp) -> String {
     )
 }
 
+/// A replication member took over member `from`'s state at `at`.
+pub fn install_line(from: u32, at: Stamp) -> String {
+    format!("install {from} {} {}\n", at.epoch, at.version)
+}
+
 pub fn ack_line(k: PushKey) -> String {
     format!(
         "ack {} {} {} {}\n",
@@ -103,13 +108,20 @@ pub struct AuditError {
     pub message: String,
 }
 
-/// A shard's log replayed: the pushes in its final state, in order, with the
-/// version each made.
-#[derive(Debug, Default)]
-struct Replay {
-    state: Vec<(u64, PushKey)>,
-    rolled_back: u64,
-    opens: u64,
+/// One line of a shard's log.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Open(Stamp),
+    Apply(PushKey, Stamp),
+    Install { from: u32, at: Stamp },
+}
+
+impl Event {
+    fn stamp(&self) -> Stamp {
+        match *self {
+            Event::Open(s) | Event::Apply(_, s) | Event::Install { at: s, .. } => s,
+        }
+    }
 }
 
 fn numbers<const N: usize>(fields: &[&str]) -> Option<[u64; N]> {
@@ -123,32 +135,31 @@ fn numbers<const N: usize>(fields: &[&str]) -> Option<[u64; N]> {
     Some(out)
 }
 
-fn replay(shard: u32, name: &str, text: &str) -> Result<Replay, AuditError> {
-    let mut r = Replay::default();
-    // A line cut short by a kill mid-write can only be the last one.
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    for (i, line) in complete.lines().enumerate() {
+/// The complete lines of a log: one cut short by a kill mid-write can only
+/// be the last.
+fn complete_lines(text: &str) -> std::str::Lines<'_> {
+    match text.rfind('\n') {
+        Some(end) => text[..=end].lines(),
+        None => "".lines(),
+    }
+}
+
+fn parse(shard: u32, name: &str, text: &str) -> Result<Vec<Event>, AuditError> {
+    let mut events = Vec::new();
+    for (i, line) in complete_lines(text).enumerate() {
         let bad = |message: &str| AuditError {
             source_name: name.to_string(),
             line: i + 1,
             message: format!("{message}: {line:?}"),
         };
         let fields: Vec<&str> = line.split_whitespace().collect();
-        match fields.split_first() {
+        let event = match fields.split_first() {
             Some((&"open", rest)) => {
-                let [_, version] = numbers::<2>(rest).ok_or_else(|| bad("bad open line"))?;
-                // The process restored the state at `version` of this same
-                // lineage: everything applied after it is gone.
-                let keep = r.state.partition_point(|&(v, _)| v <= version);
-                r.rolled_back += (r.state.len() - keep) as u64;
-                r.state.truncate(keep);
-                r.opens += 1;
+                let [e, v] = numbers::<2>(rest).ok_or_else(|| bad("bad open line"))?;
+                Event::Open(Stamp::new(e, v))
             }
             Some((&"apply", rest)) => {
-                let [replica, incarnation, sequence, _, version] =
+                let [replica, incarnation, sequence, e, v] =
                     numbers::<5>(rest).ok_or_else(|| bad("bad apply line"))?;
                 let replica = u32::try_from(replica).map_err(|_| bad("bad replica"))?;
                 let key = PushKey {
@@ -157,21 +168,76 @@ fn replay(shard: u32, name: &str, text: &str) -> Result<Replay, AuditError> {
                     incarnation,
                     sequence,
                 };
-                r.state.push((version, key));
+                Event::Apply(key, Stamp::new(e, v))
+            }
+            Some((&"install", rest)) => {
+                let [from, e, v] = numbers::<3>(rest).ok_or_else(|| bad("bad install line"))?;
+                let from = u32::try_from(from).map_err(|_| bad("bad member"))?;
+                Event::Install {
+                    from,
+                    at: Stamp::new(e, v),
+                }
             }
             _ => return Err(bad("not an audit line")),
+        };
+        events.push(event);
+    }
+    Ok(events)
+}
+
+/// A member's log replayed: the pushes in its state, in order, with the
+/// version each made.
+#[derive(Debug, Default)]
+struct Replay {
+    state: Vec<(u64, PushKey)>,
+    rolled_back: u64,
+    opens: u64,
+}
+
+/// Installs name the member a state came from; a chain of them is never
+/// longer than the restarts, and a cycle would be a corrupt log.
+const MAX_INSTALL_DEPTH: usize = 256;
+
+/// Replays `member`'s log, up to the first time it reached `until` if given.
+fn replay(
+    logs: &BTreeMap<u32, Vec<Event>>,
+    member: u32,
+    until: Option<Stamp>,
+    depth: usize,
+) -> Replay {
+    let mut r = Replay::default();
+    let Some(events) = logs.get(&member) else {
+        return r;
+    };
+    for event in events {
+        match *event {
+            Event::Open(at) => {
+                // The process restored the state at this version of its own
+                // lineage: everything applied after it is gone.
+                let keep = r.state.partition_point(|&(v, _)| v <= at.version);
+                r.rolled_back += (r.state.len() - keep) as u64;
+                r.state.truncate(keep);
+                r.opens += 1;
+            }
+            Event::Apply(key, at) => r.state.push((at.version, key)),
+            Event::Install { from, at } => {
+                r.state = if depth < MAX_INSTALL_DEPTH {
+                    replay(logs, from, Some(at), depth + 1).state
+                } else {
+                    Vec::new()
+                };
+            }
+        }
+        if until == Some(event.stamp()) {
+            break;
         }
     }
-    Ok(r)
+    r
 }
 
 /// Reads acknowledgement lines into `acked`.
 fn read_acks(name: &str, text: &str, acked: &mut BTreeSet<PushKey>) -> Result<(), AuditError> {
-    let complete = match text.rfind('\n') {
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    for (i, line) in complete.lines().enumerate() {
+    for (i, line) in complete_lines(text).enumerate() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let parsed = match fields.split_first() {
             Some((&"ack", rest)) => numbers::<4>(rest),
@@ -200,22 +266,41 @@ fn read_acks(name: &str, text: &str, acked: &mut BTreeSet<PushKey>) -> Result<()
 }
 
 /// Compares what the shards' logs say they hold with what the replicas'
-/// logs say was acknowledged. `shard_logs` maps a shard to its log's name
-/// and text; `ack_logs` are (name, text) pairs.
+/// logs say was acknowledged. `shard_logs` maps (shard, member) to a log's
+/// name and text (member 0 without replication); `ack_logs` are (name,
+/// text) pairs. A shard's final state is its member's that got furthest.
 pub fn verdict(
-    shard_logs: &BTreeMap<u32, (String, String)>,
+    shard_logs: &BTreeMap<(u32, u32), (String, String)>,
     ack_logs: &[(String, String)],
 ) -> Result<Verdict, AuditError> {
     let mut acked = BTreeSet::new();
     for (name, text) in ack_logs {
         read_acks(name, text, &mut acked)?;
     }
+    let mut per_shard: BTreeMap<u32, BTreeMap<u32, Vec<Event>>> = BTreeMap::new();
+    for (&(shard, member), (name, text)) in shard_logs {
+        per_shard
+            .entry(shard)
+            .or_default()
+            .insert(member, parse(shard, name, text)?);
+    }
     let mut v = Verdict::default();
     let mut held: HashMap<PushKey, u64> = HashMap::new();
-    for (&shard, (name, text)) in shard_logs {
-        let r = replay(shard, name, text)?;
+    for logs in per_shard.values() {
+        let last = logs
+            .iter()
+            .filter_map(|(&m, events)| events.last().map(|e| (e.stamp(), m)))
+            .max();
+        v.shard_opens += logs
+            .values()
+            .flatten()
+            .filter(|e| matches!(e, Event::Open(_)))
+            .count() as u64;
+        let Some((_, member)) = last else {
+            continue;
+        };
+        let r = replay(logs, member, None, 0);
         v.rolled_back += r.rolled_back;
-        v.shard_opens += r.opens;
         for (_, key) in r.state {
             *held.entry(key).or_default() += 1;
         }
@@ -263,7 +348,7 @@ mod tests {
             apply_line(key(0, 2), Stamp::new(0, 2)),
         ]);
         let acks = ("r".to_string(), ack_line(key(0, 1)) + &ack_line(key(0, 2)));
-        let v = verdict(&BTreeMap::from([(0, s0)]), &[acks]).unwrap();
+        let v = verdict(&BTreeMap::from([((0, 0), s0)]), &[acks]).unwrap();
         assert_eq!(
             (v.acknowledged, v.applied, v.lost, v.duplicated),
             (2, 2, 0, 0)
@@ -286,7 +371,7 @@ mod tests {
             "r".to_string(),
             [1, 2, 3, 4].map(|s| ack_line(key(0, s))).concat(),
         );
-        let v = verdict(&BTreeMap::from([(0, s0)]), &[acks]).unwrap();
+        let v = verdict(&BTreeMap::from([((0, 0), s0)]), &[acks]).unwrap();
         assert_eq!(
             (v.acknowledged, v.applied, v.lost, v.duplicated),
             (4, 2, 2, 0)
@@ -302,18 +387,47 @@ mod tests {
             apply_line(key(0, 1), Stamp::new(0, 1)),
             apply_line(key(0, 1), Stamp::new(0, 2)),
         ]);
-        let v = verdict(&BTreeMap::from([(0, s0)]), &[]).unwrap();
+        let v = verdict(&BTreeMap::from([((0, 0), s0)]), &[]).unwrap();
         assert_eq!((v.applied, v.duplicated), (1, 1));
+    }
+
+    #[test]
+    fn a_member_that_caught_up_holds_what_its_donor_held_then() {
+        let (a, b) = (Stamp::new(0, 1), Stamp::new(0, 2));
+        // Member 0 heads; member 1 caught up from it at version 1, then got
+        // the forward of version 2. Member 0 then died.
+        let m0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), a),
+            apply_line(key(0, 2), b),
+        ]);
+        let m1 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            install_line(0, a),
+            apply_line(key(0, 2), b),
+            apply_line(key(0, 3), Stamp::new(0, 3)),
+        ]);
+        let acks = (
+            "r".to_string(),
+            [1, 2, 3].map(|s| ack_line(key(0, s))).concat(),
+        );
+        let logs = BTreeMap::from([((0, 0), m0), ((0, 1), m1)]);
+        let v = verdict(&logs, &[acks]).unwrap();
+        assert_eq!(
+            (v.acknowledged, v.applied, v.lost, v.duplicated),
+            (3, 3, 0, 0)
+        );
+        assert_eq!(v.shard_opens, 2);
     }
 
     #[test]
     fn a_line_cut_by_a_kill_is_ignored_and_garbage_is_an_error() {
         let mut text = open_line(Stamp::new(0, 0)) + &apply_line(key(0, 1), Stamp::new(0, 1));
         text.push_str("apply 1 2");
-        let v = verdict(&BTreeMap::from([(0, ("s".into(), text))]), &[]).unwrap();
+        let v = verdict(&BTreeMap::from([((0, 0), ("s".into(), text))]), &[]).unwrap();
         assert_eq!(v.applied, 1);
         let bad = open_line(Stamp::new(0, 0)) + "hello\n";
-        let e = verdict(&BTreeMap::from([(0, ("s0.log".into(), bad))]), &[]).unwrap_err();
+        let e = verdict(&BTreeMap::from([((0, 0), ("s0.log".into(), bad))]), &[]).unwrap_err();
         assert_eq!(e.line, 2);
         assert!(e.to_string().contains("s0.log line 2"), "{e}");
     }

@@ -58,59 +58,61 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> PsError + '_ {
     }
 }
 
+/// Writes the shard's state in the checkpoint format (a checksum last).
+pub fn write_to<W: Write>(inner: W, shard: &Shard) -> std::io::Result<W> {
+    let mut w = Crc {
+        inner,
+        hasher: crc32fast::Hasher::new(),
+    };
+    w.write_all(MAGIC)?;
+    w.write_all(&shard.index.to_le_bytes())?;
+    for v in [
+        shard.range.start as u64,
+        shard.range.end as u64,
+        shard.version,
+        shard.updates_applied,
+        shard.accum.len() as u64,
+    ] {
+        w.write_all(&v.to_le_bytes())?;
+    }
+    for chunk in shard
+        .params
+        .chunks(1 << 16)
+        .chain(shard.accum.chunks(1 << 16))
+    {
+        w.write_all(&distbelief_proto::codec::encode_f32(chunk))?;
+    }
+    let table = shard.push_table();
+    w.write_all(&(table.fences.len() as u64).to_le_bytes())?;
+    for (r, f) in &table.fences {
+        w.write_all(&r.to_le_bytes())?;
+        w.write_all(&f.to_le_bytes())?;
+    }
+    w.write_all(&(table.sequences.len() as u64).to_le_bytes())?;
+    for (r, inc, seq) in &table.sequences {
+        w.write_all(&r.to_le_bytes())?;
+        w.write_all(&inc.to_le_bytes())?;
+        w.write_all(&seq.to_le_bytes())?;
+    }
+    let starts = shard.lineage.starts();
+    w.write_all(&(starts.len() as u64).to_le_bytes())?;
+    for (epoch, start) in starts {
+        w.write_all(&epoch.to_le_bytes())?;
+        w.write_all(&start.to_le_bytes())?;
+    }
+    let crc = w.hasher.finalize();
+    let mut inner = w.inner;
+    inner.write_all(&crc.to_le_bytes())?;
+    Ok(inner)
+}
+
 /// Writes the shard's checkpoint atomically into `dir`.
 pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
     let path = path_for(dir, shard.index);
     let tmp = path.with_extension("ckpt.tmp");
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let file = File::create(&tmp).map_err(io_err(&tmp))?;
-    let mut w = Crc {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hasher: crc32fast::Hasher::new(),
-    };
-    let write_all = |w: &mut Crc<BufWriter<File>>| -> std::io::Result<()> {
-        w.write_all(MAGIC)?;
-        w.write_all(&shard.index.to_le_bytes())?;
-        for v in [
-            shard.range.start as u64,
-            shard.range.end as u64,
-            shard.version,
-            shard.updates_applied,
-            shard.accum.len() as u64,
-        ] {
-            w.write_all(&v.to_le_bytes())?;
-        }
-        for chunk in shard
-            .params
-            .chunks(1 << 16)
-            .chain(shard.accum.chunks(1 << 16))
-        {
-            w.write_all(&distbelief_proto::codec::encode_f32(chunk))?;
-        }
-        let table = shard.push_table();
-        w.write_all(&(table.fences.len() as u64).to_le_bytes())?;
-        for (r, f) in &table.fences {
-            w.write_all(&r.to_le_bytes())?;
-            w.write_all(&f.to_le_bytes())?;
-        }
-        w.write_all(&(table.sequences.len() as u64).to_le_bytes())?;
-        for (r, inc, seq) in &table.sequences {
-            w.write_all(&r.to_le_bytes())?;
-            w.write_all(&inc.to_le_bytes())?;
-            w.write_all(&seq.to_le_bytes())?;
-        }
-        let starts = shard.lineage.starts();
-        w.write_all(&(starts.len() as u64).to_le_bytes())?;
-        for (epoch, start) in starts {
-            w.write_all(&epoch.to_le_bytes())?;
-            w.write_all(&start.to_le_bytes())?;
-        }
-        Ok(())
-    };
-    write_all(&mut w).map_err(io_err(&tmp))?;
-    let crc = w.hasher.finalize();
-    let mut inner = w.inner;
-    inner.write_all(&crc.to_le_bytes()).map_err(io_err(&tmp))?;
+    let inner = write_to(BufWriter::with_capacity(1 << 20, file), shard).map_err(io_err(&tmp))?;
     let file = inner
         .into_inner()
         .map_err(|e| io_err(&tmp)(e.into_error()))?;
@@ -127,16 +129,29 @@ impl Saved {
     /// after the checkpoint is gone, so its version numbers must not be
     /// taken to mean the same state again.
     pub fn restore(self, index: u32, range: std::ops::Range<usize>, optimizer: Optimizer) -> Shard {
+        let version = self.version;
+        let mut s = self.into_shard(index, range, optimizer);
+        s.restored_version = Some(version);
+        s.lineage.fork(version);
+        s
+    }
+
+    /// The shard exactly as saved, in the same epoch: a copy of a live
+    /// state (a replication member catching up), not a restore.
+    pub fn into_shard(
+        self,
+        index: u32,
+        range: std::ops::Range<usize>,
+        optimizer: Optimizer,
+    ) -> Shard {
         let mut s = Shard::new(index, range, optimizer, self.params);
         if s.accum.len() == self.accum.len() {
             s.accum = self.accum;
         }
         s.version = self.version;
         s.updates_applied = self.updates_applied;
-        s.restored_version = Some(self.version);
         s.restore_push_table(&self.push_table);
         s.lineage = self.lineage;
-        s.lineage.fork(self.version);
         s
     }
 }
@@ -155,14 +170,25 @@ pub fn load(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(&path)(e)),
     };
-    let bad = |message: String| PsError::Checkpoint {
-        path: path.display().to_string(),
-        message,
-    };
     let mut bytes = Vec::new();
     BufReader::new(file)
         .read_to_end(&mut bytes)
         .map_err(io_err(&path))?;
+    decode(&bytes, index, range, &path.display().to_string()).map(Some)
+}
+
+/// Reads a shard's state in the checkpoint format; `source` names where the
+/// bytes came from, for errors.
+pub fn decode(
+    bytes: &[u8],
+    index: u32,
+    range: std::ops::Range<usize>,
+    source: &str,
+) -> Result<Saved, PsError> {
+    let bad = |message: String| PsError::Checkpoint {
+        path: source.to_string(),
+        message,
+    };
     let header = 8 + 4 + 5 * 8;
     let format = match bytes.get(..8) {
         _ if bytes.len() < header + 4 => None,
@@ -212,14 +238,14 @@ pub fn load(
         .ok_or_else(|| bad("bad parameter payload".into()))?;
     distbelief_proto::codec::decode_f32_into(&values[4 * n..], &mut accum)
         .ok_or_else(|| bad("bad accumulator payload".into()))?;
-    Ok(Some(Saved {
+    Ok(Saved {
         version: u64_at(2),
         updates_applied: u64_at(3),
         params,
         accum,
         push_table,
         lineage,
-    }))
+    })
 }
 
 /// What follows the values: the push table, then (from the third format)

@@ -189,6 +189,14 @@ impl Shard {
         PushTable { fences, sequences }
     }
 
+    /// Whether this push was applied here already (a retry of it would be a
+    /// duplicate).
+    pub fn has_applied(&self, id: &PushId) -> bool {
+        self.last_sequence
+            .get(&(id.replica, id.incarnation))
+            .is_some_and(|&seq| seq >= id.sequence)
+    }
+
     /// Takes over a checkpoint's fencing and deduplication table.
     pub fn restore_push_table(&mut self, t: &PushTable) {
         self.fences = t.fences.iter().copied().collect();

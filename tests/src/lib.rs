@@ -74,6 +74,7 @@ pub async fn start(job: &Job, with_coordinator: bool, checkpoint_dir: Option<Pat
             checkpoint_interval: Duration::from_secs(1),
             heartbeat: Default::default(),
             push_log: None,
+            member: None,
         };
         let (job, rx) = (job.clone(), rx.clone());
         tokio::spawn(async move {

@@ -49,6 +49,7 @@ spec:
         checkpoint_interval: Duration::from_secs(60),
         heartbeat: Default::default(),
         push_log: None,
+        member: None,
     };
     let (j, r) = (job.clone(), registry.clone());
     tokio::spawn(async move {

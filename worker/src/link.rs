@@ -208,7 +208,7 @@ impl Link {
                             .fetch_seconds
                             .observe(started.elapsed().as_secs_f64());
                         if down {
-                            tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
+                            tracing::info!(shard = client.index, addr = %client.addr(), "shard reachable again");
                             down = false;
                         }
                         backoff.reset();
@@ -307,7 +307,7 @@ impl Link {
                             self.deliver(Fetched { version, values });
                         }
                         if down {
-                            tracing::info!(shard = client.index, addr = %client.addr, "shard reachable again");
+                            tracing::info!(shard = client.index, addr = %client.addr(), "shard reachable again");
                             down = false;
                         }
                         backoff.reset();

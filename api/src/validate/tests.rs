@@ -528,6 +528,24 @@ const RULES: &[Rule] = &[
         "cannot be combined",
     ),
     (
+        "replication at most 3",
+        |j| j.spec.parameter_servers.replication = 4,
+        "spec.parameterServers.replication",
+        "between 1 and 3",
+    ),
+    (
+        "replication not with synchronous SGD",
+        |j| {
+            j.spec.parameter_servers.replication = 2;
+            j.spec.replicas.count = 2;
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.synchronous = Some(SynchronousSpec { backup_workers: 0 });
+            }
+        },
+        "spec.parameterServers.replication",
+        "asynchronous Downpour",
+    ),
+    (
         "straggler forSeconds at least 1",
         |j| j.spec.replicas.stragglers.for_seconds = 0,
         "spec.replicas.stragglers.forSeconds",
@@ -693,7 +711,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 53, "{fields:#?}");
+    assert_eq!(fields.len(), 54, "{fields:#?}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use distbelief_ps::audit::{Verdict, verdict};
 
-pub fn read(dir: &Path, shards: usize) -> anyhow::Result<Verdict> {
+pub fn read(dir: &Path, shards: usize, members: usize) -> anyhow::Result<Verdict> {
     let text = |path: &Path| -> anyhow::Result<String> {
         match std::fs::read_to_string(path) {
             Ok(t) => Ok(t),
@@ -17,8 +17,16 @@ pub fn read(dir: &Path, shards: usize) -> anyhow::Result<Verdict> {
     };
     let mut shard_logs = BTreeMap::new();
     for i in 0..shards {
-        let path = dir.join(format!("shard-{i}.log"));
-        shard_logs.insert(i as u32, (path.display().to_string(), text(&path)?));
+        for m in 0..members {
+            let path = match members {
+                1 => dir.join(format!("shard-{i}.log")),
+                _ => dir.join(format!("shard-{i}.m{m}.log")),
+            };
+            shard_logs.insert(
+                (i as u32, m as u32),
+                (path.display().to_string(), text(&path)?),
+            );
+        }
     }
     let mut ack_logs = Vec::new();
     let entries = std::fs::read_dir(dir)

@@ -147,34 +147,58 @@ impl Runtime {
             ]
         };
 
-        let shard_ports = (0..job.shards())
+        // Every member of shard 0, then of shard 1, and so on.
+        let members = job.replication();
+        let shard_ports = (0..job.shards() * members)
             .map(|_| ports.take())
             .collect::<Result<Vec<_>, _>>()?;
         let shard_addrs: Vec<String> = shard_ports
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
+        let coordinator_port = ports.take()?;
         let mut shards = Vec::new();
-        for (i, addr) in shard_addrs.iter().enumerate() {
+        for (k, addr) in shard_addrs.iter().enumerate() {
+            let (i, m) = (k / members, k % members);
             let mut a = vec!["ps".to_string()];
             a.extend(common(metrics_addr()?));
+            let (checkpoint_dir, push_log) = match members {
+                1 => (checkpoints.clone(), format!("shard-{i}.log")),
+                _ => (
+                    checkpoints.join(format!("member-{m}")),
+                    format!("shard-{i}.m{m}.log"),
+                ),
+            };
             a.extend([
                 "--shard".into(),
                 i.to_string(),
                 "--listen".into(),
                 addr.clone(),
                 "--checkpoint-dir".into(),
-                checkpoints.display().to_string(),
+                checkpoint_dir.display().to_string(),
             ]);
             if let Some(dir) = &audit {
                 a.extend([
                     "--push-log".into(),
-                    dir.join(format!("shard-{i}.log")).display().to_string(),
+                    dir.join(push_log).display().to_string(),
                 ]);
             }
-            shards.push(Proc::new(Role::Shard, i as u32, a, &logs));
+            let p = Proc::new(Role::Shard, i as u32, a, &logs);
+            if members == 1 {
+                shards.push(p);
+                continue;
+            }
+            let mut p = p.member(m as u32, &logs);
+            p.args.extend([
+                "--member".into(),
+                m.to_string(),
+                "--members".into(),
+                shard_addrs[i * members..(i + 1) * members].join(","),
+                "--coordinator".into(),
+                format!("127.0.0.1:{coordinator_port}"),
+            ]);
+            shards.push(p);
         }
-        let coordinator_port = ports.take()?;
         let mut a = vec!["coordinator".to_string()];
         a.extend(common(metrics_addr()?));
         a.extend([
@@ -275,12 +299,16 @@ impl Runtime {
                 .map(|c| chaos::Chaos::new(c, Instant::now())),
             unresponsive_killed: 0,
         };
+        let replication = match job.replication() {
+            1 => String::new(),
+            r => format!(" × {r} members"),
+        };
         let partitions = match job.partitions() {
             1 => String::new(),
             p => format!(" × {p} partitions"),
         };
         eprintln!(
-            "distbelief: job {} — {} shard(s), {} replica(s){partitions} × {threads} thread(s), {} parameters; run directory {}",
+            "distbelief: job {} — {} shard(s){replication}, {} replica(s){partitions} × {threads} thread(s), {} parameters; run directory {}",
             job.name,
             job.shards(),
             job.replicas(),
@@ -334,7 +362,7 @@ impl Runtime {
     /// `processes.tsv` in the run directory: role, index, pid, log — rewritten
     /// on every (re)start so tools and tests can find a process.
     fn write_process_table(&self) {
-        let mut s = String::from("role\tindex\tpid\tlog\tpartition\n");
+        let mut s = String::from("role\tindex\tpid\tlog\tpartition\tmember\n");
         for p in self
             .shards
             .iter()
@@ -343,11 +371,12 @@ impl Runtime {
         {
             if let Some(pid) = p.pid() {
                 s.push_str(&format!(
-                    "{}\t{}\t{pid}\t{}\t{}\n",
+                    "{}\t{}\t{pid}\t{}\t{}\t{}\n",
                     p.role.name(),
                     p.index,
                     p.log.display(),
-                    p.partition.map_or("-".into(), |p| p.to_string())
+                    p.partition.map_or("-".into(), |p| p.to_string()),
+                    p.member.map_or("-".into(), |m| m.to_string())
                 ));
             }
         }
@@ -452,7 +481,7 @@ impl Runtime {
         summary.unresponsive_killed = self.unresponsive_killed;
         summary.chaos = self.chaos.as_ref().map(|c| c.done.clone());
         if let Some(dir) = &self.audit {
-            match audit::read(dir, self.job.shards()) {
+            match audit::read(dir, self.job.shards(), self.job.replication()) {
                 Ok(v) => {
                     eprintln!("distbelief: audit: {}", v.headline());
                     summary.audit = Some(v);
@@ -469,7 +498,8 @@ impl Runtime {
         let Some(chaos) = self.chaos.as_mut() else {
             return;
         };
-        let faults = chaos.due(Instant::now(), self.job.replicas(), self.job.shards());
+        // With replication a shard fault hits one member process.
+        let faults = chaos.due(Instant::now(), self.job.replicas(), self.shards.len());
         for fault in faults {
             let (p, what) = match fault {
                 chaos::Fault::KillReplica(r) => (
@@ -554,7 +584,10 @@ impl Runtime {
                     used: &mut self.shard_restarts,
                     max: spec.parameter_servers.max_restarts,
                     kind: "shard",
-                    how: "restarting it from its checkpoint",
+                    how: match p.member {
+                        None => "restarting it from its checkpoint",
+                        Some(_) => "restarting it; it catches up from its chain before it serves",
+                    },
                 };
                 restart(p, &self.exe, status, budget)?;
                 restarted = true;

@@ -31,6 +31,8 @@ pub struct Proc {
     pub index: u32,
     /// A replica's partition, when the job splits replicas into several.
     pub partition: Option<u32>,
+    /// A shard's member, when the job replicates shards.
+    pub member: Option<u32>,
     pub args: Vec<String>,
     pub log: PathBuf,
     pub child: Option<Child>,
@@ -56,6 +58,7 @@ impl Proc {
             role,
             index,
             partition: None,
+            member: None,
             args,
             log,
             child: None,
@@ -76,9 +79,19 @@ impl Proc {
         self
     }
 
+    /// Member `member` of shard `index`, logging to its own file.
+    pub fn member(mut self, member: u32, logs: &Path) -> Self {
+        self.log = logs.join(format!("ps-{}.m{member}.log", self.index));
+        self.member = Some(member);
+        self
+    }
+
     pub fn label(&self) -> String {
         match (self.role, self.partition) {
-            (Role::Shard, _) => format!("shard {}", self.index),
+            (Role::Shard, _) => match self.member {
+                Some(m) => format!("shard {} member {m}", self.index),
+                None => format!("shard {}", self.index),
+            },
             (Role::Coordinator, _) => "coordinator".into(),
             (Role::Replica, None) => format!("replica {}", self.index),
             (Role::Replica, Some(p)) => format!("replica {} partition {p}", self.index),

@@ -1,0 +1,189 @@
+//! Who holds each shard, decided in one place. With `replication: R` every
+//! shard has R member processes. The chain lists the members that hold the
+//! shard's current state, the head first: replicas push to the head, which
+//! applies a push, forwards it to the others and acknowledges it once they
+//! all applied it. Every change bumps the chain's epoch, and a member at an
+//! older epoch is refused by the others, so a member cut out of the chain
+//! cannot have a push acknowledged.
+//!
+//! This book is the coordinator's; it is pure, and the gRPC adapter asks the
+//! network (is a suspect really silent?) before it calls `remove`.
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chain {
+    pub epoch: u64,
+    /// Member indices, the head first.
+    pub members: Vec<u32>,
+}
+
+impl Chain {
+    pub fn head(&self) -> Option<u32> {
+        self.members.first().copied()
+    }
+}
+
+/// What the book says to a change it was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Done (or nothing to do); the chain as it now is.
+    Chain(Chain),
+    /// The asker spoke for an epoch that is gone, or is not the head: it
+    /// must look at the chain again. The chain as it now is.
+    Stale(Chain),
+}
+
+#[derive(Debug, Clone)]
+pub struct ChainBook {
+    chains: Vec<Chain>,
+    replication: u32,
+}
+
+impl ChainBook {
+    pub fn new(shards: usize, replication: u32) -> Self {
+        ChainBook {
+            chains: vec![Chain::default(); shards],
+            replication,
+        }
+    }
+
+    pub fn chain(&self, shard: u32) -> Option<&Chain> {
+        self.chains.get(shard as usize)
+    }
+
+    fn valid(&self, shard: u32, member: u32) -> bool {
+        (shard as usize) < self.chains.len() && member < self.replication
+    }
+
+    /// A member process starts. If it is still listed (it died and came
+    /// back before anyone noticed), its old self is taken out: its state is
+    /// gone. An empty chain gets it as its head, serving the state it has;
+    /// otherwise it must catch up from the head, which then promotes it.
+    pub fn join(&mut self, shard: u32, member: u32) -> Option<Chain> {
+        if !self.valid(shard, member) {
+            return None;
+        }
+        let c = &mut self.chains[shard as usize];
+        if c.members.contains(&member) {
+            c.members.retain(|&m| m != member);
+            c.epoch += 1;
+        }
+        if c.members.is_empty() {
+            c.members.push(member);
+            c.epoch += 1;
+        }
+        Some(c.clone())
+    }
+
+    /// Takes `member` out of the chain, if it is in it.
+    pub fn remove(&mut self, shard: u32, member: u32) -> Option<Chain> {
+        if !self.valid(shard, member) {
+            return None;
+        }
+        let c = &mut self.chains[shard as usize];
+        if c.members.contains(&member) {
+            c.members.retain(|&m| m != member);
+            c.epoch += 1;
+        }
+        Some(c.clone())
+    }
+
+    /// The head, at `epoch`, could not forward to `member`: out it goes, so
+    /// that the head can acknowledge. Refused unless the asker is the head
+    /// of the current epoch.
+    pub fn remove_for_head(
+        &mut self,
+        shard: u32,
+        head: u32,
+        epoch: u64,
+        member: u32,
+    ) -> Option<Answer> {
+        let c = self.chains.get(shard as usize)?;
+        if c.epoch != epoch || c.head() != Some(head) || member == head {
+            return Some(Answer::Stale(c.clone()));
+        }
+        self.remove(shard, member).map(Answer::Chain)
+    }
+
+    /// The head, at `epoch`, has sent its state to `member` with pushes held:
+    /// `member` joins the tail. Refused unless the asker is the head of the
+    /// current epoch (else the state it sent may be one the chain moved on
+    /// from).
+    pub fn promote(&mut self, shard: u32, head: u32, epoch: u64, member: u32) -> Option<Answer> {
+        if !self.valid(shard, member) {
+            return None;
+        }
+        let c = &mut self.chains[shard as usize];
+        if c.epoch != epoch || c.head() != Some(head) || c.members.contains(&member) {
+            return Some(Answer::Stale(c.clone()));
+        }
+        c.members.push(member);
+        c.epoch += 1;
+        Some(Answer::Chain(c.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(epoch: u64, members: &[u32]) -> Chain {
+        Chain {
+            epoch,
+            members: members.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_first_member_to_join_heads_and_the_others_are_promoted_by_it() {
+        let mut b = ChainBook::new(2, 2);
+        assert_eq!(b.join(0, 1), Some(chain(1, &[1])));
+        // Member 0 must catch up from 1: joining changes nothing yet.
+        assert_eq!(b.join(0, 0), Some(chain(1, &[1])));
+        assert_eq!(
+            b.promote(0, 1, 1, 0),
+            Some(Answer::Chain(chain(2, &[1, 0])))
+        );
+        assert_eq!(b.chain(1), Some(&Chain::default()), "shards are apart");
+        assert_eq!(b.join(5, 0), None, "no such shard");
+        assert_eq!(b.join(0, 2), None, "no such member");
+    }
+
+    #[test]
+    fn only_the_head_of_the_current_epoch_may_change_the_chain() {
+        let mut b = ChainBook::new(1, 3);
+        b.join(0, 0);
+        b.promote(0, 0, 1, 1);
+        b.promote(0, 0, 2, 2);
+        assert_eq!(b.chain(0), Some(&chain(3, &[0, 1, 2])));
+        // A stale epoch, or a member that is not the head, is told the chain.
+        assert_eq!(
+            b.remove_for_head(0, 0, 2, 2),
+            Some(Answer::Stale(chain(3, &[0, 1, 2])))
+        );
+        assert_eq!(
+            b.remove_for_head(0, 1, 3, 2),
+            Some(Answer::Stale(chain(3, &[0, 1, 2])))
+        );
+        assert_eq!(
+            b.promote(0, 1, 3, 2),
+            Some(Answer::Stale(chain(3, &[0, 1, 2])))
+        );
+        assert_eq!(
+            b.remove_for_head(0, 0, 3, 2),
+            Some(Answer::Chain(chain(4, &[0, 1])))
+        );
+    }
+
+    #[test]
+    fn a_dead_head_is_replaced_by_the_next_member_and_a_returning_one_starts_over() {
+        let mut b = ChainBook::new(1, 2);
+        b.join(0, 0);
+        b.promote(0, 0, 1, 1);
+        assert_eq!(b.remove(0, 0), Some(chain(3, &[1])));
+        assert_eq!(b.chain(0).and_then(Chain::head), Some(1));
+        // Member 1 restarts before anyone noticed it died: its old self goes,
+        // and with the chain empty it heads with the state it restored.
+        assert_eq!(b.join(0, 1), Some(chain(5, &[1])));
+        assert_eq!(b.join(0, 0), Some(chain(5, &[1])), "0 catches up from 1");
+    }
+}

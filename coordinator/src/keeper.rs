@@ -1,0 +1,122 @@
+//! The coordinator's side of replication: it keeps the chain book and
+//! answers members' requests. Before it takes a suspect out, it asks the
+//! suspect itself, so that one member's bad link cannot cut out a healthy
+//! one.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
+use distbelief_proto::v1::{ChainConfig, ChainRequest, ChainRequestKind, InfoRequest};
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::chains::{Answer, Chain, ChainBook};
+
+/// How long a suspect has to answer the coordinator.
+const PROBE_DEADLINE: Duration = Duration::from_millis(500);
+
+pub struct ChainKeeper {
+    book: Mutex<ChainBook>,
+    /// Per shard, per member.
+    members: Vec<Vec<ParameterServerClient<Channel>>>,
+}
+
+impl ChainKeeper {
+    /// `addrs` lists every member of shard 0, then of shard 1, and so on.
+    pub fn new(shards: usize, replication: usize, addrs: &[String]) -> Result<Self, String> {
+        if addrs.len() != shards * replication {
+            return Err(format!(
+                "{} shard addresses for {shards} shards × {replication} members",
+                addrs.len()
+            ));
+        }
+        let members = addrs
+            .chunks(replication)
+            .map(|shard| {
+                shard
+                    .iter()
+                    .map(|a| {
+                        distbelief_net::channel(a, PROBE_DEADLINE)
+                            .map(ParameterServerClient::new)
+                            .map_err(|e| format!("bad shard address {a}: {e}"))
+                    })
+                    .collect::<Result<Vec<_>, String>>()
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(ChainKeeper {
+            book: Mutex::new(ChainBook::new(shards, replication as u32)),
+            members,
+        })
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, ChainBook> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn answers(&self, shard: u32, member: u32) -> bool {
+        let Some(mut client) = self
+            .members
+            .get(shard as usize)
+            .and_then(|m| m.get(member as usize))
+            .cloned()
+        else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(PROBE_DEADLINE, client.info(InfoRequest {})).await,
+            Ok(Ok(_))
+        )
+    }
+
+    pub async fn handle(&self, req: &ChainRequest) -> Result<ChainConfig, Status> {
+        let (shard, member, about) = (req.shard, req.member, req.about);
+        let kind = ChainRequestKind::try_from(req.kind)
+            .map_err(|_| Status::invalid_argument("unknown chain request"))?;
+        let before = self.book().chain(shard).cloned();
+        let chain = match kind {
+            ChainRequestKind::Poll => self.book().chain(shard).cloned(),
+            ChainRequestKind::Join => self.book().join(shard, member),
+            ChainRequestKind::Suspect => {
+                if self.answers(shard, about).await {
+                    self.book().chain(shard).cloned()
+                } else {
+                    tracing::warn!(
+                        shard,
+                        member = about,
+                        reported_by = member,
+                        "member does not answer; taking it out of the chain"
+                    );
+                    self.book().remove(shard, about)
+                }
+            }
+            ChainRequestKind::Remove => self
+                .book()
+                .remove_for_head(shard, member, req.epoch, about)
+                .map(Answer::into_chain),
+            ChainRequestKind::Promote => self
+                .book()
+                .promote(shard, member, req.epoch, about)
+                .map(Answer::into_chain),
+        };
+        let chain = chain.ok_or_else(|| {
+            Status::out_of_range(format!("no shard {shard} or no member {member}/{about}"))
+        })?;
+        if before.as_ref() != Some(&chain) {
+            tracing::info!(shard, epoch = chain.epoch, members = ?chain.members, cause = ?kind, "chain changed");
+        }
+        Ok(ChainConfig {
+            shard,
+            epoch: chain.epoch,
+            members: chain.members,
+        })
+    }
+}
+
+impl Answer {
+    fn into_chain(self) -> Chain {
+        match self {
+            Answer::Chain(c) | Answer::Stale(c) => c,
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! A shard member's place in its chain (`parameterServers.replication` > 1).
+//! The coordinator decides the chain (see `distbelief_coordinator::chains`);
+//! a member keeps its copy of it fresh, joins through it, and has a member
+//! that failed it taken out. The head applies a push, forwards it to the
+//! other members and acknowledges it only once they all applied it; a
+//! member that joins gets the head's state first, with pushes held.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
+use distbelief_proto::v1::{
+    CatchUpRequest, ChainConfig, ChainRequest, ChainRequestKind, GradientChunk, StateBytes,
+};
+use tonic::Status;
+use tonic::transport::Channel;
+
+/// How often a member looks at its chain.
+const POLL_EVERY: Duration = Duration::from_millis(200);
+/// Longest a forward to a member may take before the head has it taken out.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(3);
+/// Longest a catch-up (the head's whole state) may take.
+const CATCH_UP_DEADLINE: Duration = Duration::from_secs(120);
+/// State bytes per message of a catch-up.
+const STATE_CHUNK: usize = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub epoch: u64,
+    /// Member indices, the head first.
+    pub members: Vec<u32>,
+}
+
+impl From<ChainConfig> for Chain {
+    fn from(c: ChainConfig) -> Self {
+        Chain {
+            epoch: c.epoch,
+            members: c.members,
+        }
+    }
+}
+
+/// Where this member stands and how it reaches the others.
+pub struct Membership {
+    pub shard: u32,
+    pub me: u32,
+    peers: Vec<(String, ParameterServerClient<Channel>)>,
+    coordinator: CoordinatorClient<Channel>,
+    chain: Mutex<Option<Chain>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemberOptions {
+    /// This member's index.
+    pub member: u32,
+    /// Every member's address, this one's included, in member order.
+    pub members: Vec<String>,
+    /// The coordinator, which keeps the chains.
+    pub coordinator: String,
+}
+
+impl Membership {
+    pub fn new(shard: u32, opts: &MemberOptions) -> Result<Self, String> {
+        let channel = |addr: &str| {
+            distbelief_net::channel(addr, Duration::from_secs(5))
+                .map_err(|e| format!("bad address {addr}: {e}"))
+        };
+        if opts.member as usize >= opts.members.len() {
+            return Err(format!(
+                "member {} of a shard with {} member addresses",
+                opts.member,
+                opts.members.len()
+            ));
+        }
+        let peers = opts
+            .members
+            .iter()
+            .map(|a| {
+                Ok((
+                    a.clone(),
+                    ParameterServerClient::new(channel(a)?)
+                        .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+                        .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Membership {
+            shard,
+            me: opts.member,
+            peers,
+            coordinator: CoordinatorClient::new(channel(&opts.coordinator)?),
+            chain: Mutex::new(None),
+        })
+    }
+
+    pub fn chain(&self) -> Option<Chain> {
+        self.chain.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn head(&self) -> Option<u32> {
+        self.chain().and_then(|c| c.members.first().copied())
+    }
+
+    pub fn is_head(&self) -> bool {
+        self.head() == Some(self.me)
+    }
+
+    pub fn in_chain(&self) -> bool {
+        self.chain().is_some_and(|c| c.members.contains(&self.me))
+    }
+
+    /// Takes a newer chain; an answer that arrives after a newer one is
+    /// dropped.
+    fn adopt(&self, c: Chain) {
+        let mut mine = self.chain.lock().unwrap_or_else(|p| p.into_inner());
+        if mine.as_ref().is_some_and(|m| m.epoch > c.epoch) {
+            return;
+        }
+        if mine.as_ref() != Some(&c) {
+            tracing::info!(
+                shard = self.shard,
+                member = self.me,
+                epoch = c.epoch,
+                members = ?c.members,
+                "chain changed"
+            );
+        }
+        *mine = Some(c);
+    }
+
+    /// This member's state can no longer be trusted to match the chain's
+    /// (it applied a push it could not replicate, or missed one): it stops
+    /// serving and joins again, catching up from the head.
+    pub fn leave(&self, why: &str) {
+        tracing::warn!(
+            shard = self.shard,
+            member = self.me,
+            "leaving the chain to catch up again: {why}"
+        );
+        *self.chain.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Asks the coordinator, and takes its answer.
+    pub async fn ask(&self, kind: ChainRequestKind, about: u32) -> Result<Chain, Status> {
+        let req = ChainRequest {
+            shard: self.shard,
+            member: self.me,
+            kind: kind.into(),
+            epoch: self.chain().map_or(0, |c| c.epoch),
+            about,
+        };
+        let mut c = self.coordinator.clone();
+        let reply = tokio::time::timeout(Duration::from_secs(5), c.chain(req))
+            .await
+            .map_err(|_| Status::deadline_exceeded("the coordinator did not answer"))??;
+        // A joiner not yet in the chain takes it too: it then knows the
+        // epoch and the head, and serves nothing until it is listed.
+        let chain = Chain::from(reply.into_inner());
+        self.adopt(chain.clone());
+        Ok(chain)
+    }
+
+    /// The answer to a replica that reached a member which is not the head:
+    /// Unavailable, naming the head, so that the replica goes there.
+    pub fn not_head(&self) -> Status {
+        let head = self.head();
+        let mut status = Status::unavailable(match head {
+            Some(h) => format!(
+                "member {} of shard {} is not its chain's head; member {h} is",
+                self.me, self.shard
+            ),
+            None => format!(
+                "member {} of shard {} is catching up and serves nothing yet",
+                self.me, self.shard
+            ),
+        });
+        if let Some(h) = head
+            && let Ok(v) = h.to_string().parse()
+        {
+            status.metadata_mut().insert("x-distbelief-head", v);
+        }
+        status
+    }
+
+    /// Sends a push the head applied to member `to`.
+    pub async fn forward(&self, to: u32, chunks: Vec<GradientChunk>) -> Result<(), Status> {
+        let Some((_, client)) = self.peers.get(to as usize) else {
+            return Err(Status::internal(format!("no member {to}")));
+        };
+        let mut client = client.clone();
+        tokio::time::timeout(FORWARD_DEADLINE, client.push(tokio_stream::iter(chunks)))
+            .await
+            .map_err(|_| Status::deadline_exceeded(format!("member {to} did not answer")))?
+            .map(|_| ())
+    }
+
+    /// Sends this (head) member's state to member `to`.
+    pub async fn send_state(&self, to: u32, epoch: u64, data: Vec<u8>) -> Result<(), Status> {
+        let Some((_, client)) = self.peers.get(to as usize) else {
+            return Err(Status::invalid_argument(format!("no member {to}")));
+        };
+        let (shard, me) = (self.shard, self.me);
+        let data = bytes::Bytes::from(data);
+        let messages: Vec<StateBytes> = (0..data.len())
+            .step_by(STATE_CHUNK)
+            .map(|at| StateBytes {
+                shard,
+                chain_epoch: epoch,
+                from_member: me,
+                data: data.slice(at..(at + STATE_CHUNK).min(data.len())),
+            })
+            .collect();
+        let mut client = client.clone();
+        tokio::time::timeout(
+            CATCH_UP_DEADLINE,
+            client.install(tokio_stream::iter(messages)),
+        )
+        .await
+        .map_err(|_| Status::deadline_exceeded(format!("member {to} did not take the state")))?
+        .map(|_| ())
+    }
+
+    /// Keeps this member's chain fresh, and, while it is not in the chain,
+    /// joins: it heads an empty chain with the state it has, or asks the
+    /// head to catch it up.
+    pub async fn keep_up(self: std::sync::Arc<Self>) {
+        loop {
+            tokio::time::sleep(POLL_EVERY).await;
+            if self.in_chain() {
+                if let Err(e) = self.ask(ChainRequestKind::Poll, 0).await {
+                    tracing::debug!("chain poll failed: {e}");
+                }
+                continue;
+            }
+            let chain = match self.ask(ChainRequestKind::Join, 0).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("cannot join the chain yet: {e}");
+                    continue;
+                }
+            };
+            let Some(&head) = chain.members.first() else {
+                continue;
+            };
+            if head == self.me {
+                tracing::info!(
+                    shard = self.shard,
+                    member = self.me,
+                    "heading the chain with the state this member holds"
+                );
+                continue;
+            }
+            let Some((addr, client)) = self.peers.get(head as usize) else {
+                continue;
+            };
+            tracing::info!(shard = self.shard, member = self.me, head, %addr, "catching up from the head");
+            let mut client = client.clone();
+            let req = CatchUpRequest {
+                shard: self.shard,
+                member: self.me,
+            };
+            match tokio::time::timeout(CATCH_UP_DEADLINE, client.catch_up(req)).await {
+                Ok(Ok(_)) => {
+                    let _ = self.ask(ChainRequestKind::Poll, 0).await;
+                    tracing::info!(shard = self.shard, member = self.me, "caught up; serving");
+                }
+                Ok(Err(e)) => tracing::warn!("catch-up from member {head} failed: {e}"),
+                Err(_) => tracing::warn!("catch-up from member {head} timed out"),
+            }
+        }
+    }
+}
