@@ -106,8 +106,17 @@ pub struct PsArgs {
     #[command(flatten)]
     pub common: Common,
     /// Which shard this is, from 0.
-    #[arg(long, env = "DISTBELIEF_SHARD")]
-    pub shard: u32,
+    #[arg(long, env = "DISTBELIEF_SHARD", required_unless_present = "pod_index")]
+    pub shard: Option<u32>,
+    /// Kubernetes, with replication: the StatefulSet pod's index k, which
+    /// makes this member k mod replication of shard k / replication; the
+    /// members' addresses then come from --shards (every member of shard 0,
+    /// then of shard 1, ...).
+    #[arg(long, env = "DISTBELIEF_POD_INDEX", conflicts_with = "shard")]
+    pub pod_index: Option<u32>,
+    /// With --pod-index: every shard member's address, comma-separated.
+    #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
+    pub shards: Vec<String>,
     /// Address to serve gRPC on.
     #[arg(long, env = "DISTBELIEF_LISTEN", default_value = "0.0.0.0:7000")]
     pub listen: SocketAddr,

@@ -62,12 +62,23 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
     let checkpoint_dir = a
         .checkpoint_dir
         .or_else(|| job.spec.checkpoint.dir.clone().map(Into::into));
-    let member = match (job.replication(), a.member, a.coordinator.clone()) {
+    let r = job.replication();
+    let (shard, member, members) = match (a.pod_index, a.shard) {
+        (Some(k), _) => {
+            let (shard, member) = (k / r as u32, k % r as u32);
+            let at = shard as usize * r;
+            let members = a.shards.get(at..at + r).map(<[String]>::to_vec);
+            (shard, Some(member), members.unwrap_or_default())
+        }
+        (None, Some(shard)) => (shard, a.member, a.members.clone()),
+        (None, None) => anyhow::bail!("give --shard (or --pod-index)"),
+    };
+    let member = match (r, member, a.coordinator.clone()) {
         (1, _, _) => None,
-        (r, Some(member), Some(coordinator)) if a.members.len() == r => {
+        (r, Some(member), Some(coordinator)) if members.len() == r => {
             Some(distbelief_ps_server::MemberOptions {
                 member,
-                members: a.members.clone(),
+                members,
                 coordinator,
             })
         }
@@ -77,14 +88,14 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
     };
     let opts = distbelief_ps_server::ShardOptions {
         member,
-        index: a.shard,
+        index: shard,
         checkpoint_dir,
         checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),
         heartbeat: Default::default(),
         push_log: a.push_log.clone(),
     };
     runtime()?.block_on(async {
-        let registry = registry("ps", Some(a.shard))?;
+        let registry = registry("ps", Some(shard))?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;
         let listener = bind(a.listen).await?;
         distbelief_ps_server::serve(&job, opts, listener, &registry, terminated()).await?;

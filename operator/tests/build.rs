@@ -79,6 +79,59 @@ fn two_shards_four_replicas_build_the_exact_objects() {
 }
 
 #[test]
+fn replicated_shards_run_a_member_per_pod_spread_across_nodes() {
+    let mut job = common::job("fmnist");
+    job.spec.parameter_servers.replication = 2;
+    let cfg = common::config();
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let spec = c.ps_stateful_set.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(4), "2 shards × 2 members");
+    let pod = spec.template.spec.as_ref().unwrap();
+    let env = pod.containers[0].env.as_ref().unwrap();
+    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+    assert!(names.contains(&"DISTBELIEF_POD_INDEX"), "{names:?}");
+    assert!(!names.contains(&"DISTBELIEF_SHARD"), "{names:?}");
+    let value = |k: &str| {
+        env.iter()
+            .find(|e| e.name == k)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(
+        value("DISTBELIEF_SHARDS").as_deref(),
+        Some(
+            "fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-1.fmnist-ps.ml.svc:7000,\
+             fmnist-ps-2.fmnist-ps.ml.svc:7000,fmnist-ps-3.fmnist-ps.ml.svc:7000"
+        )
+    );
+    assert_eq!(
+        value("DISTBELIEF_COORDINATOR").as_deref(),
+        Some("fmnist-coordinator.ml.svc:7100")
+    );
+    let spread = pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .expect("members prefer different nodes");
+    assert_eq!(
+        spread[0].pod_affinity_term.topology_key,
+        "kubernetes.io/hostname"
+    );
+    // Replicas and coordinator get every member's address.
+    let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
+    let renv = replica.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap();
+    let shards = renv.iter().find(|e| e.name == "DISTBELIEF_SHARDS").unwrap();
+    assert_eq!(shards.value.as_deref().unwrap().split(',').count(), 4);
+}
+
+#[test]
 fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
     let mut job = common::job("fmnist");
     job.spec.checkpoint.volume = Some(distbelief_api::CheckpointVolume {

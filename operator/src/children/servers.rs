@@ -6,13 +6,14 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec, Service, ServicePort,
-    ServiceSpec, Volume, VolumeResourceRequirements,
+    Affinity, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume, VolumeResourceRequirements,
+    WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pod::{env, env_field, mount, tcp_ready};
@@ -45,26 +46,40 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
     // shard's stable name while it is still restoring its checkpoint.
     let service = headless(t, &ps, "ps", PS_PORT);
 
-    let vars = vec![
-        env_field(
-            "DISTBELIEF_SHARD",
-            "metadata.labels['apps.kubernetes.io/pod-index']",
-        ),
+    let pod_index = "metadata.labels['apps.kubernetes.io/pod-index']";
+    let replication = spec.parameter_servers.replication;
+    let mut vars = vec![
         env("DISTBELIEF_LISTEN", format!("0.0.0.0:{PS_PORT}")),
         env("DISTBELIEF_CHECKPOINT_DIR", CHECKPOINT_DIR),
     ];
+    if replication > 1 {
+        // Pod k is member k mod R of shard k / R; members find each other
+        // and the chain's keeper, the coordinator, by their stable names.
+        vars.extend([
+            env_field("DISTBELIEF_POD_INDEX", pod_index),
+            env("DISTBELIEF_SHARDS", t.shard_addresses()),
+            env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
+        ]);
+    } else {
+        vars.insert(0, env_field("DISTBELIEF_SHARD", pod_index));
+    }
     let mut container = t.container("ps", vars, spec.parameter_servers.resources.clone());
     if let Some(m) = container.volume_mounts.as_mut() {
         m.push(mount("checkpoints", CHECKPOINT_DIR));
     }
     container.readiness_probe = Some(tcp_ready("grpc"));
     let mut pod_spec = t.pod_spec(container, "Always", None);
+    if replication > 1 {
+        // Members of a shard on different nodes where there are several,
+        // so that one node's loss leaves every shard a member.
+        pod_spec.affinity = Some(spread(t.selector_labels("ps")));
+    }
     let mut sts_spec = StatefulSetSpec {
         service_name: Some(ps.clone()),
         replicas: Some(if spec.suspend {
             0
         } else {
-            spec.parameter_servers.shards as i32
+            (spec.parameter_servers.shards * replication) as i32
         }),
         // Shards do not depend on each other: start them all at once.
         pod_management_policy: Some("Parallel".into()),
@@ -133,6 +148,29 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
         status: None,
     };
     (service, stateful_set, budget)
+}
+
+/// Prefers nodes that run no pod with these labels yet.
+fn spread(labels: std::collections::BTreeMap<String, String>) -> Affinity {
+    Affinity {
+        pod_anti_affinity: Some(PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: PodAffinityTerm {
+                        label_selector: Some(LabelSelector {
+                            match_labels: Some(labels),
+                            ..Default::default()
+                        }),
+                        topology_key: "kubernetes.io/hostname".into(),
+                        ..Default::default()
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 /// The coordinator's Service, and its pod unless the job is suspended.

@@ -139,10 +139,12 @@ impl Target<'_> {
         format!("{}-job", self.name)
     }
 
-    /// Shard addresses in shard order: the StatefulSet's stable pod names
+    /// Shard addresses in shard order (with replication, every member of
+    /// shard 0, then of shard 1, ...): the StatefulSet's stable pod names
     /// under its headless Service.
     pub(super) fn shard_addresses(&self) -> String {
-        (0..self.job.spec.parameter_servers.shards)
+        let ps = &self.job.spec.parameter_servers;
+        (0..ps.shards * ps.replication)
             .map(|i| {
                 format!(
                     "{ps}-{i}.{ps}.{ns}.svc:{PS_PORT}",

@@ -297,12 +297,15 @@ fn servers(
         plan.note(true, "CoordinatorReplaced", message);
     }
     plan.coordinator_missing = coordinator.is_none_or(|c| phase_of(c) == "Failed");
-    plan.shards_missing = (ps_pods.len() as u32) < job.spec.parameter_servers.shards;
+    // With replication every member of every shard is a pod of its own.
+    let ps = &job.spec.parameter_servers;
+    let wanted = ps.shards * ps.replication;
+    plan.shards_missing = (ps_pods.len() as u32) < wanted;
     let coordinator_ready = coordinator.is_some_and(|c| phase_of(c) == "Running" && is_ready(c));
     Some(Servers {
         shards_ready,
         coordinator_ready,
-        ready: shards_ready == job.spec.parameter_servers.shards && coordinator_ready,
+        ready: shards_ready == wanted && coordinator_ready,
     })
 }
 
@@ -353,9 +356,9 @@ fn phase(
         (Phase::Running, "Training", message.to_string())
     } else {
         let message = format!(
-            "waiting for the job's servers before starting replicas: {}/{} shards ready, coordinator {}",
+            "waiting for the job's servers before starting replicas: {}/{} shard processes ready, coordinator {}",
             servers.shards_ready,
-            job.spec.parameter_servers.shards,
+            job.spec.parameter_servers.shards * job.spec.parameter_servers.replication,
             if servers.coordinator_ready {
                 "ready"
             } else {
