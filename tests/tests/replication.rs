@@ -1,0 +1,336 @@
+//! Replicated shards in one process: two members of one shard and the
+//! coordinator that keeps their chain, each member stoppable on its own.
+
+use std::time::{Duration, Instant};
+
+use distbelief_proto::codec::encode_f32;
+use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
+use distbelief_proto::v1::{
+    ChainRequest, ChainRequestKind, FetchRequest, GradientChunk, InfoRequest,
+};
+use distbelief_ps_client::{PushId, ShardClient, Stamp};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+const JOB: &str = "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {name: replicated}
+spec:
+  model: {hidden: [{units: 4}], output: {units: 10}}
+  data: {format: idx, trainLimit: 100, testLimit: 100}
+  algorithm: {downpour: {learningRate: 0.1}}
+  parameterServers: {shards: 1, replication: 2}
+";
+
+struct Members {
+    job: distbelief_api::Job,
+    addrs: Vec<String>,
+    coordinator: String,
+    /// Each member runs on a runtime of its own, so that stopping one drops
+    /// its connections at once, as a killed process's would be.
+    runtimes: Vec<Option<tokio::runtime::Runtime>>,
+    _coordinator_stop: watch::Sender<bool>,
+}
+
+async fn bind(addr: &str) -> TcpListener {
+    // A member coming back takes its old port, which may linger briefly.
+    for _ in 0..100 {
+        if let Ok(l) = TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("cannot bind {addr}");
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        for rt in self.runtimes.iter_mut().filter_map(Option::take) {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Members {
+    async fn start() -> Members {
+        distbelief_tests::require_fashion_mnist();
+        let job = distbelief_api::parse_job("replicated", JOB).expect("valid job");
+        let mut listeners = Vec::new();
+        for _ in 0..2 {
+            listeners.push(bind("127.0.0.1:0").await);
+        }
+        let addrs: Vec<String> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let cl = bind("127.0.0.1:0").await;
+        let coordinator = cl.local_addr().unwrap().to_string();
+        let (stop, rx) = watch::channel(false);
+        let opts =
+            distbelief_coordinator::CoordinatorOptions::new(addrs.clone(), Duration::from_secs(5));
+        let j = job.clone();
+        tokio::spawn(async move {
+            let _ = distbelief_coordinator::serve(
+                &j,
+                opts,
+                cl,
+                &prometheus::Registry::new(),
+                stopped(rx),
+            )
+            .await;
+        });
+        let mut m = Members {
+            job,
+            addrs,
+            coordinator,
+            runtimes: vec![None, None],
+            _coordinator_stop: stop,
+        };
+        for (i, l) in listeners.into_iter().enumerate() {
+            m.serve(i as u32, l);
+        }
+        m
+    }
+
+    fn serve(&mut self, member: u32, l: TcpListener) {
+        let opts = distbelief_ps_server::ShardOptions {
+            index: 0,
+            checkpoint_dir: None,
+            checkpoint_interval: Duration::from_secs(60),
+            heartbeat: Default::default(),
+            push_log: None,
+            member: Some(distbelief_ps_server::MemberOptions {
+                member,
+                members: self.addrs.clone(),
+                coordinator: self.coordinator.clone(),
+            }),
+        };
+        let job = self.job.clone();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let l = l.into_std().expect("std listener");
+        rt.spawn(async move {
+            let l = TcpListener::from_std(l).expect("listener");
+            let never = std::future::pending::<()>();
+            let _ = distbelief_ps_server::serve(&job, opts, l, &prometheus::Registry::new(), never)
+                .await;
+        });
+        self.runtimes[member as usize] = Some(rt);
+    }
+
+    /// Drops the member with every task and connection it had.
+    fn kill(&mut self, member: u32) {
+        if let Some(rt) = self.runtimes[member as usize].take() {
+            rt.shutdown_background();
+        }
+    }
+
+    async fn restart(&mut self, member: u32) {
+        let l = bind(&self.addrs[member as usize].clone()).await;
+        self.serve(member, l);
+    }
+
+    /// Waits until the chain lists exactly `n` members; returns them.
+    async fn chain_of(&self, n: usize) -> (u64, Vec<u32>) {
+        let channel = distbelief_net::channel(&self.coordinator, Duration::from_secs(2)).unwrap();
+        let mut c = CoordinatorClient::new(channel);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let req = ChainRequest {
+                shard: 0,
+                kind: ChainRequestKind::Poll.into(),
+                ..Default::default()
+            };
+            if let Ok(r) = c.chain(req).await {
+                let r = r.into_inner();
+                if r.members.len() == n {
+                    return (r.epoch, r.members);
+                }
+            }
+            assert!(Instant::now() < deadline, "the chain never had {n} members");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn raw(&self, member: u32) -> ParameterServerClient<tonic::transport::Channel> {
+        let channel =
+            distbelief_net::channel(&self.addrs[member as usize], Duration::from_secs(5)).unwrap();
+        ParameterServerClient::new(channel)
+    }
+
+    async fn version(&self, member: u32) -> u64 {
+        self.raw(member)
+            .info(InfoRequest {})
+            .await
+            .expect("info")
+            .into_inner()
+            .version
+    }
+
+    fn client(&self) -> ShardClient {
+        ShardClient::replicated(
+            0,
+            0..self.job.layout.len(),
+            &self.addrs,
+            Duration::from_secs(5),
+        )
+        .expect("client")
+    }
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+fn id(sequence: u64) -> PushId {
+    PushId {
+        replica: 0,
+        incarnation: 1,
+        sequence,
+        base: Stamp::default(),
+        steps: 1,
+        fence: 0,
+        average: false,
+        grant: None,
+    }
+}
+
+/// Pushes until a push is acknowledged (the client moves to the head).
+async fn push(c: &mut ShardClient, sequence: u64, n: usize) -> Duration {
+    let started = Instant::now();
+    loop {
+        let chunks = c.dense_chunks(id(sequence), &vec![0.5; n]);
+        if c.push(chunks).await.is_ok() {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "push {sequence} never acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_push_is_on_every_member_and_survives_the_heads_death() {
+    let mut m = Members::start().await;
+    let (_, chain) = m.chain_of(2).await;
+    let n = m.job.layout.len();
+    let mut c = m.client();
+    for seq in 1..=3 {
+        push(&mut c, seq, n).await;
+    }
+    assert_eq!((m.version(0).await, m.version(1).await), (3, 3));
+    // The head dies; the next push is acknowledged by the other member,
+    // which the coordinator made head once it found the old one silent.
+    let head = chain[0];
+    m.kill(head);
+    push(&mut c, 4, n).await;
+    let (_, chain) = m.chain_of(1).await;
+    assert_eq!(chain, vec![1 - head]);
+    assert_eq!(m.version(1 - head).await, 4);
+    // A retry of an acknowledged push is not applied again.
+    push(&mut c, 4, n).await;
+    assert_eq!(m.version(1 - head).await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_returns_catches_up_before_it_serves() {
+    let mut m = Members::start().await;
+    let (_, chain) = m.chain_of(2).await;
+    let n = m.job.layout.len();
+    let mut c = m.client();
+    push(&mut c, 1, n).await;
+    let back = chain[1];
+    m.kill(back);
+    // The head takes the silent member out when a forward fails.
+    for seq in 2..=5 {
+        push(&mut c, seq, n).await;
+    }
+    m.chain_of(1).await;
+    m.restart(back).await;
+    // Until it is back in the chain it refuses fetches; any it serves holds
+    // every acknowledged push.
+    let head = chain[0];
+    let mut expected = vec![0.0f32; n];
+    let mut head_client =
+        ShardClient::new(0, 0..n, &m.addrs[head as usize], Duration::from_secs(5)).expect("client");
+    head_client
+        .fetch_into(&mut expected)
+        .await
+        .expect("fetch from the head");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = m.raw(back).fetch(FetchRequest { shard: 0 }).await;
+        match r {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                let mut got = Vec::new();
+                while let Ok(Some(chunk)) = stream.message().await {
+                    got.extend(
+                        chunk
+                            .values
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    );
+                }
+                assert_eq!(got, expected, "a member serves only once caught up");
+                break;
+            }
+            Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status}"),
+        }
+        assert!(Instant::now() < deadline, "the member never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    m.chain_of(2).await;
+    assert_eq!(m.version(back).await, m.version(head).await);
+    push(&mut c, 6, n).await;
+    assert_eq!((m.version(back).await, m.version(head).await), (6, 6));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_from_an_old_epoch_is_refused_and_changes_nothing() {
+    let m = Members::start().await;
+    let (epoch, chain) = m.chain_of(2).await;
+    let backup = chain[1];
+    let n = m.job.layout.len();
+    let before = m.version(backup).await;
+    let forward = GradientChunk {
+        shard: 0,
+        replica: 0,
+        incarnation: 1,
+        sequence: 1,
+        offset: 0,
+        values: encode_f32(&vec![0.5; n]),
+        steps: 1,
+        chain_epoch: epoch - 1,
+        forwarded_version: before + 1,
+        ..Default::default()
+    };
+    let status = m
+        .raw(backup)
+        .push(tokio_stream::iter(vec![forward]))
+        .await
+        .expect_err("an old epoch's forward is refused");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(status.message().contains("fenced"), "{status}");
+    assert_eq!(m.version(backup).await, before, "nothing changed");
+    // A replica's push to the member that is not the head names the head.
+    let mut c = ShardClient::replicated(
+        0,
+        0..n,
+        &[m.addrs[backup as usize].clone()],
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let err = c
+        .push(c.dense_chunks(id(1), &vec![0.5; n]))
+        .await
+        .expect_err("not the head");
+    assert!(err.to_string().contains("not its chain's head"), "{err}");
+    assert_eq!(m.version(backup).await, before);
+}
