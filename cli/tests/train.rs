@@ -476,34 +476,79 @@ fn a_frozen_shard_is_detected_within_5_s_and_replaced() {
     assert_eq!(duplicated, 0, "{s}");
 }
 
-/// Without replication a shard's restore loses what it applied after its
-/// checkpoint: the audit measures that (a figure, not a failure), and shows
-/// that nothing was applied twice and that every restart was counted.
-#[test]
-fn chaos_without_replication_loses_only_what_checkpoints_missed_and_applies_nothing_twice() {
-    let mut run = Run::start_with(
-        chaos_job("chaos-r1"),
-        &[
-            "--chaos",
-            "replica=2s,shard=3s,for=12s,shard-fault=kill,seed=5",
-        ],
+/// The chaos of issue 12: 2 shards, 3 replicas, a replica killed every 10 s
+/// and a shard process killed or frozen every 20 s, within 3 minutes. The
+/// replicas are slowed so that the run outlasts several faults.
+fn chaos_run(name: &str, replication: u32) -> serde_json::Value {
+    // The two chaos runs take a minute each; side by side on 2 cores they
+    // would crowd each other past their bound.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let yaml = format!(
+        "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {{name: {name}}}
+spec:
+  model: {{hidden: [{{units: 128}}], output: {{units: 10}}}}
+  data: {{trainLimit: 20000, testLimit: 2000}}
+  algorithm: {{downpour: {{learningRate: 0.01, batchSize: 64}}}}
+  parameterServers: {{shards: 2, replication: {replication}, maxRestarts: 30}}
+  replicas: {{count: 3, maxRestarts: 30}}
+  stop: {{targetTestAccuracy: 0.84, maxEpochs: 40, maxSeconds: 170, evalIntervalSeconds: 0.5}}
+  checkpoint: {{intervalSeconds: 1}}
+  faults: {{slowReplicas: [{{replica: 0, factor: 100}}, {{replica: 1, factor: 100}}, {{replica: 2, factor: 100}}]}}
+"
     );
-    let s = run.finish(Duration::from_secs(240));
-    assert_reached_target(&s);
-    let (acknowledged, applied, lost, duplicated) = audit(&s);
+    let mut run = Run::start_with(yaml, &["--chaos", "replica=10s,shard=20s,for=170s,seed=5"]);
+    let s = run.finish(Duration::from_secs(180));
+    assert_eq!(s["outcome"], "finished", "{s}");
+    assert_eq!(s["stop_reason"], "target_reached", "{s}");
+    let chaos = &s["chaos"];
     eprintln!(
-        "chaos, replication 1: {acknowledged} acknowledged, {applied} applied, {lost} lost, {duplicated} applied twice; {}",
-        s["chaos"]
+        "chaos, replication {replication}: {} in {:.0} s; restarts: {} replica, {} shard",
+        s["audit"],
+        s["train_seconds"].as_f64().unwrap_or(0.0),
+        s["replica_restarts"],
+        s["shard_restarts"]
     );
+    // Every fault was followed by a restart the summary counts.
+    assert!(chaos["replicas_killed"].as_u64().unwrap() >= 2, "{s}");
+    assert!(
+        chaos["shards_killed"].as_u64().unwrap() + chaos["shards_frozen"].as_u64().unwrap() >= 1,
+        "{s}"
+    );
+    assert_eq!(s["replica_restarts"], chaos["replicas_killed"], "{s}");
+    assert_eq!(
+        s["shard_restarts"].as_u64(),
+        Some(chaos["shards_killed"].as_u64().unwrap() + chaos["shards_frozen"].as_u64().unwrap()),
+        "{s}"
+    );
+    assert_eq!(s["unresponsive_killed"], chaos["shards_frozen"], "{s}");
+    s
+}
+
+#[test]
+fn chaos_with_replication_2_loses_no_acknowledged_push_and_applies_none_twice() {
+    let s = chaos_run("chaos-r2", 2);
+    let (acknowledged, applied, lost, duplicated) = audit(&s);
+    assert!(acknowledged > 0, "{s}");
+    assert_eq!((lost, duplicated), (0, 0), "{s}");
+    assert!(applied >= acknowledged, "{s}");
+}
+
+/// The same chaos on single shard processes: a killed shard comes back
+/// from its last checkpoint, and what it acknowledged since is lost. The
+/// figure is printed, not judged; nothing may be applied twice.
+#[test]
+fn the_same_chaos_without_replication_shows_what_replication_saves() {
+    let s = chaos_run("chaos-r1", 1);
+    let (acknowledged, _, lost, duplicated) = audit(&s);
     assert!(acknowledged > 0, "{s}");
     assert_eq!(duplicated, 0, "{s}");
     assert!(
         lost <= s["audit"]["rolled_back"].as_u64().unwrap(),
         "only pushes rolled back by a restore can be lost: {s}"
     );
-    assert_eq!(s["replica_restarts"], s["chaos"]["replicas_killed"], "{s}");
-    assert_eq!(s["shard_restarts"], s["chaos"]["shards_killed"], "{s}");
-    assert!(s["chaos"]["replicas_killed"].as_u64().unwrap() >= 1, "{s}");
 }
 
 #[test]

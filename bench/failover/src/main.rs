@@ -1,0 +1,235 @@
+//! Failover of a replicated shard: a 10M-parameter shard held by two member
+//! processes and kept by a coordinator process. Each round SIGKILLs the
+//! chain's head while a client pushes, and times the gap from the kill to
+//! the next acknowledged push; then it starts the member again and times
+//! its catch-up until the chain holds both members once more. Prints JSON.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use clap::Parser;
+use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_proto::v1::{ChainRequest, ChainRequestKind};
+use distbelief_ps_client::{PushId, ShardClient, Stamp};
+
+/// The 10M-parameter model of bench-downpour's microbenchmarks, on one
+/// shard held by two members.
+const JOB: &str = "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {name: failover-10m}
+spec:
+  model: {inputSize: 784, hidden: [{units: 12700}], output: {units: 10}}
+  data: {testLimit: 100}
+  algorithm: {downpour: {learningRate: 0.01}}
+  parameterServers: {shards: 1, replication: 2}
+";
+
+#[derive(Parser)]
+struct Args {
+    /// Rounds of kill, failover and catch-up.
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+    /// The distbelief binary. Default: beside this one.
+    #[arg(long)]
+    distbelief: Option<PathBuf>,
+    /// Also write the JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+struct Proc {
+    child: Option<Child>,
+    args: Vec<String>,
+}
+
+impl Proc {
+    fn start(exe: &Path, args: Vec<String>) -> anyhow::Result<Proc> {
+        let mut p = Proc { child: None, args };
+        p.spawn(exe)?;
+        Ok(p)
+    }
+    fn spawn(&mut self, exe: &Path) -> anyhow::Result<()> {
+        let child = Command::new(exe)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}", exe.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let exe = match args.distbelief {
+        Some(p) => p,
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory")?
+            .join("distbelief"),
+    };
+    let dir = tempfile::tempdir()?;
+    let job_file = dir.path().join("job.yaml");
+    std::fs::write(&job_file, JOB)?;
+    let job = distbelief_api::parse_job("failover", JOB)?;
+    let len = job.layout.len();
+    let addrs = [port()?, port()?].map(|p| format!("127.0.0.1:{p}"));
+    let coordinator = format!("127.0.0.1:{}", port()?);
+    let jobf = job_file.display().to_string();
+    let _coordinator = Proc::start(
+        &exe,
+        vec![
+            "coordinator".into(),
+            "--job".into(),
+            jobf.clone(),
+            "--listen".into(),
+            coordinator.clone(),
+            "--shards".into(),
+            addrs.join(","),
+        ],
+    )?;
+    let mut members = Vec::new();
+    for (m, addr) in addrs.iter().enumerate() {
+        members.push(Proc::start(
+            &exe,
+            vec![
+                "ps".into(),
+                "--job".into(),
+                jobf.clone(),
+                "--shard".into(),
+                "0".into(),
+                "--listen".into(),
+                addr.clone(),
+                "--member".into(),
+                m.to_string(),
+                "--members".into(),
+                addrs.join(","),
+                "--coordinator".into(),
+                coordinator.clone(),
+            ],
+        )?);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (failovers, catch_ups) = rt.block_on(async {
+        let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5))?;
+        let mut keeper = CoordinatorClient::new(channel);
+        let mut chain = async move |n: usize| -> anyhow::Result<Vec<u32>> {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let req = ChainRequest {
+                    shard: 0,
+                    kind: ChainRequestKind::Poll.into(),
+                    ..Default::default()
+                };
+                if let Ok(r) = keeper.chain(req).await
+                    && r.get_ref().members.len() == n
+                {
+                    return Ok(r.into_inner().members);
+                }
+                ensure!(Instant::now() < deadline, "the chain never had {n} members");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let mut client = ShardClient::replicated(0, 0..len, &addrs, Duration::from_secs(30))?;
+        let grad = distbelief_model::memory::large_buffer(len, 1e-4);
+        let mut sequence = 0u64;
+        let mut push = async |client: &mut ShardClient| -> anyhow::Result<Duration> {
+            sequence += 1;
+            let id = PushId {
+                replica: 0,
+                incarnation: 1,
+                sequence,
+                base: Stamp::default(),
+                steps: 1,
+                fence: 0,
+                average: false,
+                grant: None,
+            };
+            let chunks = client.dense_chunks(id, &grad);
+            let started = Instant::now();
+            loop {
+                if client.push(chunks.clone()).await.is_ok() {
+                    return Ok(started.elapsed());
+                }
+                ensure!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "a push was not acknowledged within 60 s"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        let (mut failovers, mut catch_ups) = (Vec::new(), Vec::new());
+        let mut heads = chain(2).await?;
+        for round in 0..args.rounds {
+            push(&mut client).await?;
+            let head = heads[0] as usize;
+            let killed = Instant::now();
+            members[head].kill();
+            // The push that meets the dead head, and its retries elsewhere.
+            push(&mut client).await?;
+            let failover = killed.elapsed().as_secs_f64();
+            let rejoined = Instant::now();
+            members[head].spawn(&exe)?;
+            heads = chain(2).await?;
+            let catch_up = rejoined.elapsed().as_secs_f64();
+            eprintln!(
+                "bench: round {}: failover {:.0} ms, the member back in the chain after {:.2} s",
+                round + 1,
+                failover * 1e3,
+                catch_up
+            );
+            failovers.push(failover);
+            catch_ups.push(catch_up);
+        }
+        Ok::<_, anyhow::Error>((failovers, catch_ups))
+    })?;
+    let out = serde_json::json!({
+        "parameters": len,
+        "state_bytes": 8 * len,
+        "rounds": args.rounds,
+        "failover_seconds": {
+            "median": median(failovers.clone()),
+            "max": failovers.iter().copied().fold(0.0, f64::max),
+            "runs": failovers,
+        },
+        "catch_up_seconds": {
+            "median": median(catch_ups.clone()),
+            "runs": catch_ups,
+        },
+        "what": "failover: from SIGKILL of the chain's head to the next acknowledged push; catch-up: from the member's restart to the chain listing it again (its process start, the coordinator's join, the head's whole state sent with pushes held)",
+    });
+    let text = serde_json::to_string_pretty(&out)?;
+    println!("{text}");
+    if let Some(p) = args.out {
+        std::fs::write(&p, format!("{text}\n"))?;
+    }
+    Ok(())
+}
