@@ -176,6 +176,14 @@ const BROKEN: &[(&str, Change)] = &[
         j["spec"]["replicas"]["partitions"] = json!(2);
         j["spec"]["algorithm"]["downpour"]["averaging"] = json!({"periodSteps": 4});
     }),
+    ("replication above 3", |j| {
+        j["spec"]["parameterServers"]["replication"] = json!(4)
+    }),
+    ("replication with synchronous SGD", |j| {
+        j["spec"]["parameterServers"]["replication"] = json!(2);
+        j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(0);
+        j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({"backupWorkers": 0});
+    }),
 ];
 
 /// What `distbelief train` says of `job`: each broken rule as `field: message`.

@@ -573,6 +573,42 @@ PY
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
 }
 
+# 3e. Replicated shards: a job with every shard held by 2 member pods loses
+# a member of shard 0 mid-run and still reaches its target.
+replicated() {
+  local name=fashion-mnist-replicated uid
+  python3 - "$EXAMPLE" "$work/replicated.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
+import sys
+src, dst, name = sys.argv[1:]
+s = open(src).read()
+for old, new in [
+    ("  name: fashion-mnist-downpour\n", f"  name: {name}\n"),
+    ("    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n",
+     "    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n    trainLimit: 12000\n    testLimit: 2000\n"),
+    ("  parameterServers:\n    shards: 2\n", "  parameterServers:\n    shards: 2\n    replication: 2\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.8\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+s += "  faults:\n    slowReplicas:\n      - {replica: 0, factor: 20}\n      - {replica: 1, factor: 20}\n"
+open(dst, "w").write(s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/replicated.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$name (2 shards x 2 members: 4 shard pods)"
+  job_wait "$name" "$STEP_TIMEOUT" "phase Running with step > 0" t_training || return 1
+  [ "$(pods "$name" distbelief.dev/role=ps | grep -c pod/)" -eq 4 ] || { echo "$name: expected 4 shard pods"; return 1; }
+  uid=$(jp "pod/$name-ps-0" '{.metadata.uid}')
+  log "$name: step $J_STEP; deleting pod $name-ps-0 (member 0 of shard 0)"
+  "${KUBECTL[@]}" delete pod -n "$JOB_NS" "$name-ps-0" --wait=false >/dev/null || return 1
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  log "$name: final phase $J_PHASE, testAccuracy $J_ACC"
+  [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$J_ACC" 0.8 || { echo "$name: testAccuracy $J_ACC < 0.8"; return 1; }
+  [ "$(jp "pod/$name-ps-0" '{.metadata.uid}')" != "$uid" ] 2>/dev/null || log "$name: pod ps-0 already cleaned up"
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+}
+
 # --- 4. the long job: failures it must survive --------------------------------
 # The example stops within seconds of reaching 85%, too soon to be sure of
 # catching it mid-training. So the same job runs under another name with a
@@ -839,6 +875,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
     step "$MODEL_PARALLEL (smaller): a replica of 2 partition pods trading activations reaches Succeeded" model_parallel
+    step "fashion-mnist-replicated (2 members per shard): a member pod of shard 0 is deleted mid-run and the job still reaches Succeeded" replicated
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
       step "${LONG_STEPS[1]}" long_shard

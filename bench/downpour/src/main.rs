@@ -4,6 +4,7 @@
 //!
 //!   (a) one process, no parameter server
 //!   (b) 1 shard × 1 replica     (c) 2 shards × 2 replicas     (d) 2 shards × 4 replicas
+//!   (e) (c) with every shard replicated twice (`parameterServers.replication: 2`)
 
 mod micro;
 
@@ -36,7 +37,7 @@ struct Args {
     #[arg(long)]
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e"])]
     configs: Vec<String>,
 }
 
@@ -46,6 +47,7 @@ fn downpour(
     job_file: &str,
     shards: u32,
     replicas: u32,
+    replication: u32,
     dir: &Path,
 ) -> anyhow::Result<Value> {
     let text =
@@ -53,7 +55,9 @@ fn downpour(
     let mut doc: serde_norway::Value = serde_norway::from_str(&text)?;
     doc["spec"]["parameterServers"]["shards"] = shards.into();
     doc["spec"]["replicas"]["count"] = replicas.into();
-    distbelief_bench_downpour::train(exe, &doc, &format!("bench-{shards}x{replicas}"), dir)
+    doc["spec"]["parameterServers"]["replication"] = replication.into();
+    let name = format!("bench-{shards}x{replicas}-r{replication}");
+    distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
 
 fn config(
@@ -89,10 +93,15 @@ fn main() -> anyhow::Result<()> {
         let train = distbelief_model::data::load(&job.spec.data, true)?;
         let test = distbelief_model::data::load(&job.spec.data, false)?;
         let cap = job.spec.stop.max_seconds as f64;
-        let chosen: Vec<_> = [("b_1x1", 1, 1), ("c_2x2", 2, 2), ("d_2x4", 2, 4)]
-            .into_iter()
-            .filter(|(key, _, _)| args.configs.iter().any(|c| key.starts_with(c.as_str())))
-            .collect();
+        let chosen: Vec<_> = [
+            ("b_1x1", 1, 1, 1),
+            ("c_2x2", 2, 2, 1),
+            ("d_2x4", 2, 4, 1),
+            ("e_2x2_replicated", 2, 2, 2),
+        ]
+        .into_iter()
+        .filter(|(key, ..)| args.configs.iter().any(|c| key.starts_with(c.as_str())))
+        .collect();
         let tmp = tempfile::tempdir()?;
         // Rounds run every configuration once, so a slow spell on the shared
         // machine falls on all of them rather than on one.
@@ -108,12 +117,19 @@ fn main() -> anyhow::Result<()> {
                 job.spec.stop.eval_interval_seconds,
                 cap,
             ));
-            for (i, &(key, shards, replicas)) in chosen.iter().enumerate() {
+            for (i, &(key, shards, replicas, replication)) in chosen.iter().enumerate() {
                 eprintln!(
-                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), round {round}",
+                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), {replication} member(s) per shard, round {round}",
                     &key[..1]
                 );
-                summaries[i].push(downpour(&exe, &args.job, shards, replicas, tmp.path())?);
+                summaries[i].push(downpour(
+                    &exe,
+                    &args.job,
+                    shards,
+                    replicas,
+                    replication,
+                    tmp.path(),
+                )?);
             }
         }
         let a = config(
@@ -139,7 +155,8 @@ fn main() -> anyhow::Result<()> {
         let a_ett = a["examples_to_target"].as_f64();
         configs.insert("a_one_process".into(), a);
         let mut ratios = serde_json::Map::new();
-        for ((key, _, _), summaries) in chosen.into_iter().zip(summaries) {
+        let mut eps_of = std::collections::BTreeMap::new();
+        for ((key, ..), summaries) in chosen.into_iter().zip(summaries) {
             let f = |k: &str| {
                 summaries
                     .iter()
@@ -148,6 +165,7 @@ fn main() -> anyhow::Result<()> {
             };
             let opt = |k: &str| median_opt(summaries.iter().map(|s| s[k].as_f64()).collect());
             let eps = median(f("examples_per_second"));
+            eps_of.insert(key, eps);
             let ttt = opt("time_to_target_seconds");
             let ett = opt("examples_to_target");
             let ratio = |x: Option<f64>, a: Option<f64>| Some(x? / a?);
@@ -168,6 +186,13 @@ fn main() -> anyhow::Result<()> {
                     median(f("final_test_accuracy")),
                     json!({ "runs": summaries }),
                 ),
+            );
+        }
+        // The cost of replication: (e) against (c), measured in the same run.
+        if let (Some(e), Some(c)) = (eps_of.get("e_2x2_replicated"), eps_of.get("c_2x2")) {
+            ratios.insert(
+                "replication_2_vs_1".into(),
+                json!({ "examples_per_second": e / c }),
             );
         }
         report["target_test_accuracy"] = json!(target);
