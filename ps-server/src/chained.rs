@@ -11,11 +11,13 @@ use distbelief_ps::checkpoint;
 use distbelief_ps::shard::{PushHeader, PushOutcome};
 use tonic::{Status, Streaming};
 
-use crate::replication::Membership;
+use std::sync::Arc;
+
+use crate::replication::{Answer, Membership};
 use crate::service::{Route, ShardService};
 
-/// Rounds of forwarding (and taking out members that failed) before the
-/// head gives up on a push and leaves the chain itself.
+/// Tries at taking out a member that failed a forward before the head
+/// gives up on the push and leaves the chain itself.
 const FORWARD_ROUNDS: usize = 3;
 /// Longest the head waits for the push slot to send its state.
 const HOLD_DEADLINE: Duration = Duration::from_secs(10);
@@ -44,62 +46,74 @@ impl ShardService {
         Err(m.not_head())
     }
 
-    /// The head has applied a push that made `version`: every other member
-    /// of the chain applies it too before it is acknowledged. A member that
-    /// fails is taken out of the chain; a head that cannot finish leaves it.
-    pub(crate) async fn replicate(
+    /// Under the push slot: hands a push the head applied (or, with no
+    /// chunks, a barrier behind every push handed over before) to each other
+    /// member's forwarder, in the order pushes were applied.
+    pub(crate) fn hand_over(
+        &self,
+        m: &Arc<Membership>,
+        mut chunks: Option<Vec<GradientChunk>>,
+        version: u64,
+    ) -> Vec<(u32, Answer)> {
+        let Some(chain) = m.chain() else {
+            return Vec::new();
+        };
+        for c in chunks.iter_mut().flatten() {
+            c.chain_epoch = chain.epoch;
+            c.forwarded_version = version;
+            c.head_unreachable = false;
+        }
+        chain
+            .members
+            .iter()
+            .filter(|&&to| to != m.me)
+            .map(|&to| (to, m.enqueue(to, chunks.clone())))
+            .collect()
+    }
+
+    /// With the push slot free again: waits until every member applied the
+    /// push. A member that failed is taken out of the chain, so that the push
+    /// can be acknowledged; a head that cannot get it out leaves the chain
+    /// itself, and the push is not acknowledged.
+    pub(crate) async fn settle(
         &self,
         m: &Membership,
-        mut chunks: Vec<GradientChunk>,
-        version: u64,
+        answers: Vec<(u32, Answer)>,
     ) -> Result<(), Status> {
-        let mut done: Vec<u32> = vec![m.me];
-        for _ in 0..FORWARD_ROUNDS {
-            let Some(chain) = m.chain().filter(|c| c.members.first() == Some(&m.me)) else {
-                break;
+        for (to, answer) in answers {
+            let result = answer
+                .await
+                .unwrap_or_else(|_| Err(Status::unavailable("the forwarder has stopped")));
+            let Err(e) = result else {
+                continue;
             };
-            let pending: Vec<u32> = chain
-                .members
-                .iter()
-                .copied()
-                .filter(|x| !done.contains(x))
-                .collect();
-            if pending.is_empty() {
-                return Ok(());
-            }
-            for c in &mut chunks {
-                c.chain_epoch = chain.epoch;
-                c.forwarded_version = version;
-                c.head_unreachable = false;
-            }
-            let sent =
-                futures::future::join_all(pending.iter().map(|&to| m.forward(to, chunks.clone())))
-                    .await;
-            for (&to, result) in pending.iter().zip(sent) {
-                match result {
-                    Ok(()) => done.push(to),
-                    Err(e) => {
-                        tracing::warn!(
-                            shard = m.shard,
-                            member = to,
-                            "forward failed, taking it out of the chain: {e}"
-                        );
-                        self.metrics.forward_failures.inc();
-                        let _ = m.ask(ChainRequestKind::Remove, to).await;
+            tracing::warn!(
+                shard = m.shard,
+                member = to,
+                "forward failed, taking it out of the chain: {e}"
+            );
+            self.metrics.forward_failures.inc();
+            let mut out = false;
+            for _ in 0..FORWARD_ROUNDS {
+                match m.ask(ChainRequestKind::Remove, to).await {
+                    Ok(c) if !c.members.contains(&to) && c.members.first() == Some(&m.me) => {
+                        out = true;
+                        break;
                     }
+                    Ok(c) if c.members.first() != Some(&m.me) => break,
+                    _ => {}
                 }
             }
+            if !out {
+                m.leave("a push it applied could not be replicated");
+                return Err(Status::unavailable(format!(
+                    "member {} of shard {} could not replicate the push and left the chain; push again",
+                    m.me, m.shard
+                )));
+            }
+            m.reset_forwarder(to);
         }
-        if m.chain().is_some_and(|c| {
-            c.members.first() == Some(&m.me) && c.members.iter().all(|x| done.contains(x))
-        }) {
-            return Ok(());
-        }
-        m.leave("a push it applied could not be replicated");
-        Err(Status::unavailable(format!(
-            "member {} of shard {} could not replicate the push and left the chain; push again",
-            m.me, m.shard
-        )))
+        Ok(())
     }
 
     /// A push the head forwarded: applied in the head's order, or refused
@@ -122,7 +136,13 @@ impl ShardService {
                 m.me, m.shard
             )));
         };
-        if chain.epoch != route.chain_epoch || chain.members.first() == Some(&m.me) {
+        // Forwards from an earlier epoch of the same head are still in order
+        // (a member's changes do not reorder the head's queue); one from
+        // before the head took over comes from a member that was cut out.
+        if route.chain_epoch < m.head_since()
+            || route.chain_epoch > chain.epoch
+            || chain.members.first() == Some(&m.me)
+        {
             self.metrics.fenced_forwards.inc();
             return Err(Status::failed_precondition(format!(
                 "fenced: a forward from chain epoch {}, but member {} of shard {} is at epoch {}",
@@ -203,6 +223,8 @@ impl ShardService {
         .map_err(|e| Status::internal(format!("cannot encode the state: {e}")))?;
         let bytes = state.len();
         m.send_state(member, chain.epoch, state).await?;
+        // Forwards to it start afresh, right after the state it now holds.
+        m.reset_forwarder(member);
         let after = m.ask(ChainRequestKind::Promote, member).await?;
         if !after.members.contains(&member) {
             return Err(Status::unavailable(

@@ -5,7 +5,8 @@
 //! other members and acknowledges it only once they all applied it; a
 //! member that joins gets the head's state first, with pushes held.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
@@ -13,8 +14,23 @@ use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
     CatchUpRequest, ChainConfig, ChainRequest, ChainRequestKind, GradientChunk, StateBytes,
 };
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 use tonic::transport::Channel;
+
+/// What a member's forwarder answers for one push (or barrier).
+pub type Answer = oneshot::Receiver<Result<(), Status>>;
+
+/// One push for a member's forwarder, or (no chunks) a barrier that is
+/// answered once everything before it was.
+struct Job {
+    chunks: Option<Vec<GradientChunk>>,
+    done: oneshot::Sender<Result<(), Status>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// How often a member looks at its chain.
 const POLL_EVERY: Duration = Duration::from_millis(200);
@@ -48,6 +64,11 @@ pub struct Membership {
     peers: Vec<(String, ParameterServerClient<Channel>)>,
     coordinator: CoordinatorClient<Channel>,
     chain: Mutex<Option<Chain>>,
+    /// The epoch from which the current head has headed the chain: a
+    /// forward from before it comes from a member that was cut out.
+    head_since: Mutex<u64>,
+    /// One task per other member, sending it the head's pushes in order.
+    forwarders: Mutex<HashMap<u32, mpsc::UnboundedSender<Job>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +112,8 @@ impl Membership {
             peers,
             coordinator: CoordinatorClient::new(channel(&opts.coordinator)?),
             chain: Mutex::new(None),
+            head_since: Mutex::new(0),
+            forwarders: Mutex::new(HashMap::new()),
         })
     }
 
@@ -117,6 +140,10 @@ impl Membership {
         if mine.as_ref().is_some_and(|m| m.epoch > c.epoch) {
             return;
         }
+        let head = |c: Option<&Chain>| c.and_then(|c| c.members.first().copied());
+        if head(mine.as_ref()) != head(Some(&c)) {
+            *lock(&self.head_since) = c.epoch;
+        }
         if mine.as_ref() != Some(&c) {
             tracing::info!(
                 shard = self.shard,
@@ -127,6 +154,54 @@ impl Membership {
             );
         }
         *mine = Some(c);
+    }
+
+    pub fn head_since(&self) -> u64 {
+        *lock(&self.head_since)
+    }
+
+    /// Queues a push the head applied (or, with no chunks, a barrier) for
+    /// member `to`. Pushes reach a member in the order they were queued, and
+    /// once one fails every later one fails too: a member that missed a push
+    /// must not apply the ones after it.
+    pub fn enqueue(self: &Arc<Self>, to: u32, chunks: Option<Vec<GradientChunk>>) -> Answer {
+        let (done, answer) = oneshot::channel();
+        let mut forwarders = lock(&self.forwarders);
+        let tx = forwarders
+            .entry(to)
+            .or_insert_with(|| self.spawn_forwarder(to));
+        if let Err(mpsc::error::SendError(job)) = tx.send(Job { chunks, done }) {
+            let _ = job
+                .done
+                .send(Err(Status::unavailable("the forwarder has stopped")));
+        }
+        answer
+    }
+
+    fn spawn_forwarder(self: &Arc<Self>, to: u32) -> mpsc::UnboundedSender<Job> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut broken: Option<(tonic::Code, String)> = None;
+            while let Some(job) = rx.recv().await {
+                let result = match (&broken, job.chunks) {
+                    (Some((code, msg)), _) => Err(Status::new(*code, msg.clone())),
+                    (None, None) => Ok(()),
+                    (None, Some(chunks)) => me.forward(to, chunks).await,
+                };
+                if let Err(s) = &result {
+                    broken.get_or_insert((s.code(), s.message().to_string()));
+                }
+                let _ = job.done.send(result);
+            }
+        });
+        tx
+    }
+
+    /// Forgets member `to`'s forwarder: after it was taken out of the chain,
+    /// and before it is promoted again, so that it starts afresh.
+    pub fn reset_forwarder(&self, to: u32) {
+        lock(&self.forwarders).remove(&to);
     }
 
     /// This member's state can no longer be trusted to match the chain's

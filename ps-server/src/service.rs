@@ -104,7 +104,7 @@ impl ShardService {
 
     /// Assembles one pushed gradient from its chunks and applies it.
     async fn receive(&self, mut stream: Streaming<GradientChunk>) -> Result<PushReply, Status> {
-        let _permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
+        let permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
             .await
             .map_err(|_| Status::unavailable("shard busy: another push is still arriving"))?
             .map_err(|_| Status::unavailable("shard is shutting down"))?;
@@ -166,8 +166,17 @@ impl ShardService {
         });
         self.recycle(std::mem::take(&mut assembly.values));
         let (outcome, shard_epoch) = outcome.map_err(|e| self.refuse(e))?;
-        if let (Some(m), PushOutcome::Applied { version, .. }) = (&self.chain, outcome) {
-            self.replicate(m, kept, version).await?;
+        if let Some(m) = &self.chain {
+            // Handed over in the order applied; the next push may be applied
+            // while this one travels, and this one is acknowledged only once
+            // every member has it. A duplicate waits for the pushes before it,
+            // its original among them.
+            let answers = match outcome {
+                PushOutcome::Applied { version, .. } => self.hand_over(m, Some(kept), version),
+                _ => self.hand_over(m, None, 0),
+            };
+            drop(permit);
+            self.settle(m, answers).await?;
         }
         match outcome {
             PushOutcome::Applied { version, staleness } => {

@@ -342,6 +342,17 @@ install_chart() {
     done
   fi
   "${KUBECTL[@]}" get namespace "$RELEASE_NS" >/dev/null 2>&1 || created_release_ns=1
+  # The control-plane tests apply the CRD themselves (on a fresh kit, before
+  # this suite); Helm adopts an existing object only when it carries the
+  # release's ownership metadata.
+  local crd=crd/distbeliefjobs.distbelief.dev
+  if "${KUBECTL[@]}" get "$crd" >/dev/null 2>&1 &&
+    [ "$("${KUBECTL[@]}" get "$crd" -o 'jsonpath={.metadata.annotations.meta\.helm\.sh/release-name}')" != "$RELEASE" ]; then
+    log "the CRD exists without release $RELEASE's ownership; labelling it so that Helm adopts it"
+    "${KUBECTL[@]}" label "$crd" app.kubernetes.io/managed-by=Helm --overwrite >/dev/null || return 1
+    "${KUBECTL[@]}" annotate "$crd" --overwrite "meta.helm.sh/release-name=$RELEASE" \
+      "meta.helm.sh/release-namespace=$RELEASE_NS" >/dev/null || return 1
+  fi
   log "helm upgrade --install $RELEASE ($IMAGE_REPO:$IMAGE_TAG${helm_mode_args[*]:+ ${helm_mode_args[*]}}) into $RELEASE_NS"
   release_installed=1
   # shellcheck disable=SC2086  # E2E_HELM_ARGS is a list of extra flags

@@ -299,26 +299,30 @@ async fn a_forward_from_an_old_epoch_is_refused_and_changes_nothing() {
     let backup = chain[1];
     let n = m.job.layout.len();
     let before = m.version(backup).await;
-    let forward = GradientChunk {
-        shard: 0,
-        replica: 0,
-        incarnation: 1,
-        sequence: 1,
-        offset: 0,
-        values: encode_f32(&vec![0.5; n]),
-        steps: 1,
-        chain_epoch: epoch - 1,
-        forwarded_version: before + 1,
-        ..Default::default()
-    };
-    let status = m
-        .raw(backup)
-        .push(tokio_stream::iter(vec![forward]))
-        .await
-        .expect_err("an old epoch's forward is refused");
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(status.message().contains("fenced"), "{status}");
-    assert_eq!(m.version(backup).await, before, "nothing changed");
+    // From before the current head took over (a member since cut out), and
+    // from an epoch the chain has not reached.
+    for chain_epoch in [0, epoch + 5] {
+        let forward = GradientChunk {
+            shard: 0,
+            replica: 0,
+            incarnation: 1,
+            sequence: 1,
+            offset: 0,
+            values: encode_f32(&vec![0.5; n]),
+            steps: 1,
+            chain_epoch,
+            forwarded_version: before + 1,
+            ..Default::default()
+        };
+        let status = m
+            .raw(backup)
+            .push(tokio_stream::iter(vec![forward]))
+            .await
+            .expect_err("a forward from another epoch is refused");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(status.message().contains("fenced"), "{status}");
+        assert_eq!(m.version(backup).await, before, "nothing changed");
+    }
     // A replica's push to the member that is not the head names the head.
     let mut c = ShardClient::replicated(
         0,
