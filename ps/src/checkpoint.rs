@@ -170,17 +170,41 @@ pub fn load(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_err(&path)(e)),
     };
-    let mut bytes = Vec::new();
-    BufReader::new(file)
-        .read_to_end(&mut bytes)
-        .map_err(io_err(&path))?;
-    decode(&bytes, index, range, &path.display().to_string()).map(Some)
+    let total = file.metadata().map_err(io_err(&path))?.len();
+    let reader = BufReader::with_capacity(1 << 20, file);
+    read_from(reader, total, index, range, &path.display().to_string()).map(Some)
 }
 
-/// Reads a shard's state in the checkpoint format; `source` names where the
-/// bytes came from, for errors.
+/// Reads a shard's state in the checkpoint format from memory (a catch-up);
+/// `source` names where the bytes came from, for errors.
 pub fn decode(
     bytes: &[u8],
+    index: u32,
+    range: std::ops::Range<usize>,
+    source: &str,
+) -> Result<Saved, PsError> {
+    read_from(bytes, bytes.len() as u64, index, range, source)
+}
+
+struct CrcRead<R> {
+    inner: R,
+    hasher: crc32fast::Hasher,
+}
+
+impl<R: Read> Read for CrcRead<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Reads `total` bytes of the checkpoint format as a stream: the values go
+/// straight into the shard's vectors, a megabyte at a time, so a restore
+/// never holds the file and the state at once.
+fn read_from<R: Read>(
+    inner: R,
+    total: u64,
     index: u32,
     range: std::ops::Range<usize>,
     source: &str,
@@ -189,27 +213,28 @@ pub fn decode(
         path: source.to_string(),
         message,
     };
-    let header = 8 + 4 + 5 * 8;
-    let format = match bytes.get(..8) {
-        _ if bytes.len() < header + 4 => None,
-        Some(m) if m == MAGIC => Some(3),
-        Some(m) if m == MAGIC_V2 => Some(2),
-        Some(m) if m == MAGIC_V1 => Some(1),
-        _ => None,
-    };
-    let Some(format) = format else {
+    let short = |_| bad("the file ends early: it is truncated".into());
+    const HEADER: u64 = 8 + 4 + 5 * 8;
+    if total < HEADER + 4 {
         return Err(bad("not a distbelief shard checkpoint".into()));
-    };
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    let crc = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
-    if crc32fast::hash(body) != crc {
-        return Err(bad("checksum mismatch: the file is corrupt".into()));
     }
+    let mut r = CrcRead {
+        inner,
+        hasher: crc32fast::Hasher::new(),
+    };
+    let mut header = [0u8; HEADER as usize];
+    r.read_exact(&mut header).map_err(short)?;
+    let format = match &header[..8] {
+        m if m == MAGIC => 3,
+        m if m == MAGIC_V2 => 2,
+        m if m == MAGIC_V1 => 1,
+        _ => return Err(bad("not a distbelief shard checkpoint".into())),
+    };
     let u64_at = |i: usize| {
         let at = 12 + 8 * i;
-        u64::from_le_bytes(body[at..at + 8].try_into().unwrap_or([0; 8]))
+        u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]))
     };
-    let saved_index = u32::from_le_bytes(body[8..12].try_into().unwrap_or([0; 4]));
+    let saved_index = u32::from_le_bytes(header[8..12].try_into().unwrap_or([0; 4]));
     let (start, end) = (u64_at(0) as usize, u64_at(1) as usize);
     if saved_index != index || start != range.start || end != range.end {
         return Err(bad(format!(
@@ -217,27 +242,37 @@ pub fn decode(
             range.start, range.end
         )));
     }
-    let accum_len = u64_at(4) as usize;
     let n = end - start;
-    let values_end = (n as u64)
-        .checked_add(accum_len as u64)
+    let accum_len = u64_at(4);
+    let rest = (n as u64)
+        .checked_add(accum_len)
         .and_then(|v| v.checked_mul(4))
-        .and_then(|v| v.checked_add(header as u64))
-        .filter(|&e| e <= body.len() as u64)
-        .ok_or_else(|| bad("length does not match its header".into()))?
-        as usize;
-    let (values, rest) = body[header..].split_at(values_end - header);
-    let (push_table, lineage) = match format {
-        1 if rest.is_empty() => (PushTable::default(), Lineage::default()),
-        1 => return Err(bad("length does not match its header".into())),
-        _ => read_tail(rest, format == 3).ok_or_else(|| bad("bad push table or epochs".into()))?,
-    };
+        .and_then(|v| (total - 4 - HEADER).checked_sub(v))
+        .ok_or_else(|| bad("length does not match its header".into()))?;
     let mut params = vec![0.0; n];
-    let mut accum = vec![0.0; accum_len];
-    distbelief_proto::codec::decode_f32_into(&values[..4 * n], &mut params)
-        .ok_or_else(|| bad("bad parameter payload".into()))?;
-    distbelief_proto::codec::decode_f32_into(&values[4 * n..], &mut accum)
-        .ok_or_else(|| bad("bad accumulator payload".into()))?;
+    let mut accum = vec![0.0; accum_len as usize];
+    let mut buf = vec![0u8; 1 << 20];
+    for values in [&mut params, &mut accum] {
+        for chunk in values.chunks_mut(buf.len() / 4) {
+            let bytes = &mut buf[..4 * chunk.len()];
+            r.read_exact(bytes).map_err(short)?;
+            distbelief_proto::codec::decode_f32_into(bytes, chunk)
+                .ok_or_else(|| bad("bad value payload".into()))?;
+        }
+    }
+    let mut tail = vec![0u8; rest as usize];
+    r.read_exact(&mut tail).map_err(short)?;
+    let computed = r.hasher.clone().finalize();
+    let mut crc = [0u8; 4];
+    r.inner.read_exact(&mut crc).map_err(short)?;
+    if computed != u32::from_le_bytes(crc) {
+        return Err(bad("checksum mismatch: the file is corrupt".into()));
+    }
+    let (push_table, lineage) = match format {
+        1 if tail.is_empty() => (PushTable::default(), Lineage::default()),
+        1 => return Err(bad("length does not match its header".into())),
+        _ => read_tail(&tail, format == 3).ok_or_else(|| bad("bad push table or epochs".into()))?,
+    };
     Ok(Saved {
         version: u64_at(2),
         updates_applied: u64_at(3),
@@ -479,6 +514,19 @@ mod tests {
                 .contains("was the model or shard count changed"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_truncated_checkpoint_is_an_error_at_every_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = save(dir.path(), &trained_shard()).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in [1, 4, 30, 300, bytes.len() - 60] {
+            std::fs::write(&path, &bytes[..bytes.len() - cut]).unwrap();
+            assert!(load(dir.path(), 2, 100..160).is_err(), "cut {cut} bytes");
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(load(dir.path(), 2, 100..160).is_ok());
     }
 
     #[test]
