@@ -191,7 +191,6 @@ fn parse(shard: u32, name: &str, text: &str) -> Result<Vec<Event>, AuditError> {
 struct Replay {
     state: Vec<(u64, PushKey)>,
     rolled_back: u64,
-    opens: u64,
 }
 
 /// Installs name the member a state came from; a chain of them is never
@@ -217,7 +216,6 @@ fn replay(
                 let keep = r.state.partition_point(|&(v, _)| v <= at.version);
                 r.rolled_back += (r.state.len() - keep) as u64;
                 r.state.truncate(keep);
-                r.opens += 1;
             }
             Event::Apply(key, at) => r.state.push((at.version, key)),
             Event::Install { from, at } => {
