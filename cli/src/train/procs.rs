@@ -235,19 +235,39 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
-/// A free TCP port on 127.0.0.1, found by binding port 0.
 /// Free ports on 127.0.0.1, each held until the pool is dropped, so that no
 /// two of the run's processes are given the same one.
+///
+/// They are taken below the kernel's ephemeral range where it can: a process
+/// restarted on its old port would otherwise find it taken, now and then, by
+/// an outgoing connection that the kernel gave that port meanwhile.
 #[derive(Default)]
 pub struct Ports(std::cell::RefCell<Vec<std::net::TcpListener>>);
 
+/// Where listening ports are looked for when the ephemeral range allows.
+const LOWEST_PORT: u16 = 10_000;
+
 impl Ports {
     pub fn take(&self) -> std::io::Result<u16> {
-        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let l = below_ephemeral().map_or_else(|| std::net::TcpListener::bind("127.0.0.1:0"), Ok)?;
         let port = l.local_addr()?.port();
         self.0.borrow_mut().push(l);
         Ok(port)
     }
+}
+
+/// A listener on a random free port between [`LOWEST_PORT`] and the start
+/// of the ephemeral range, if one is found in a few tries.
+fn below_ephemeral() -> Option<std::net::TcpListener> {
+    use std::hash::{BuildHasher, RandomState};
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let first: u16 = range.split_whitespace().next()?.parse().ok()?;
+    let span = u64::from(first.checked_sub(LOWEST_PORT).filter(|s| *s > 1000)?);
+    let random = RandomState::new();
+    (0..64u64).find_map(|i| {
+        let port = LOWEST_PORT + (random.hash_one(i) % span) as u16;
+        std::net::TcpListener::bind(("127.0.0.1", port)).ok()
+    })
 }
 
 /// Waits until `port` accepts connections, or the process exits, or `timeout` passes.
