@@ -54,6 +54,9 @@ pub const MSG_PARTITIONS_ALGORITHM: &str = "more than 1 cannot be combined with 
 /// The second rule on `spec.parameterServers.replication`.
 pub const MSG_REPLICATION_ALGORITHM: &str =
     "more than 1 needs asynchronous Downpour (not downpour.synchronous, not Sandblaster)";
+/// The rule on `spec.output.audit`, which `distbelief train --audit` gives too.
+pub const MSG_AUDIT_ALGORITHM: &str =
+    "needs asynchronous Downpour (not downpour.synchronous, not Sandblaster)";
 
 /// Every rule CEL enforces. [`validate`](crate::validate) checks each of
 /// these with the same field and message, and some more that need Rust
@@ -328,6 +331,11 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.output.volumeClaimName",
         "!has(self.output) || !has(self.output.volumeClaimName) || self.output.volumeClaimName.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",
         "must be the name of a PersistentVolumeClaim (lowercase letters, digits, '-' and '.')",
+    ),
+    spec(
+        "spec.output.audit",
+        "!has(self.output) || !has(self.output.audit) || !self.output.audit || (has(self.algorithm.downpour) && !has(self.algorithm.downpour.synchronous))",
+        MSG_AUDIT_ALGORITHM,
     ),
     AdmissionRule {
         field: "metadata.name",

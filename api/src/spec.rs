@@ -140,7 +140,7 @@ pub struct SlowReplica {
 
 impl OutputSpec {
     pub fn is_empty(&self) -> bool {
-        self.volume_claim_name.is_none()
+        self.volume_claim_name.is_none() && !self.audit
     }
 }
 
@@ -149,10 +149,19 @@ impl OutputSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutputSpec {
     /// Kubernetes only: an existing PersistentVolumeClaim, mounted into the
-    /// coordinator, that receives `<job name>/model.safetensors` and
+    /// coordinator (and with audit, into every pod), that receives `<job name>/model.safetensors` and
     /// `<job name>/summary.json` when the job succeeds. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_claim_name: Option<String>,
+    /// Audit the pushes: every shard member logs each push it applies, and
+    /// every replica each push a shard acknowledged, under
+    /// `<job name>/audit/` on volumeClaimName (Kubernetes, where the claim
+    /// is then required and mounted into every pod) or in the run directory
+    /// (`distbelief train`, as with `--audit`). `distbelief audit JOB --dir
+    /// DIR` counts the acknowledged pushes lost or applied twice.
+    /// Asynchronous Downpour only. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub audit: bool,
 }
 
 /// A multi-layer perceptron: dense hidden layers, then a dense output layer

@@ -333,6 +333,14 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     {
         fail("spec.output.volumeClaimName", None);
     }
+    if s.output.audit
+        && s.algorithm
+            .downpour
+            .as_ref()
+            .is_none_or(|d| d.synchronous.is_some())
+    {
+        fail("spec.output.audit", None);
+    }
 
     match (downpour, layout) {
         (Some(downpour), Some(layout)) if errors.is_empty() => Ok(Job {

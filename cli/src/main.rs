@@ -36,6 +36,21 @@ enum Command {
     Crd,
     /// Evaluate a saved model (model.safetensors) on the job's test set.
     Eval(EvalArgs),
+    /// Check a job's push logs: acknowledged pushes lost or applied twice.
+    Audit(AuditArgs),
+}
+
+#[derive(Args)]
+pub struct AuditArgs {
+    /// The DistBeliefJob file the logs come from (for its shards and replication).
+    pub job: String,
+    /// The audit directory: `<run directory>/audit` locally, or
+    /// `<job name>/audit` on the output volume (spec.output.audit).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -123,10 +138,10 @@ pub struct PsArgs {
     /// Checkpoint directory. Default: spec.checkpoint.dir; none disables checkpoints.
     #[arg(long, env = "DISTBELIEF_CHECKPOINT_DIR")]
     pub checkpoint_dir: Option<PathBuf>,
-    /// Append the id of every applied push to this file, for an audit of
-    /// what was applied (`distbelief train --audit` reads it).
-    #[arg(long, env = "DISTBELIEF_PUSH_LOG")]
-    pub push_log: Option<PathBuf>,
+    /// Log the id of every applied push in this directory
+    /// (`shard-<i>[.m<member>].log`), for `distbelief audit`.
+    #[arg(long, env = "DISTBELIEF_AUDIT_DIR")]
+    pub audit_dir: Option<PathBuf>,
     /// Replication: which member of the shard this process is, from 0.
     #[arg(long, env = "DISTBELIEF_MEMBER")]
     pub member: Option<u32>,
@@ -148,10 +163,10 @@ pub struct WorkerArgs {
     /// Which replica this is, from 0.
     #[arg(long, env = "DISTBELIEF_REPLICA")]
     pub replica: u32,
-    /// Append the id of every push a shard acknowledged to this file
-    /// (Downpour), for an audit against the shards' push logs.
-    #[arg(long, env = "DISTBELIEF_ACK_LOG")]
-    pub ack_log: Option<PathBuf>,
+    /// Log every push a shard acknowledged (Downpour) in this directory
+    /// (`replica-<r>[.p<partition>].log`), for `distbelief audit`.
+    #[arg(long, env = "DISTBELIEF_AUDIT_DIR")]
+    pub audit_dir: Option<PathBuf>,
     /// Shard addresses in shard order, comma-separated host:port.
     #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
     pub shards: Vec<String>,
@@ -326,6 +341,7 @@ fn main() -> ExitCode {
         Command::Operator(a) => roles::operator(a),
         Command::Crd => roles::crd(),
         Command::Eval(a) => roles::eval(a),
+        Command::Audit(a) => roles::audit(a),
     };
     match result {
         Ok(code) => code,

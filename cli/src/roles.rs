@@ -8,7 +8,7 @@ use anyhow::Context;
 use distbelief_api::Job;
 use distbelief_net::terminated;
 
-use crate::{Common, CoordinatorArgs, EvalArgs, OperatorArgs, PsArgs, WorkerArgs};
+use crate::{AuditArgs, Common, CoordinatorArgs, EvalArgs, OperatorArgs, PsArgs, WorkerArgs};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -86,13 +86,17 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
             "the job replicates each shard {r} times: give this member --member, --members (all {r} addresses) and --coordinator"
         ),
     };
+    let push_log = a.audit_dir.as_ref().map(|d| {
+        let index = member.as_ref().map(|m| m.member);
+        d.join(distbelief_ps::audit::shard_log_name(shard, index))
+    });
     let opts = distbelief_ps_server::ShardOptions {
         member,
         index: shard,
         checkpoint_dir,
         checkpoint_interval: Duration::from_secs(job.spec.checkpoint.interval_seconds()),
         heartbeat: Default::default(),
-        push_log: a.push_log.clone(),
+        push_log,
     };
     runtime()?.block_on(async {
         let registry = registry("ps", Some(shard))?;
@@ -114,7 +118,10 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     opts.incarnation = a.incarnation;
     opts.backup_of = a.backup_of;
     opts.slowdown = a.slowdown;
-    opts.ack_log = a.ack_log.clone();
+    opts.ack_log = a
+        .audit_dir
+        .as_ref()
+        .map(|d| d.join(distbelief_ps::audit::ack_log_name(a.replica, a.partition)));
     opts.partition = a
         .partition
         .map(|partition| distbelief_worker::PartitionOptions {
@@ -250,4 +257,23 @@ pub fn eval(a: EvalArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Exits 1 when an acknowledged push was lost or one was applied twice.
+pub fn audit(a: AuditArgs) -> anyhow::Result<ExitCode> {
+    let job = distbelief_api::load_job(&a.job)?;
+    let verdict = crate::train::audit::read(&a.dir, job.shards(), job.replication())?;
+    if a.json {
+        println!("{}", serde_json::to_string(&verdict)?);
+    } else {
+        println!("{}: {}", a.dir.display(), verdict.headline());
+        for example in &verdict.lost_examples {
+            println!("  lost: {example}");
+        }
+    }
+    Ok(if verdict.lost == 0 && verdict.duplicated == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

@@ -184,6 +184,11 @@ const BROKEN: &[(&str, Change)] = &[
         j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(0);
         j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({"backupWorkers": 0});
     }),
+    ("audit with synchronous SGD", |j| {
+        j["spec"]["output"] = json!({"audit": true});
+        j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(0);
+        j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({"backupWorkers": 0});
+    }),
 ];
 
 /// What `distbelief train` says of `job`: each broken rule as `field: message`.

@@ -132,6 +132,83 @@ fn replicated_shards_run_a_member_per_pod_spread_across_nodes() {
 }
 
 #[test]
+fn an_audited_job_gives_shards_and_replicas_the_output_claim_for_their_logs() {
+    let mut job = common::job("fmnist");
+    job.spec.output.audit = true;
+    let cfg = common::config();
+    match children::target(&job, &cfg, CheckpointStorage::EmptyDir) {
+        Err(BuildError::Invalid(errors)) => {
+            assert_eq!(errors.len(), 1, "{errors:?}");
+            assert_eq!(errors[0].field, "spec.output.audit");
+            assert!(errors[0].message.contains("volumeClaimName"), "{errors:?}");
+        }
+        other => panic!("an audit with nowhere to go must be refused: {other:?}"),
+    }
+    job.spec.output.volume_claim_name = Some("models".into());
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let sts = c.ps_stateful_set.spec.as_ref().unwrap();
+    let ps = sts.template.spec.as_ref().unwrap();
+    let replica = children::replica_pods(&t, 1, 0, Cause::Start, None).remove(0);
+    let replica = replica.spec.as_ref().unwrap();
+    for (role, pod) in [("ps", ps), ("replica", replica)] {
+        let claim = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find_map(|v| v.persistent_volume_claim.as_ref())
+            .unwrap_or_else(|| panic!("{role}: no claim volume"));
+        assert_eq!(claim.claim_name, "models", "{role}");
+        let container = &pod.containers[0];
+        let mounted = container.volume_mounts.iter().flatten();
+        assert!(
+            mounted
+                .clone()
+                .any(|m| m.name == "output" && m.mount_path == "/var/lib/distbelief/output"),
+            "{role}"
+        );
+        let dir = container
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "DISTBELIEF_AUDIT_DIR")
+            .and_then(|e| e.value.as_deref());
+        assert_eq!(
+            dir,
+            Some("/var/lib/distbelief/output/fmnist/audit"),
+            "{role}"
+        );
+    }
+    // Without the audit, only the coordinator mounts the claim.
+    job.spec.output.audit = false;
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let ps = c
+        .ps_stateful_set
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    assert!(
+        ps.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.persistent_volume_claim.is_none())
+    );
+    let coordinator = c.coordinator_pod.as_ref().unwrap().spec.as_ref().unwrap();
+    assert!(
+        coordinator
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.persistent_volume_claim.is_some())
+    );
+}
+
+#[test]
 fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
     let mut job = common::job("fmnist");
     job.spec.checkpoint.volume = Some(distbelief_api::CheckpointVolume {

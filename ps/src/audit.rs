@@ -50,6 +50,25 @@ pub fn ack_line(k: PushKey) -> String {
     )
 }
 
+/// Where shard `shard`'s member (`None` without replication) writes its
+/// push log in an audit directory.
+pub fn shard_log_name(shard: u32, member: Option<u32>) -> String {
+    match member {
+        None => format!("shard-{shard}.log"),
+        Some(m) => format!("shard-{shard}.m{m}.log"),
+    }
+}
+
+/// Where replica `replica`'s process (one partition of it, when split)
+/// writes its acknowledgement log in an audit directory. A replica's
+/// restarts and backups append to the same file.
+pub fn ack_log_name(replica: u32, partition: Option<u32>) -> String {
+    match partition {
+        None => format!("replica-{replica}.log"),
+        Some(p) => format!("replica-{replica}.p{p}.log"),
+    }
+}
+
 /// An append-only log file. Each line goes out in one `write`, unbuffered:
 /// what was written survives the process being killed a moment later.
 #[derive(Debug)]

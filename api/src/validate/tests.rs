@@ -650,6 +650,18 @@ const RULES: &[Rule] = &[
         "spec.output.volumeClaimName",
         "PersistentVolumeClaim",
     ),
+    (
+        "audit not with synchronous SGD",
+        |j| {
+            j.spec.output.audit = true;
+            j.spec.replicas.count = 2;
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.synchronous = Some(SynchronousSpec { backup_workers: 0 });
+            }
+        },
+        "spec.output.audit",
+        "asynchronous Downpour",
+    ),
 ];
 
 #[test]
@@ -711,7 +723,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 54, "{fields:#?}");
+    assert_eq!(fields.len(), 55, "{fields:#?}");
 }
 
 #[test]

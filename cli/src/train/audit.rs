@@ -1,10 +1,10 @@
-//! Reads the run's push logs (`audit/` in the run directory) and hands them
-//! to the verdict in `distbelief_ps::audit`.
+//! Reads a job's push logs (`audit/` in the run directory, or on the output
+//! volume) and hands them to the verdict in `distbelief_ps::audit`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use distbelief_ps::audit::{Verdict, verdict};
+use distbelief_ps::audit::{Verdict, shard_log_name, verdict};
 
 pub fn read(dir: &Path, shards: usize, members: usize) -> anyhow::Result<Verdict> {
     let text = |path: &Path| -> anyhow::Result<String> {
@@ -18,10 +18,8 @@ pub fn read(dir: &Path, shards: usize, members: usize) -> anyhow::Result<Verdict
     let mut shard_logs = BTreeMap::new();
     for i in 0..shards {
         for m in 0..members {
-            let path = match members {
-                1 => dir.join(format!("shard-{i}.log")),
-                _ => dir.join(format!("shard-{i}.m{m}.log")),
-            };
+            let member = (members > 1).then_some(m as u32);
+            let path = dir.join(shard_log_name(i as u32, member));
             shard_logs.insert(
                 (i as u32, m as u32),
                 (path.display().to_string(), text(&path)?),

@@ -3,7 +3,7 @@
 //! the ones that die within the spec's budgets, shows progress, and ends
 //! with a JSON summary on the last line of stdout.
 
-mod audit;
+pub(crate) mod audit;
 pub mod chaos;
 mod plot;
 mod procs;
@@ -103,7 +103,8 @@ impl Runtime {
             std::fs::remove_file(&model)
                 .with_context(|| format!("cannot remove the old {}", model.display()))?;
         }
-        let audit = (args.audit || args.chaos.is_some()).then(|| out.join("audit"));
+        let audit = (args.audit || args.chaos.is_some() || job.spec.output.audit)
+            .then(|| out.join("audit"));
         if let Some(dir) = &audit {
             if job.sandblaster.is_some() || job.downpour.synchronous.is_some() {
                 bail!(
@@ -162,12 +163,9 @@ impl Runtime {
             let (i, m) = (k / members, k % members);
             let mut a = vec!["ps".to_string()];
             a.extend(common(metrics_addr()?));
-            let (checkpoint_dir, push_log) = match members {
-                1 => (checkpoints.clone(), format!("shard-{i}.log")),
-                _ => (
-                    checkpoints.join(format!("member-{m}")),
-                    format!("shard-{i}.m{m}.log"),
-                ),
+            let checkpoint_dir = match members {
+                1 => checkpoints.clone(),
+                _ => checkpoints.join(format!("member-{m}")),
             };
             a.extend([
                 "--shard".into(),
@@ -178,10 +176,7 @@ impl Runtime {
                 checkpoint_dir.display().to_string(),
             ]);
             if let Some(dir) = &audit {
-                a.extend([
-                    "--push-log".into(),
-                    dir.join(push_log).display().to_string(),
-                ]);
+                a.extend(["--audit-dir".into(), dir.display().to_string()]);
             }
             let p = Proc::new(Role::Shard, i as u32, a, &logs);
             if members == 1 {
@@ -231,15 +226,11 @@ impl Runtime {
                 "--threads".into(),
                 threads.to_string(),
             ]);
-            let ack_log = |name: String| -> Vec<String> {
-                match &audit {
-                    Some(dir) => vec!["--ack-log".into(), dir.join(name).display().to_string()],
-                    None => vec![],
-                }
-            };
+            if let Some(dir) = &audit {
+                a.extend(["--audit-dir".into(), dir.display().to_string()]);
+            }
             if job.partitions() == 1 {
                 a.extend(common(metrics_addr()?));
-                a.extend(ack_log(format!("replica-{r}.log")));
                 replicas.push(Proc::new(Role::Replica, r as u32, a, &logs));
                 continue;
             }
@@ -257,7 +248,6 @@ impl Runtime {
                     "--partition-listen".into(),
                     listen.clone(),
                 ]);
-                a.extend(ack_log(format!("replica-{r}.p{p}.log")));
                 replicas
                     .push(Proc::new(Role::Replica, r as u32, a, &logs).partition(p as u32, &logs));
             }

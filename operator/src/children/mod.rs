@@ -299,6 +299,7 @@ fn replica_pod(
     // Never: the operator, not the kubelet, restarts replicas, so that it
     // can count failures against the budget and back off.
     let mut spec = t.pod_spec(container, "Never", None);
+    t.mount_output(&mut spec, true);
     if partition.is_some() {
         // hostname + subdomain: the partition service's DNS name for this pod.
         spec.hostname = Some(name);

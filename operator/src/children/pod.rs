@@ -3,12 +3,13 @@
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, TCPSocketAction, Volume, VolumeMount,
+    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext,
+    PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, TCPSocketAction, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{COORDINATOR_PORT, JOB_FILE, METRICS_PORT, PS_PORT, Target};
+use super::{COORDINATOR_PORT, JOB_FILE, METRICS_PORT, OUTPUT_DIR, PS_PORT, Target};
 
 /// The uid and gid of the image's unprivileged user.
 const USER: i64 = 65532;
@@ -106,8 +107,11 @@ impl Target<'_> {
             }),
             resources,
             // /healthz fails once the role's main loop has stopped beating,
-            // so a process that is alive but stuck is restarted (or, for a
-            // replica, fails and is replaced by the operator).
+            // and a frozen process does not answer at all: either way it is
+            // restarted (or, for a replica, fails and is replaced by the
+            // operator) within about 3 s of its last answer, as the local
+            // runtime does. A stuck process ignores SIGTERM, so the grace
+            // before SIGKILL is short.
             liveness_probe: Some(Probe {
                 http_get: Some(HTTPGetAction {
                     path: Some("/healthz".into()),
@@ -115,9 +119,10 @@ impl Target<'_> {
                     ..Default::default()
                 }),
                 initial_delay_seconds: Some(10),
-                period_seconds: Some(5),
-                timeout_seconds: Some(3),
+                period_seconds: Some(1),
+                timeout_seconds: Some(1),
                 failure_threshold: Some(3),
+                termination_grace_period_seconds: Some(2),
                 ..Default::default()
             }),
             ..Default::default()
@@ -162,5 +167,37 @@ impl Target<'_> {
             node_selector: (!node_selector.is_empty()).then(|| node_selector.clone()),
             ..Default::default()
         }
+    }
+
+    /// Mounts the output claim, when the job names one, at [`OUTPUT_DIR`].
+    /// Shards and replicas (`audit_logs`) of a job with spec.output.audit
+    /// are also told to write their push logs there.
+    pub(super) fn mount_output(&self, spec: &mut PodSpec, audit_logs: bool) {
+        let output = &self.job.spec.output;
+        let Some(claim) = &output.volume_claim_name else {
+            return;
+        };
+        let wanted = !audit_logs || output.audit;
+        let Some(container) = spec.containers.first_mut().filter(|_| wanted) else {
+            return;
+        };
+        container
+            .volume_mounts
+            .get_or_insert_default()
+            .push(mount("output", OUTPUT_DIR));
+        if audit_logs {
+            container.env.get_or_insert_default().push(env(
+                "DISTBELIEF_AUDIT_DIR",
+                format!("{OUTPUT_DIR}/{}/audit", self.name),
+            ));
+        }
+        spec.volumes.get_or_insert_default().push(Volume {
+            name: "output".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: None,
+            }),
+            ..Default::default()
+        });
     }
 }

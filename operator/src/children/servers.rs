@@ -6,10 +6,9 @@ use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec,
-    PodTemplateSpec, Service, ServicePort, ServiceSpec, Volume, VolumeResourceRequirements,
-    WeightedPodAffinityTerm,
+    Affinity, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
+    PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
+    Volume, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -69,6 +68,7 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
     }
     container.readiness_probe = Some(tcp_ready("grpc"));
     let mut pod_spec = t.pod_spec(container, "Always", None);
+    t.mount_output(&mut pod_spec, true);
     if replication > 1 {
         // Members of a shard on different nodes where there are several,
         // so that one node's loss leaves every shard a member.
@@ -205,19 +205,8 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
     let mut container = t.container("coordinator", vars, None);
     // Replicas start once the coordinator answers: it loads the test set first.
     container.readiness_probe = Some(tcp_ready("grpc"));
-    if let (Some(_), Some(m)) = (claim, container.volume_mounts.as_mut()) {
-        m.push(mount("output", OUTPUT_DIR));
-    }
     let mut pod_spec: PodSpec = t.pod_spec(container, "OnFailure", Some(coordinator.clone()));
-    if let (Some(claim), Some(v)) = (claim, pod_spec.volumes.as_mut()) {
-        v.push(Volume {
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim.clone(),
-                read_only: None,
-            }),
-            ..volume("output")
-        });
-    }
+    t.mount_output(&mut pod_spec, false);
     let pod = Pod {
         metadata: t.metadata(&coordinator, "coordinator"),
         spec: Some(pod_spec),

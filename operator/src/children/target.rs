@@ -51,6 +51,14 @@ pub fn target<'a>(
             message: admission::NAME_START.into(),
         });
     }
+    let output = &job.spec.output;
+    if output.audit && output.volume_claim_name.is_none() {
+        errors.push(ValidationError {
+            field: "spec.output.audit".into(),
+            message: "on Kubernetes the audit logs go to spec.output.volumeClaimName: set it too"
+                .into(),
+        });
+    }
     let namespace = job.namespace().unwrap_or_default();
     if namespace.is_empty() {
         errors.push(ValidationError {
