@@ -337,3 +337,29 @@ fn an_evicted_partition_makes_its_unit_restart_free_whatever_its_peer_did() {
         assert_eq!(plan.status.replica_restarts, 0);
     }
 }
+
+#[test]
+fn a_replicated_shard_with_one_member_down_keeps_the_job_running() {
+    let job = job(
+        common::running_status(),
+        json!({"parameterServers": {"shards": 2, "replication": 2}}),
+    );
+    let mut pods = common::running_pods("fm");
+    pods.retain(|p| p.labels().get("distbelief.dev/role").map(String::as_str) != Some("ps"));
+    // Pods 0 and 1 are shard 0's members, 2 and 3 shard 1's.
+    let members = |ready: &[u32]| -> Vec<Pod> {
+        let mut all = pods.clone();
+        all.extend(ready.iter().map(|&k| common::ready_ps_pod("fm", k)));
+        all
+    };
+    let now = Timestamp::now();
+    let one_down = decide(&job, &members(&[1, 2, 3]), now);
+    assert_eq!(one_down.status.phase, Some(Phase::Running));
+    assert_eq!(one_down.status.shards_ready, Some(3));
+    let shard_down = decide(&job, &members(&[2, 3]), now);
+    assert_eq!(
+        shard_down.status.phase,
+        Some(Phase::Pending),
+        "shard 0 has no member serving"
+    );
+}

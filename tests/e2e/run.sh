@@ -355,9 +355,11 @@ install_chart() {
   fi
   log "helm upgrade --install $RELEASE ($IMAGE_REPO:$IMAGE_TAG${helm_mode_args[*]:+ ${helm_mode_args[*]}}) into $RELEASE_NS"
   release_installed=1
+  # --force-conflicts: fields of the CRD that the control-plane tests applied
+  # (another field manager) pass to Helm, also when this build changed them.
   # shellcheck disable=SC2086  # E2E_HELM_ARGS is a list of extra flags
   "$HELM" upgrade --install "$RELEASE" charts/distbelief -n "$RELEASE_NS" --create-namespace \
-    --set "image.repository=$IMAGE_REPO,image.tag=$IMAGE_TAG" "${helm_mode_args[@]}" ${E2E_HELM_ARGS:-} \
+    --force-conflicts --set "image.repository=$IMAGE_REPO,image.tag=$IMAGE_TAG" "${helm_mode_args[@]}" ${E2E_HELM_ARGS:-} \
     --wait --timeout "${STEP_TIMEOUT}s" || return 1
   "${KUBECTL[@]}" wait pods -n "$RELEASE_NS" --for=condition=Ready --timeout=60s \
     -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=operator" || return 1
@@ -585,9 +587,13 @@ PY
 }
 
 # 3e. Replicated shards: a job with every shard held by 2 member pods loses
-# a member of shard 0 mid-run and still reaches its target.
+# a member of shard 0 (pod deleted) and has one of shard 1 frozen (SIGSTOP)
+# mid-run. The frozen member must be restarted by its liveness probe within
+# 5 s, the job must reach its target, and on the kit the push logs on the
+# output claim must show no acknowledged push lost and none applied twice.
+replicated_audit=""
 replicated() {
-  local name=fashion-mnist-replicated uid
+  local name=fashion-mnist-replicated uid frozen=""
   python3 - "$EXAMPLE" "$work/replicated.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
 import sys
 src, dst, name = sys.argv[1:]
@@ -602,22 +608,98 @@ for old, new in [
     if old not in s:
         sys.exit(f"no {old!r}")
     s = s.replace(old, new, 1)
-s += "  faults:\n    slowReplicas:\n      - {replica: 0, factor: 20}\n      - {replica: 1, factor: 20}\n"
+s += "  faults:\n    slowReplicas:\n      - {replica: 0, factor: 40}\n      - {replica: 1, factor: 40}\n"
 open(dst, "w").write(s)
 PY
+  if [ "$mode" = kit ] && output_claim; then
+    printf '  output:\n    volumeClaimName: %s\n    audit: true\n' "$OUTPUT_CLAIM" >>"$work/replicated.yaml"
+    replicated_audit=1
+  fi
   "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/replicated.yaml" >/dev/null || return 1
-  log "applied $JOB_NS/$name (2 shards x 2 members: 4 shard pods)"
+  log "applied $JOB_NS/$name (2 shards x 2 members: 4 shard pods${replicated_audit:+; push audit on claim $OUTPUT_CLAIM})"
   job_wait "$name" "$STEP_TIMEOUT" "phase Running with step > 0" t_training || return 1
   [ "$(pods "$name" distbelief.dev/role=ps | grep -c pod/)" -eq 4 ] || { echo "$name: expected 4 shard pods"; return 1; }
   uid=$(jp "pod/$name-ps-0" '{.metadata.uid}')
   log "$name: step $J_STEP; deleting pod $name-ps-0 (member 0 of shard 0)"
   "${KUBECTL[@]}" delete pod -n "$JOB_NS" "$name-ps-0" --wait=false >/dev/null || return 1
+  if [ "$mode" = kit ]; then
+    freeze_until_restarted "$name-ps-3" || return 1
+    frozen=1
+  fi
   job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
   log "$name: final phase $J_PHASE, testAccuracy $J_ACC"
   [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
   ge "$J_ACC" 0.8 || { echo "$name: testAccuracy $J_ACC < 0.8"; return 1; }
   [ "$(jp "pod/$name-ps-0" '{.metadata.uid}')" != "$uid" ] 2>/dev/null || log "$name: pod ps-0 already cleaned up"
+  [ -n "$frozen" ] || log "$name: no member frozen (only on the kit are the pods' processes on this machine)"
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+}
+
+# The host PID of the distbelief process in pod $1 (kit: its containers run
+# on this machine, with the pod's name as HOSTNAME).
+pod_pid() {
+  local p
+  for p in /proc/[0-9]*; do
+    tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qx "HOSTNAME=$1" || continue
+    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q distbelief || continue
+    echo "${p#/proc/}"
+    return 0
+  done
+  return 1
+}
+
+# Freezes pod $1's process (SIGSTOP) and waits for its container to be
+# restarted. Passes when the kubelet killed it for its liveness probe
+# within 5 s of the freeze (event times are whole seconds).
+freeze_until_restarted() {
+  local pod=$1 pid before count t0 t1 killed detect started age
+  # The probe starts 10 s after the container (initialDelaySeconds).
+  started=$(jp "pod/$pod" '{.status.containerStatuses[0].state.running.startedAt}')
+  [ -n "$started" ] || { echo "$pod is not running"; return 1; }
+  age=$(($(date +%s) - $(date -d "$started" +%s)))
+  [ "$age" -ge 12 ] || { log "$pod: started ${age} s ago; waiting until its liveness probe runs"; sleep $((12 - age)); }
+  pid=$(pod_pid "$pod") || { echo "no process of $pod on this machine"; return 1; }
+  before=$(jp "pod/$pod" '{.status.containerStatuses[0].restartCount}')
+  t0=$(date +%s.%N)
+  kill -STOP "$pid" || return 1
+  log "$pod: froze pid $pid (container restarts so far: ${before:-0}); waiting for the liveness probe"
+  while :; do
+    count=$(jp "pod/$pod" '{.status.containerStatuses[0].restartCount}')
+    [ "${count:-0}" -gt "${before:-0}" ] && break
+    if awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN { exit !(a - b > 60) }'; then
+      kill -CONT "$pid" 2>/dev/null
+      echo "$pod: not restarted within 60 s of freezing"
+      return 1
+    fi
+    sleep 0.2
+  done
+  t1=$(date +%s.%N)
+  killed=$("${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$pod,reason=Killing" \
+    -o 'jsonpath={range .items[*]}{.lastTimestamp}{"|"}{.message}{"\n"}{end}' 2>/dev/null | grep -i liveness | tail -1)
+  [ -n "$killed" ] || { echo "$pod: restarted, but no Killing event names the liveness probe"; return 1; }
+  detect=$(($(date -d "${killed%%|*}" +%s) - ${t0%.*}))
+  log "$pod: \"${killed#*|}\" ${detect} s after the freeze; running again (restart $count) $(awk -v a="$t1" -v b="$t0" 'BEGIN { printf "%.1f", a - b }') s after it"
+  [ "$detect" -le 5 ] || { echo "$pod: the liveness probe fired $detect s after the freeze (> 5 s)"; return 1; }
+}
+
+# 3f. The push logs of fashion-mnist-replicated, read from the output claim.
+replicated_pushes() {
+  local name=fashion-mnist-replicated host dir out
+  host=$(output_host_dir) || { echo "$host"; return 1; }
+  dir=$host/$name/audit
+  log "$name: push logs in $dir: $(ls "$dir" 2>/dev/null | tr '\n' ' ')"
+  log "distbelief audit $work/replicated.yaml --dir $dir --json"
+  out=$(timeout 120 "$BINARY" audit "$work/replicated.yaml" --dir "$dir" --json)
+  log "$name: audit: $out"
+  printf '%s' "$out" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+if v["acknowledged"] < 1:
+    sys.exit("no acknowledged push in the logs")
+if v["lost"] or v["duplicated"]:
+    sys.exit("%d acknowledged pushes lost, %d applied twice" % (v["lost"], v["duplicated"]))
+print("%d pushes acknowledged, %d applied: 0 lost, 0 applied twice" % (v["acknowledged"], v["applied"]))
+' || return 1
 }
 
 # --- 4. the long job: failures it must survive --------------------------------
@@ -632,12 +714,38 @@ default_storage_class() {
   "${KUBECTL[@]}" get storageclass -o \
     'jsonpath={range .items[*]}{.metadata.annotations.storageclass\.kubernetes\.io/is-default-class}{"\n"}{end}' 2>/dev/null | grep -qx true
 }
+# The suite's output claim, created on first use when the cluster has a
+# default StorageClass (sets with_output).
+output_claim() {
+  [ -n "$with_output" ] && return 0
+  default_storage_class || return 1
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f - >/dev/null <<EOF || return 1
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: $OUTPUT_CLAIM
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 100Mi
+EOF
+  log "created claim $JOB_NS/$OUTPUT_CLAIM (ReadWriteOnce, 100Mi, default StorageClass)"
+  with_output=1
+}
+
+# Where the output claim's files are on this machine (kit: a hostPath volume).
+output_host_dir() {
+  local pv host
+  pv=$(jp "pvc/$OUTPUT_CLAIM" '{.spec.volumeName}')
+  [ -n "$pv" ] || { echo "claim $OUTPUT_CLAIM is not bound"; return 1; }
+  host=$("${KUBECTL[@]}" get pv "$pv" -o 'jsonpath={.spec.hostPath.path}' 2>/dev/null)
+  [ -n "$host" ] || { echo "PersistentVolume $pv has no hostPath"; return 1; }
+  echo "$host"
+}
+
 apply_long() {
-  if default_storage_class; then
-    with_output=1
-  else
-    log "no default StorageClass: $LONG runs without spec.output (and shards checkpoint to emptyDir)"
-  fi
+  output_claim || log "no default StorageClass: $LONG runs without spec.output (and shards checkpoint to emptyDir)"
   sed -e "s/^  name: .*/  name: $LONG/" \
       -e 's/^\(    targetTestAccuracy:\) .*/\1 0.999/' \
       -e "s/^\(    maxSeconds:\) .*/\1 $LONG_MAX_SECONDS/" \
@@ -650,20 +758,6 @@ apply_long() {
   [ "$(grep -c -e "^  name: $LONG\$" -e '^    targetTestAccuracy: 0.999$' -e "^    maxSeconds: $LONG_MAX_SECONDS\$" \
     -e '^    maxEpochs: 1000$' "$work/long.yaml")" = 4 ] ||
     { echo "could not derive $LONG from $EXAMPLE (metadata.name, stop.targetTestAccuracy, stop.maxSeconds, stop.maxEpochs)"; return 1; }
-  if [ -n "$with_output" ]; then
-    "${KUBECTL[@]}" apply -n "$JOB_NS" -f - >/dev/null <<EOF || return 1
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: $OUTPUT_CLAIM
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 100Mi
-EOF
-    log "created claim $JOB_NS/$OUTPUT_CLAIM (ReadWriteOnce, 100Mi, default StorageClass)"
-  fi
   "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/long.yaml" >/dev/null || return 1
   long_applied=1
   log "applied $JOB_NS/$LONG (the example with targetTestAccuracy 0.999, maxEpochs 1000, maxSeconds $LONG_MAX_SECONDS${with_output:+, output.volumeClaimName $OUTPUT_CLAIM})"
@@ -809,10 +903,8 @@ long_model() {
     "$OUTPUT_MOUNT" | "$OUTPUT_MOUNT"/*) ;;
     *) echo "model.path $path is not under $OUTPUT_MOUNT, where the claim is mounted"; return 1 ;;
   esac
+  host=$(output_host_dir) || { echo "$host"; return 1; }
   pv=$(jp "pvc/$OUTPUT_CLAIM" '{.spec.volumeName}')
-  [ -n "$pv" ] || { echo "claim $OUTPUT_CLAIM is not bound"; return 1; }
-  host=$("${KUBECTL[@]}" get pv "$pv" -o 'jsonpath={.spec.hostPath.path}' 2>/dev/null)
-  [ -n "$host" ] || { echo "PersistentVolume $pv has no hostPath"; return 1; }
   rel=${path#"$OUTPUT_MOUNT"}
   dir=$host$rel
   [[ "$dir" == *.safetensors ]] && dir=$(dirname "$dir")   # a path to the file itself
@@ -886,7 +978,12 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
     step "$MODEL_PARALLEL (smaller): a replica of 2 partition pods trading activations reaches Succeeded" model_parallel
-    step "fashion-mnist-replicated (2 members per shard): a member pod of shard 0 is deleted mid-run and the job still reaches Succeeded" replicated
+    step "fashion-mnist-replicated (2 members per shard): a member pod of shard 0 is deleted and one of shard 1 frozen mid-run (restarted by its liveness probe within 5 s); the job reaches Succeeded" replicated
+    if [ -n "$replicated_audit" ]; then
+      step "fashion-mnist-replicated: its push logs on the output claim show 0 acknowledged pushes lost and 0 applied twice" replicated_pushes
+    else
+      skip "fashion-mnist-replicated push audit (needs the kit, where this machine reads the claim, and a default StorageClass)"
+    fi
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
       step "${LONG_STEPS[1]}" long_shard

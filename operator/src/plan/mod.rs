@@ -245,7 +245,8 @@ fn suspend(plan: &mut Plan, t: &Target, live: &[&Pod], now: Timestamp) {
 struct Servers {
     shards_ready: u32,
     coordinator_ready: bool,
-    /// Every shard and the coordinator are ready: replicas may start.
+    /// Every shard (some member of it) and the coordinator are ready:
+    /// replicas may start.
     ready: bool,
 }
 
@@ -302,10 +303,18 @@ fn servers(
     let wanted = ps.shards * ps.replication;
     plan.shards_missing = (ps_pods.len() as u32) < wanted;
     let coordinator_ready = coordinator.is_some_and(|c| phase_of(c) == "Running" && is_ready(c));
+    // A shard serves while any member does: one member restarting (it
+    // catches up before it serves) does not hold the job up.
+    let serving: std::collections::BTreeSet<u32> = ps_pods
+        .iter()
+        .filter(|p| is_ready(p))
+        .filter_map(|p| p.name_any().rsplit('-').next()?.parse::<u32>().ok())
+        .map(|k| k / ps.replication.max(1))
+        .collect();
     Some(Servers {
         shards_ready,
         coordinator_ready,
-        ready: shards_ready == wanted && coordinator_ready,
+        ready: serving.len() as u32 == ps.shards && coordinator_ready,
     })
 }
 
