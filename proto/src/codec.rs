@@ -9,6 +9,16 @@ use bytes::{Bytes, BytesMut};
 pub const MAX_CHUNK_VALUES: usize = 1 << 18;
 
 /// Encodes values as little-endian f32 bytes.
+/// Writes `values` as little-endian f32 bytes, without a copy where the
+/// machine is little-endian.
+pub fn write_f32<W: std::io::Write>(w: &mut W, values: &[f32]) -> std::io::Result<()> {
+    if cfg!(target_endian = "little") {
+        w.write_all(bytemuck::cast_slice(values))
+    } else {
+        w.write_all(&encode_f32(values))
+    }
+}
+
 pub fn encode_f32(values: &[f32]) -> Bytes {
     let mut out = BytesMut::with_capacity(values.len() * 4);
     if cfg!(target_endian = "little") {

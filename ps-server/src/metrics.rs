@@ -14,6 +14,7 @@ pub struct PsMetrics {
     pub version: IntGauge,
     pub apply_seconds: Histogram,
     pub checkpoint_seconds: Histogram,
+    pub checkpoint_hold_seconds: Histogram,
     pub forward_failures: IntCounter,
     pub fenced_forwards: IntCounter,
 }
@@ -65,6 +66,13 @@ impl PsMetrics {
                 HistogramOpts::new("ps_checkpoint_seconds", "Time to write one checkpoint")
                     .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
             )?,
+            checkpoint_hold_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "ps_checkpoint_hold_seconds",
+                    "Time a checkpoint holds pushes back: the state read into the page cache under the read lock",
+                )
+                .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
+            )?,
             forward_failures: IntCounter::new(
                 "ps_forward_failures_total",
                 "Replication: pushes the head could not forward to a member, which was then taken out of the chain",
@@ -87,6 +95,7 @@ impl PsMetrics {
                 Box::new(m.version.clone()),
                 Box::new(m.apply_seconds.clone()),
                 Box::new(m.checkpoint_seconds.clone()),
+                Box::new(m.checkpoint_hold_seconds.clone()),
                 Box::new(m.forward_failures.clone()),
                 Box::new(m.fenced_forwards.clone()),
             ],

@@ -80,7 +80,7 @@ pub fn write_to<W: Write>(inner: W, shard: &Shard) -> std::io::Result<W> {
         .chunks(1 << 16)
         .chain(shard.accum.chunks(1 << 16))
     {
-        w.write_all(&distbelief_proto::codec::encode_f32(chunk))?;
+        distbelief_proto::codec::write_f32(&mut w, chunk)?;
     }
     let table = shard.push_table();
     w.write_all(&(table.fences.len() as u64).to_le_bytes())?;
@@ -108,6 +108,22 @@ pub fn write_to<W: Write>(inner: W, shard: &Shard) -> std::io::Result<W> {
 
 /// Writes the shard's checkpoint atomically into `dir`.
 pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
+    write_unsynced(dir, shard)?.commit()
+}
+
+/// A checkpoint written beside its final name, not yet on disk for sure.
+#[derive(Debug)]
+pub struct Unsynced {
+    file: File,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+/// Writes the shard's checkpoint into the page cache under a temporary
+/// name. This is as quick as copying the state, and holds no second copy
+/// in the process: a caller that must keep the shard still while it is
+/// read can let go before the slow part, [`Unsynced::commit`].
+pub fn write_unsynced(dir: &Path, shard: &Shard) -> Result<Unsynced, PsError> {
     let path = path_for(dir, shard.index);
     let tmp = path.with_extension("ckpt.tmp");
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
@@ -116,12 +132,21 @@ pub fn save(dir: &Path, shard: &Shard) -> Result<PathBuf, PsError> {
     let file = inner
         .into_inner()
         .map_err(|e| io_err(&tmp)(e.into_error()))?;
-    file.sync_all().map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
+    Ok(Unsynced { file, tmp, path })
+}
+
+impl Unsynced {
+    /// Syncs the file and gives it its final name, atomically replacing
+    /// the previous checkpoint.
+    pub fn commit(self) -> Result<PathBuf, PsError> {
+        let Unsynced { file, tmp, path } = self;
+        file.sync_all().map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        if let Some(d) = path.parent().and_then(|d| File::open(d).ok()) {
+            let _ = d.sync_all();
+        }
+        Ok(path)
     }
-    Ok(path)
 }
 
 impl Saved {
