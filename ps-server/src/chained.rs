@@ -21,6 +21,8 @@ use crate::service::{Route, ShardService};
 const FORWARD_ROUNDS: usize = 3;
 /// Longest the head waits for the push slot to send its state.
 const HOLD_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a member keeps a forward that overtook its predecessor.
+const EARLY_FORWARD_WAIT: Duration = Duration::from_secs(3);
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -149,7 +151,56 @@ impl ShardService {
                 route.chain_epoch, m.me, m.shard, chain.epoch
             )));
         }
-        let applied = tokio::task::block_in_place(|| {
+        // The head keeps several forwards in flight: one that overtook its
+        // predecessor waits for it, as long as a forward may take.
+        let early_until = tokio::time::Instant::now() + EARLY_FORWARD_WAIT;
+        let applied = loop {
+            let version = self.state.read().unwrap_or_else(|p| p.into_inner()).version;
+            if version + 1 >= route.forwarded_version {
+                break self.apply_in_order(h, route, values);
+            }
+            let mut versions = self.versions.subscribe();
+            let caught_up = versions.wait_for(|&v| v + 1 >= route.forwarded_version);
+            if tokio::time::timeout_at(early_until, caught_up)
+                .await
+                .is_err()
+            {
+                break Err(format!(
+                    "at version {version}, missing pushes before {}",
+                    route.forwarded_version
+                ));
+            }
+        };
+        match applied {
+            Ok((version, shard_epoch)) => {
+                self.metrics.version.set(version as i64);
+                self.versions.send_replace(version);
+                Ok(PushReply {
+                    version,
+                    applied: true,
+                    staleness: 0,
+                    waiting: false,
+                    shard_epoch,
+                })
+            }
+            Err(why) => {
+                m.leave(&why);
+                Err(Status::data_loss(format!(
+                    "member {} of shard {} diverged from the head ({why}); it catches up again",
+                    m.me, m.shard
+                )))
+            }
+        }
+    }
+
+    /// Applies a forward that comes next, or recognises one applied before.
+    fn apply_in_order(
+        &self,
+        h: PushHeader,
+        route: Route,
+        values: &[f32],
+    ) -> Result<(u64, u64), String> {
+        tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
             if s.version >= route.forwarded_version {
                 // A repeat of one this member has: nothing to do.
@@ -177,27 +228,7 @@ impl ShardService {
                 }
                 other => Err(format!("the forwarded push came out as {other:?}")),
             }
-        });
-        match applied {
-            Ok((version, shard_epoch)) => {
-                self.metrics.version.set(version as i64);
-                self.versions.send_replace(version);
-                Ok(PushReply {
-                    version,
-                    applied: true,
-                    staleness: 0,
-                    waiting: false,
-                    shard_epoch,
-                })
-            }
-            Err(why) => {
-                m.leave(&why);
-                Err(Status::data_loss(format!(
-                    "member {} of shard {} diverged from the head ({why}); it catches up again",
-                    m.me, m.shard
-                )))
-            }
-        }
+        })
     }
 
     /// The head sends its state to a member that joins, with pushes held,

@@ -14,6 +14,8 @@ use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
     CatchUpRequest, ChainConfig, ChainRequest, ChainRequestKind, GradientChunk, StateBytes,
 };
+use futures::FutureExt;
+use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 use tonic::transport::Channel;
@@ -36,6 +38,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 const POLL_EVERY: Duration = Duration::from_millis(200);
 /// Longest a forward to a member may take before the head has it taken out.
 const FORWARD_DEADLINE: Duration = Duration::from_secs(3);
+/// Forwards in flight to one member at once.
+const FORWARD_WINDOW: usize = 4;
 /// Longest a catch-up (the head's whole state) may take.
 const CATCH_UP_DEADLINE: Duration = Duration::from_secs(120);
 /// State bytes per message of a catch-up.
@@ -178,21 +182,48 @@ impl Membership {
         answer
     }
 
+    /// Up to [`FORWARD_WINDOW`] forwards travel at once (the member applies
+    /// them in order); answers come back in the order of the queue. After
+    /// the first failure every later push fails too, so that none is
+    /// acknowledged past a gap.
     fn spawn_forwarder(self: &Arc<Self>, to: u32) -> mpsc::UnboundedSender<Job> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Job>();
         let me = self.clone();
         tokio::spawn(async move {
             let mut broken: Option<(tonic::Code, String)> = None;
-            while let Some(job) = rx.recv().await {
-                let result = match (&broken, job.chunks) {
-                    (Some((code, msg)), _) => Err(Status::new(*code, msg.clone())),
-                    (None, None) => Ok(()),
-                    (None, Some(chunks)) => me.forward(to, chunks).await,
-                };
-                if let Err(s) = &result {
-                    broken.get_or_insert((s.code(), s.message().to_string()));
+            let mut in_flight = FuturesOrdered::new();
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    job = rx.recv(), if open && in_flight.len() < FORWARD_WINDOW => {
+                        let Some(job) = job else {
+                            open = false;
+                            continue;
+                        };
+                        let me = me.clone();
+                        let gone = broken.clone();
+                        in_flight.push_back(async move {
+                            let result = match (gone, job.chunks) {
+                                (Some((code, msg)), _) => Err(Status::new(code, msg)),
+                                (None, None) => Ok(()),
+                                (None, Some(chunks)) => me.forward(to, chunks).await,
+                            };
+                            (result, job.done)
+                        }
+                        .boxed());
+                    }
+                    Some((result, done)) = in_flight.next(), if !in_flight.is_empty() => {
+                        let result = match &broken {
+                            Some((code, msg)) => Err(Status::new(*code, msg.clone())),
+                            None => result,
+                        };
+                        if let Err(s) = &result {
+                            broken.get_or_insert((s.code(), s.message().to_string()));
+                        }
+                        let _ = done.send(result);
+                    }
+                    else => break,
                 }
-                let _ = job.done.send(result);
             }
         });
         tx

@@ -144,6 +144,9 @@ impl ShardService {
         let h = assembly.finish().map_err(|e| self.refuse_unassembled(e))?;
         if let Some(m) = &self.chain {
             if route.forwarded_version > 0 {
+                // The next forward may arrive meanwhile: this one may be
+                // waiting for an earlier one still on its way.
+                drop(permit);
                 let reply = self.apply_forwarded(m, h, route, &assembly.values).await;
                 self.recycle(std::mem::take(&mut assembly.values));
                 return reply;

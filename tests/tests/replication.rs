@@ -338,3 +338,49 @@ async fn a_forward_from_an_old_epoch_is_refused_and_changes_nothing() {
     assert!(err.to_string().contains("not its chain's head"), "{err}");
     assert_eq!(m.version(backup).await, before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_that_overtakes_its_predecessor_waits_for_it_and_both_apply_in_order() {
+    let m = Members::start().await;
+    let (epoch, chain) = m.chain_of(2).await;
+    let backup = chain[1];
+    let n = m.job.layout.len();
+    let before = m.version(backup).await;
+    let forward = |sequence: u64| GradientChunk {
+        shard: 0,
+        replica: 0,
+        incarnation: 1,
+        sequence,
+        offset: 0,
+        values: encode_f32(&vec![0.5; n]),
+        steps: 1,
+        chain_epoch: epoch,
+        forwarded_version: before + sequence,
+        ..Default::default()
+    };
+    // The second push's forward arrives first: the member holds it.
+    let mut second = m.raw(backup);
+    let early = forward(2);
+    let held = tokio::spawn(async move { second.push(tokio_stream::iter(vec![early])).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !held.is_finished(),
+        "the early forward waits for its predecessor"
+    );
+    assert_eq!(
+        m.version(backup).await,
+        before,
+        "nothing applied out of order"
+    );
+    let first = m
+        .raw(backup)
+        .push(tokio_stream::iter(vec![forward(1)]))
+        .await;
+    assert_eq!(
+        first.expect("the first forward applies").get_ref().version,
+        before + 1
+    );
+    let second = held.await.expect("task").expect("then the second applies");
+    assert_eq!(second.get_ref().version, before + 2);
+    assert_eq!(m.version(backup).await, before + 2);
+}
