@@ -127,6 +127,56 @@ impl ShardService {
         route: Route,
         values: &[f32],
     ) -> Result<PushReply, Status> {
+        // The head keeps several forwards in flight: one that overtook its
+        // predecessor waits for it, as long as a forward may take. The chain
+        // is checked again after every wait, since it may change meanwhile.
+        let early_until = tokio::time::Instant::now() + EARLY_FORWARD_WAIT;
+        let applied = loop {
+            self.check_forward(m, route).await?;
+            let version = self.state.read().unwrap_or_else(|p| p.into_inner()).version;
+            if version + 1 >= route.forwarded_version {
+                break self.apply_in_order(h, route, values);
+            }
+            let mut versions = self.versions.subscribe();
+            let caught_up = versions.wait_for(|&v| v + 1 >= route.forwarded_version);
+            if tokio::time::timeout_at(early_until, caught_up)
+                .await
+                .is_err()
+            {
+                // Refused, and nothing changed: what this member holds is
+                // still a prefix of the head's order. The head (if alive)
+                // takes it out of the chain for the failed forward.
+                return Err(Status::unavailable(format!(
+                    "member {} of shard {} is at version {version}; the pushes before {} never came",
+                    m.me, m.shard, route.forwarded_version
+                )));
+            }
+        };
+        match applied {
+            Ok((version, shard_epoch)) => {
+                self.metrics.version.set(version as i64);
+                self.versions.send_replace(version);
+                Ok(PushReply {
+                    version,
+                    applied: true,
+                    staleness: 0,
+                    waiting: false,
+                    shard_epoch,
+                })
+            }
+            Err(why) => {
+                m.leave(&why);
+                Err(Status::data_loss(format!(
+                    "member {} of shard {} diverged from the head ({why}); it catches up again",
+                    m.me, m.shard
+                )))
+            }
+        }
+    }
+
+    /// Refuses (changing nothing) a forward when this member is not in its
+    /// chain or the forward is not from the current head's epochs.
+    async fn check_forward(&self, m: &Membership, route: Route) -> Result<(), Status> {
         let mut chain = m.chain();
         if chain.as_ref().is_none_or(|c| c.epoch < route.chain_epoch) {
             let _ = m.ask(ChainRequestKind::Poll, 0).await;
@@ -151,46 +201,7 @@ impl ShardService {
                 route.chain_epoch, m.me, m.shard, chain.epoch
             )));
         }
-        // The head keeps several forwards in flight: one that overtook its
-        // predecessor waits for it, as long as a forward may take.
-        let early_until = tokio::time::Instant::now() + EARLY_FORWARD_WAIT;
-        let applied = loop {
-            let version = self.state.read().unwrap_or_else(|p| p.into_inner()).version;
-            if version + 1 >= route.forwarded_version {
-                break self.apply_in_order(h, route, values);
-            }
-            let mut versions = self.versions.subscribe();
-            let caught_up = versions.wait_for(|&v| v + 1 >= route.forwarded_version);
-            if tokio::time::timeout_at(early_until, caught_up)
-                .await
-                .is_err()
-            {
-                break Err(format!(
-                    "at version {version}, missing pushes before {}",
-                    route.forwarded_version
-                ));
-            }
-        };
-        match applied {
-            Ok((version, shard_epoch)) => {
-                self.metrics.version.set(version as i64);
-                self.versions.send_replace(version);
-                Ok(PushReply {
-                    version,
-                    applied: true,
-                    staleness: 0,
-                    waiting: false,
-                    shard_epoch,
-                })
-            }
-            Err(why) => {
-                m.leave(&why);
-                Err(Status::data_loss(format!(
-                    "member {} of shard {} diverged from the head ({why}); it catches up again",
-                    m.me, m.shard
-                )))
-            }
-        }
+        Ok(())
     }
 
     /// Applies a forward that comes next, or recognises one applied before.

@@ -383,4 +383,15 @@ async fn a_forward_that_overtakes_its_predecessor_waits_for_it_and_both_apply_in
     let second = held.await.expect("task").expect("then the second applies");
     assert_eq!(second.get_ref().version, before + 2);
     assert_eq!(m.version(backup).await, before + 2);
+    // One whose predecessor never comes is refused after its wait, and
+    // the member keeps what it has and stays in the chain.
+    let status = m
+        .raw(backup)
+        .push(tokio_stream::iter(vec![forward(4)]))
+        .await
+        .expect_err("push 3 never came");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+    assert_eq!(m.version(backup).await, before + 2);
+    let (_, members) = m.chain_of(2).await;
+    assert!(members.contains(&backup), "{members:?}");
 }
