@@ -31,6 +31,21 @@ pub struct PushId {
 }
 
 impl PushId {
+    /// One mini-batch's gradient from `replica`'s process `incarnation`,
+    /// computed on the shard's first parameters: what tools and tests push.
+    pub fn gradient(replica: u32, incarnation: u64, sequence: u64) -> PushId {
+        PushId {
+            replica,
+            incarnation,
+            sequence,
+            base: Stamp::default(),
+            steps: 1,
+            fence: 0,
+            average: false,
+            grant: None,
+        }
+    }
+
     fn fence(&self) -> u64 {
         if self.fence == 0 {
             self.incarnation

@@ -70,16 +70,7 @@ spec:
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for seq in 1..=3 {
-        let id = PushId {
-            replica: 0,
-            incarnation: 1,
-            sequence: seq,
-            base: Default::default(),
-            steps: 1,
-            fence: 0,
-            average: false,
-            grant: None,
-        };
+        let id = PushId::gradient(0, 1, seq);
         shard
             .push(shard.dense_chunks(id, &vec![0.1; n]))
             .await

@@ -9,7 +9,7 @@ use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
     ChainRequest, ChainRequestKind, FetchRequest, GradientChunk, InfoRequest,
 };
-use distbelief_ps_client::{PushId, ShardClient, Stamp};
+use distbelief_ps_client::{PushId, ShardClient};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -187,15 +187,23 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 }
 
 fn id(sequence: u64) -> PushId {
-    PushId {
+    PushId::gradient(0, 1, sequence)
+}
+
+/// A forward of push `sequence` as a head sends it: all `n` values in one
+/// chunk, stamped with its chain epoch and the version it made there.
+fn forward(n: usize, sequence: u64, chain_epoch: u64, forwarded_version: u64) -> GradientChunk {
+    GradientChunk {
+        shard: 0,
         replica: 0,
         incarnation: 1,
         sequence,
-        base: Stamp::default(),
+        offset: 0,
+        values: encode_f32(&vec![0.5; n]),
         steps: 1,
-        fence: 0,
-        average: false,
-        grant: None,
+        chain_epoch,
+        forwarded_version,
+        ..Default::default()
     }
 }
 
@@ -302,21 +310,14 @@ async fn a_forward_from_an_old_epoch_is_refused_and_changes_nothing() {
     // From before the current head took over (a member since cut out), and
     // from an epoch the chain has not reached.
     for chain_epoch in [0, epoch + 5] {
-        let forward = GradientChunk {
-            shard: 0,
-            replica: 0,
-            incarnation: 1,
-            sequence: 1,
-            offset: 0,
-            values: encode_f32(&vec![0.5; n]),
-            steps: 1,
-            chain_epoch,
-            forwarded_version: before + 1,
-            ..Default::default()
-        };
         let status = m
             .raw(backup)
-            .push(tokio_stream::iter(vec![forward]))
+            .push(tokio_stream::iter(vec![forward(
+                n,
+                1,
+                chain_epoch,
+                before + 1,
+            )]))
             .await
             .expect_err("a forward from another epoch is refused");
         assert_eq!(status.code(), tonic::Code::FailedPrecondition);
@@ -346,18 +347,7 @@ async fn a_forward_that_overtakes_its_predecessor_waits_for_it_and_both_apply_in
     let backup = chain[1];
     let n = m.job.layout.len();
     let before = m.version(backup).await;
-    let forward = |sequence: u64| GradientChunk {
-        shard: 0,
-        replica: 0,
-        incarnation: 1,
-        sequence,
-        offset: 0,
-        values: encode_f32(&vec![0.5; n]),
-        steps: 1,
-        chain_epoch: epoch,
-        forwarded_version: before + sequence,
-        ..Default::default()
-    };
+    let forward = |sequence: u64| forward(n, sequence, epoch, before + sequence);
     // The second push's forward arrives first: the member holds it.
     let mut second = m.raw(backup);
     let early = forward(2);

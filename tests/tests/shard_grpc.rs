@@ -22,16 +22,7 @@ spec:
 ";
 
 fn id(sequence: u64) -> PushId {
-    PushId {
-        replica: 0,
-        incarnation: 42,
-        sequence,
-        base: Default::default(),
-        steps: 1,
-        fence: 0,
-        average: false,
-        grant: None,
-    }
+    PushId::gradient(0, 42, sequence)
 }
 
 /// A whole push split the way replicas split it.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use clap::Parser;
-use distbelief_ps_client::{PushId, ShardClient, Stamp};
+use distbelief_ps_client::{PushId, ShardClient};
 
 const JOB: &str = "apiVersion: distbelief.dev/v1alpha1
 kind: DistBeliefJob
@@ -181,16 +181,7 @@ fn run(
                 let mut sequence = 0;
                 while Instant::now() < stop {
                     sequence += 1;
-                    let id = PushId {
-                        replica,
-                        incarnation: 1,
-                        sequence,
-                        base: Stamp::default(),
-                        steps: 1,
-                        fence: 0,
-                        average: false,
-                        grant: None,
-                    };
+                    let id = PushId::gradient(replica, 1, sequence);
                     let chunks = client.dense_chunks(id, &grad);
                     let started = Instant::now();
                     client.push(chunks).await?;

@@ -99,16 +99,7 @@ pub fn fetch_push(
         // Allocated as a replica allocates its fetch and push buffers.
         let mut params = distbelief_model::memory::large_buffer(len, 0.0);
         let grad = distbelief_model::memory::large_buffer(len, 1e-4);
-        let push = |sequence| PushId {
-            replica: 0,
-            incarnation: 1,
-            sequence,
-            base: Default::default(),
-            steps: 1,
-            fence: 0,
-            average: false,
-            grant: None,
-        };
+        let push = |sequence| PushId::gradient(0, 1, sequence);
         client.fetch_into(&mut params).await?;
         client.push(client.dense_chunks(push(1), &grad)).await?;
         // Fetch and push run side by side, as a replica runs them.

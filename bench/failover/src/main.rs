@@ -12,7 +12,7 @@ use anyhow::{Context, ensure};
 use clap::Parser;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{ChainRequest, ChainRequestKind};
-use distbelief_ps_client::{PushId, ShardClient, Stamp};
+use distbelief_ps_client::{PushId, ShardClient};
 
 /// The 10M-parameter model of bench-downpour's microbenchmarks, on one
 /// shard held by two members.
@@ -163,16 +163,7 @@ fn main() -> anyhow::Result<()> {
         let mut sequence = 0u64;
         let mut push = async |client: &mut ShardClient| -> anyhow::Result<Duration> {
             sequence += 1;
-            let id = PushId {
-                replica: 0,
-                incarnation: 1,
-                sequence,
-                base: Stamp::default(),
-                steps: 1,
-                fence: 0,
-                average: false,
-                grant: None,
-            };
+            let id = PushId::gradient(0, 1, sequence);
             let chunks = client.dense_chunks(id, &grad);
             let started = Instant::now();
             loop {
