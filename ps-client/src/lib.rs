@@ -32,6 +32,13 @@ pub use distbelief_ps::vectors;
 /// the head (a member index).
 pub const HEAD_KEY: &str = "x-distbelief-head";
 
+/// The rest of an exchange once its parameters are in: the shard's
+/// acknowledgement of the push (see [`ShardClient::acknowledged`]).
+#[derive(Debug)]
+pub struct Acknowledgement {
+    stream: tonic::Streaming<ParameterChunk>,
+}
+
 /// A parameter-server client for `addr`, with the project's message limits.
 pub fn ps_client(
     addr: &str,
@@ -174,7 +181,7 @@ impl ShardClient {
             Ok::<_, tonic::Status>(stream)
         })
         .await;
-        let stream = match fetched {
+        let mut stream = match fetched {
             Ok(Ok(stream)) => stream,
             Ok(Err(status)) => return Err(self.rpc(status)),
             Err(_) => {
@@ -183,7 +190,13 @@ impl ShardClient {
                 ))));
             }
         };
-        match tokio::time::timeout(deadline, self.receive_parameters(stream, out)).await {
+        let received = async {
+            let version = self.receive_parameters(&mut stream, out).await?;
+            self.end(&mut stream).await?;
+            Ok(version)
+        };
+        let received = tokio::time::timeout(deadline, received).await;
+        match received {
             Ok(r) => r,
             Err(_) => Err(self.rpc(tonic::Status::deadline_exceeded(format!(
                 "fetch did not complete within {deadline:?}"
@@ -191,16 +204,19 @@ impl ShardClient {
         }
     }
 
-    /// Reads a stream of parameter chunks that must cover the range exactly.
+    /// Reads parameter chunks until they cover the range exactly.
     async fn receive_parameters(
         &mut self,
-        mut stream: tonic::Streaming<ParameterChunk>,
+        stream: &mut tonic::Streaming<ParameterChunk>,
         out: &mut [f32],
     ) -> Result<Stamp, ClientError> {
         debug_assert_eq!(out.len(), self.range.len());
         let mut next = self.range.start;
         let mut version = None;
-        while let Some(chunk) = stream.message().await.map_err(|s| self.rpc(s))? {
+        while next < self.range.end {
+            let Some(chunk) = stream.message().await.map_err(|s| self.rpc(s))? else {
+                break;
+            };
             let n = chunk.values.len() / 4;
             if chunk.offset as usize != next || next + n > self.range.end {
                 return Err(self.bad(format!(
@@ -224,6 +240,21 @@ impl ShardClient {
         Ok(version.unwrap_or_default())
     }
 
+    /// Reads the end of a parameter stream: nothing more, and an OK status.
+    async fn end(
+        &mut self,
+        stream: &mut tonic::Streaming<ParameterChunk>,
+    ) -> Result<(), ClientError> {
+        match stream.message().await {
+            Ok(None) => Ok(()),
+            Ok(Some(chunk)) => Err(self.bad(format!(
+                "a chunk at offset {} past the end of the range",
+                chunk.offset
+            ))),
+            Err(s) => Err(self.rpc(s)),
+        }
+    }
+
     /// Pushes one gradient for the whole range, as chunks made by
     /// [`Self::dense_chunks`] or [`Self::threshold_chunks`].
     pub async fn push(&mut self, chunks: Vec<GradientChunk>) -> Result<PushReply, ClientError> {
@@ -239,18 +270,20 @@ impl ShardClient {
 
     /// Pushes one gradient and reads the parameters the shard answers with,
     /// as they are right after the push was applied, into `out`. Returns
-    /// where they stand.
+    /// where they stand, and the acknowledgement still to come: a replicated
+    /// shard sends its parameters while its other members apply the push,
+    /// and acknowledges the push once they all have.
     pub async fn exchange(
         &mut self,
         chunks: Vec<GradientChunk>,
         out: &mut [f32],
-    ) -> Result<Stamp, ClientError> {
+    ) -> Result<(Stamp, Acknowledgement), ClientError> {
         let deadline = self.timeout;
         let chunks = self.mark(chunks);
         let mut client = self.client();
         let started =
             tokio::time::timeout(deadline, client.exchange(tokio_stream::iter(chunks))).await;
-        let stream = match started {
+        let mut stream = match started {
             Ok(Ok(r)) => r.into_inner(),
             Ok(Err(status)) => return Err(self.rpc(status)),
             Err(_) => {
@@ -259,10 +292,25 @@ impl ShardClient {
                 ))));
             }
         };
-        match tokio::time::timeout(deadline, self.receive_parameters(stream, out)).await {
-            Ok(r) => r,
+        let received =
+            tokio::time::timeout(deadline, self.receive_parameters(&mut stream, out)).await;
+        match received {
+            Ok(r) => r.map(|version| (version, Acknowledgement { stream })),
             Err(_) => Err(self.rpc(tonic::Status::deadline_exceeded(format!(
                 "exchange did not complete within {deadline:?}"
+            )))),
+        }
+    }
+
+    /// Waits for the shard to acknowledge the push of an exchange. An error
+    /// means the push may not have been kept: push it again.
+    pub async fn acknowledged(&mut self, mut ack: Acknowledgement) -> Result<(), ClientError> {
+        let deadline = self.timeout;
+        let ended = tokio::time::timeout(deadline, self.end(&mut ack.stream)).await;
+        match ended {
+            Ok(r) => r,
+            Err(_) => Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                "the exchanged push was not acknowledged within {deadline:?}"
             )))),
         }
     }

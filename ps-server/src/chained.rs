@@ -14,7 +14,7 @@ use tonic::{Status, Streaming};
 use std::sync::Arc;
 
 use crate::replication::{Answer, Membership};
-use crate::service::{Route, ShardService};
+use crate::service::{Replicated, Route, ShardService};
 
 /// Tries at taking out a member that failed a forward before the head
 /// gives up on the push and leaves the chain itself.
@@ -73,49 +73,51 @@ impl ShardService {
             .collect()
     }
 
-    /// With the push slot free again: waits until every member applied the
-    /// push. A member that failed is taken out of the chain, so that the push
-    /// can be acknowledged; a head that cannot get it out leaves the chain
-    /// itself, and the push is not acknowledged.
-    pub(crate) async fn settle(
-        &self,
-        m: &Membership,
-        answers: Vec<(u32, Answer)>,
-    ) -> Result<(), Status> {
-        for (to, answer) in answers {
-            let result = answer
-                .await
-                .unwrap_or_else(|_| Err(Status::unavailable("the forwarder has stopped")));
-            let Err(e) = result else {
-                continue;
-            };
-            tracing::warn!(
-                shard = m.shard,
-                member = to,
-                "forward failed, taking it out of the chain: {e}"
-            );
-            self.metrics.forward_failures.inc();
-            let mut out = false;
-            for _ in 0..FORWARD_ROUNDS {
-                match m.ask(ChainRequestKind::Remove, to).await {
-                    Ok(c) if !c.members.contains(&to) && c.members.first() == Some(&m.me) => {
-                        out = true;
-                        break;
+    /// With the push slot free again: what is left of a push the head
+    /// applied, every other member applying it. A member that failed is
+    /// taken out of the chain, so that the push can be acknowledged; a head
+    /// that cannot get it out leaves the chain itself, and the push is not
+    /// acknowledged. Owned, so that an exchange can answer with parameters
+    /// while this runs.
+    pub(crate) fn settle(&self, m: &Arc<Membership>, answers: Vec<(u32, Answer)>) -> Replicated {
+        let m = m.clone();
+        let forward_failures = self.metrics.forward_failures.clone();
+        Box::pin(async move {
+            for (to, answer) in answers {
+                let result = answer
+                    .await
+                    .unwrap_or_else(|_| Err(Status::unavailable("the forwarder has stopped")));
+                let Err(e) = result else {
+                    continue;
+                };
+                tracing::warn!(
+                    shard = m.shard,
+                    member = to,
+                    "forward failed, taking it out of the chain: {e}"
+                );
+                forward_failures.inc();
+                let mut out = false;
+                for _ in 0..FORWARD_ROUNDS {
+                    match m.ask(ChainRequestKind::Remove, to).await {
+                        Ok(c) if !c.members.contains(&to) && c.members.first() == Some(&m.me) => {
+                            out = true;
+                            break;
+                        }
+                        Ok(c) if c.members.first() != Some(&m.me) => break,
+                        _ => {}
                     }
-                    Ok(c) if c.members.first() != Some(&m.me) => break,
-                    _ => {}
                 }
+                if !out {
+                    m.leave("a push it applied could not be replicated");
+                    return Err(Status::unavailable(format!(
+                        "member {} of shard {} could not replicate the push and left the chain; push again",
+                        m.me, m.shard
+                    )));
+                }
+                m.reset_forwarder(to);
             }
-            if !out {
-                m.leave("a push it applied could not be replicated");
-                return Err(Status::unavailable(format!(
-                    "member {} of shard {} could not replicate the push and left the chain; push again",
-                    m.me, m.shard
-                )));
-            }
-            m.reset_forwarder(to);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// A push the head forwarded: applied in the head's order, or refused

@@ -25,6 +25,9 @@ use crate::metrics::PsMetrics;
 use crate::replication::Membership;
 
 type FetchStream = Pin<Box<dyn Stream<Item = Result<ParameterChunk, Status>> + Send>>;
+/// What is left of a push the head applied: every other member of its chain
+/// applying it. The push is acknowledged only once this is `Ok`.
+pub(crate) type Replicated = Pin<Box<dyn Future<Output = Result<(), Status>> + Send>>;
 
 pub struct ShardService {
     pub(crate) state: Arc<RwLock<Shard>>,
@@ -102,8 +105,22 @@ impl ShardService {
         Box::pin(stream)
     }
 
-    /// Assembles one pushed gradient from its chunks and applies it.
-    async fn receive(&self, mut stream: Streaming<GradientChunk>) -> Result<PushReply, Status> {
+    /// Assembles one pushed gradient from its chunks and applies it, on
+    /// every member of the chain before it returns.
+    async fn receive(&self, stream: Streaming<GradientChunk>) -> Result<PushReply, Status> {
+        let (reply, replicated) = self.apply(stream).await?;
+        if let Some(replicated) = replicated {
+            replicated.await?;
+        }
+        Ok(reply)
+    }
+
+    /// Assembles one pushed gradient from its chunks and applies it here;
+    /// on a head, also returns what is left: the other members applying it.
+    async fn apply(
+        &self,
+        mut stream: Streaming<GradientChunk>,
+    ) -> Result<(PushReply, Option<Replicated>), Status> {
         let permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
             .await
             .map_err(|_| Status::unavailable("shard busy: another push is still arriving"))?
@@ -149,7 +166,7 @@ impl ShardService {
                 drop(permit);
                 let reply = self.apply_forwarded(m, h, route, &assembly.values).await;
                 self.recycle(std::mem::take(&mut assembly.values));
-                return reply;
+                return reply.map(|r| (r, None));
             }
             self.check_head(m, route.head_unreachable).await?;
         }
@@ -169,7 +186,7 @@ impl ShardService {
         });
         self.recycle(std::mem::take(&mut assembly.values));
         let (outcome, shard_epoch) = outcome.map_err(|e| self.refuse(e))?;
-        if let Some(m) = &self.chain {
+        let replicated = self.chain.as_ref().map(|m| {
             // Handed over in the order applied; the next push may be applied
             // while this one travels, and this one is acknowledged only once
             // every member has it. A duplicate waits for the pushes before it,
@@ -178,10 +195,10 @@ impl ShardService {
                 PushOutcome::Applied { version, .. } => self.hand_over(m, Some(kept), version),
                 _ => self.hand_over(m, None, 0),
             };
-            drop(permit);
-            self.settle(m, answers).await?;
-        }
-        match outcome {
+            self.settle(m, answers)
+        });
+        drop(permit);
+        let reply = match outcome {
             PushOutcome::Applied { version, staleness } => {
                 self.metrics
                     .apply_seconds
@@ -190,42 +207,43 @@ impl ShardService {
                 self.metrics.staleness.observe(staleness as f64);
                 self.metrics.version.set(version as i64);
                 self.versions.send_replace(version);
-                Ok(PushReply {
+                PushReply {
                     version,
                     applied: true,
                     staleness,
                     waiting: false,
                     shard_epoch,
-                })
+                }
             }
-            PushOutcome::Waiting { version } => Ok(PushReply {
+            PushOutcome::Waiting { version } => PushReply {
                 version,
                 applied: true,
                 staleness: 0,
                 waiting: true,
                 shard_epoch,
-            }),
+            },
             PushOutcome::Late { version } => {
                 self.metrics.late_pushes.inc();
-                Ok(PushReply {
+                PushReply {
                     version,
                     applied: false,
                     staleness: 0,
                     waiting: false,
                     shard_epoch,
-                })
+                }
             }
             PushOutcome::Duplicate { version } => {
                 self.metrics.duplicate_pushes.inc();
-                Ok(PushReply {
+                PushReply {
                     version,
                     applied: false,
                     staleness: 0,
                     waiting: false,
                     shard_epoch,
-                })
+                }
             }
-        }
+        };
+        Ok((reply, replicated))
     }
 
     pub(crate) fn log_applied(&self, log: &Mutex<audit::Appender>, h: PushHeader, after: Stamp) {
@@ -337,7 +355,7 @@ impl ParameterServer for ShardService {
         &self,
         req: Request<Streaming<GradientChunk>>,
     ) -> Result<Response<FetchStream>, Status> {
-        let reply = self.receive(req.into_inner()).await?;
+        let (reply, replicated) = self.apply(req.into_inner()).await?;
         let mut version = reply.version;
         if reply.waiting {
             // A synchronous push is answered with the step it joined.
@@ -348,7 +366,18 @@ impl ParameterServer for ShardService {
             }
         }
         self.metrics.fetches.inc();
-        Ok(Response::new(self.parameters(version)))
+        let parameters = self.parameters(version);
+        let Some(replicated) = replicated else {
+            return Ok(Response::new(parameters));
+        };
+        // The head's parameters go back while the other members apply the
+        // push; the stream ends, acknowledging it, once they all have. The
+        // pusher computes on them meanwhile: parameters that hold a push not
+        // yet acknowledged are harmless, since a push that fails is pushed
+        // again and applied once.
+        let acknowledged =
+            futures::stream::once(replicated).filter_map(|r| async move { r.err().map(Err) });
+        Ok(Response::new(Box::pin(parameters.chain(acknowledged))))
     }
 
     async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {

@@ -385,3 +385,47 @@ async fn a_forward_that_overtakes_its_predecessor_waits_for_it_and_both_apply_in
     let (_, members) = m.chain_of(2).await;
     assert!(members.contains(&backup), "{members:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exchange_answers_before_the_other_member_applies_and_acknowledges_once_it_has() {
+    use tokio_stream::StreamExt;
+    let m = Members::start().await;
+    let (_, chain) = m.chain_of(2).await;
+    let backup = chain[1];
+    let n = m.job.layout.len();
+    let mut c = m.client();
+    push(&mut c, 1, n).await;
+    assert_eq!(m.version(backup).await, 1);
+    // A push that never finishes arriving holds the member's assembly slot,
+    // so the head's forward of the next push waits behind it.
+    let mut raw = m.raw(backup);
+    let stall: Vec<_> = c
+        .dense_chunks(id(99), &vec![0.5; n])
+        .into_iter()
+        .take(1)
+        .collect();
+    let staller = tokio::spawn(async move {
+        let chunks = tokio_stream::iter(stall).chain(tokio_stream::pending());
+        raw.push(chunks).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut answered = vec![0.0; n];
+    let (version, ack) = c
+        .exchange(c.dense_chunks(id(2), &vec![0.5; n]), &mut answered)
+        .await
+        .expect("the head answers with its parameters");
+    assert_eq!(version.version, 2, "they hold the push");
+    let waiting = tokio::spawn(async move { c.acknowledged(ack).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "not acknowledged while the other member lacks the push"
+    );
+    assert_eq!(m.version(backup).await, 1);
+    staller.abort();
+    waiting
+        .await
+        .expect("task")
+        .expect("acknowledged once the other member applied it");
+    assert_eq!(m.version(backup).await, 2);
+}

@@ -194,10 +194,11 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
     assert!(ready, "shard never answered");
 
     let mut answered = vec![0.0f32; n];
-    let version = shard
+    let (version, ack) = shard
         .exchange(shard.dense_chunks(id(1), &vec![0.5f32; n]), &mut answered)
         .await
         .expect("exchange");
+    shard.acknowledged(ack).await.expect("acknowledged");
     assert_eq!(
         version,
         Stamp::new(0, 1),
@@ -219,10 +220,11 @@ async fn an_exchange_answers_with_the_parameters_after_its_push() {
 
     // A retry is applied once but still answered with the parameters.
     let mut again = vec![0.0f32; n];
-    let retried = shard
+    let (retried, ack) = shard
         .exchange(shard.dense_chunks(id(1), &vec![0.5f32; n]), &mut again)
         .await
         .expect("retried exchange");
+    shard.acknowledged(ack).await.expect("retry acknowledged");
     assert_eq!((retried, &again), (Stamp::new(0, 1), &answered));
 
     let bad = shard

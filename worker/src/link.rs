@@ -69,8 +69,9 @@ pub struct Link {
     spare: Mutex<Vec<Vec<f32>>>,
     /// The newest shard stamp a fetch or a push reply has shown.
     shard_version: Mutex<Stamp>,
-    /// Pushes handed over and not yet answered: each will move the shard's
-    /// version on by one, whatever else happens there.
+    /// Pushes handed over and not yet answered (by parameters that hold
+    /// them, or by the end of the push): each will move the shard's version
+    /// on by one, whatever else happens there.
     unanswered: AtomicU64,
     /// Of those, the ones that will bring parameters back.
     exchanges: AtomicU64,
@@ -285,10 +286,25 @@ impl Link {
             metrics
                 .push_bytes
                 .inc_by(chunks.iter().map(|c| c.values.len() as u64).sum());
+            let mut answered = false;
             loop {
                 let started = Instant::now();
                 let sent = match params.as_mut() {
-                    Some(out) => client.exchange(chunks.clone(), out).await,
+                    Some(out) => match client.exchange(chunks.clone(), out).await {
+                        Ok((version, ack)) => {
+                            // The push is in the shard's version: compute on
+                            // the parameters while a replicated shard's other
+                            // members apply it. Until acknowledged it may
+                            // still have to be pushed again, as a plain push.
+                            self.saw_version(version);
+                            if let Some(values) = params.take() {
+                                self.deliver(Fetched { version, values });
+                            }
+                            self.answered(&mut answered, true);
+                            client.acknowledged(ack).await.map(|()| version)
+                        }
+                        Err(e) => Err(e),
+                    },
                     None => client
                         .push(chunks.clone())
                         .await
@@ -303,9 +319,6 @@ impl Link {
                         metrics
                             .push_seconds
                             .observe(started.elapsed().as_secs_f64());
-                        if let Some(values) = params.take() {
-                            self.deliver(Fetched { version, values });
-                        }
                         if down {
                             tracing::info!(shard = client.index, addr = %client.addr(), "shard reachable again");
                             down = false;
@@ -336,14 +349,22 @@ impl Link {
                     }
                 }
             }
-            self.unanswered.fetch_sub(1, Ordering::Relaxed);
-            if p.fetch {
-                self.exchanges.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.answered(&mut answered, p.fetch);
             self.recycle(p.grad);
             if let Some(values) = params {
                 self.recycle(values);
             }
+        }
+    }
+
+    /// Counts a push as answered, once: its parameters are in, or it is over.
+    fn answered(&self, done: &mut bool, exchange: bool) {
+        if std::mem::replace(done, true) {
+            return;
+        }
+        self.unanswered.fetch_sub(1, Ordering::Relaxed);
+        if exchange {
+            self.exchanges.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
