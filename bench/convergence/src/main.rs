@@ -23,9 +23,11 @@ struct Args {
     /// The distbelief binary. Default: next to this one.
     #[arg(long)]
     distbelief: Option<PathBuf>,
-    /// Where the plot goes.
-    #[arg(long, default_value = "bench/convergence/convergence.svg")]
-    plot: PathBuf,
+    /// Where the plot goes. Default: bench/convergence/convergence.svg when
+    /// every configuration runs; with --only, no plot unless this is given,
+    /// so a partial run does not replace the plot of the whole set.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Also write the JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -358,23 +360,23 @@ fn main() -> anyhow::Result<()> {
         c["time_to_target_vs_dense"] =
             json!(ratio(c["time_to_target_seconds"].as_f64(), dense_time));
     }
-    let series: Vec<plot::Series> = curves
-        .iter()
-        .map(|(label, points)| plot::Series { label, points })
-        .collect();
-    if let Some(parent) = args.plot.parent() {
-        std::fs::create_dir_all(parent)?;
+    let plot_path = args.plot.clone().or_else(|| {
+        args.only
+            .is_empty()
+            .then(|| PathBuf::from("bench/convergence/convergence.svg"))
+    });
+    match &plot_path {
+        Some(path) => write_plot(path, &curves, target)?,
+        None => eprintln!(
+            "bench: no plot written: --only ran part of the set (pass --plot PATH for one)"
+        ),
     }
-    let title = "Fashion-MNIST, MLP 784-512-10: test accuracy";
-    let text = plot::svg(title, &series, target).map_err(anyhow::Error::msg)?;
-    std::fs::write(&args.plot, text)
-        .with_context(|| format!("cannot write {}", args.plot.display()))?;
     let mut report = json!({
         "machine": { "cores": cores },
         "repeat": args.repeat,
         "job": args.job,
         "target_test_accuracy": target,
-        "plot": args.plot,
+        "plot": plot_path,
         "configs": configs,
     });
     if !args.no_step_time {
@@ -386,4 +388,21 @@ fn main() -> anyhow::Result<()> {
     }
     println!("{text}");
     Ok(())
+}
+
+fn write_plot(
+    path: &std::path::Path,
+    curves: &[(String, Vec<plot::Point>)],
+    target: Option<f64>,
+) -> anyhow::Result<()> {
+    let series: Vec<plot::Series> = curves
+        .iter()
+        .map(|(label, points)| plot::Series { label, points })
+        .collect();
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let title = "Fashion-MNIST, MLP 784-512-10: test accuracy";
+    let text = plot::svg(title, &series, target).map_err(anyhow::Error::msg)?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
