@@ -213,7 +213,8 @@ impl ShardClient {
         debug_assert_eq!(out.len(), self.range.len());
         let mut next = self.range.start;
         let mut version = None;
-        while next < self.range.end {
+        // An empty range still comes as one empty chunk, with the version.
+        while next < self.range.end || version.is_none() {
             let Some(chunk) = stream.message().await.map_err(|s| self.rpc(s))? else {
                 break;
             };

@@ -50,27 +50,38 @@ impl ShardService {
 
     /// Under the push slot: hands a push the head applied (or, with no
     /// chunks, a barrier behind every push handed over before) to each other
-    /// member's forwarder, in the order pushes were applied.
+    /// member's forwarder, in the order pushes were applied. A member that
+    /// stopped heading the chain since it took the push (it left, or another
+    /// was made head) refuses it: acknowledging it would skip the others.
     pub(crate) fn hand_over(
         &self,
         m: &Arc<Membership>,
         mut chunks: Option<Vec<GradientChunk>>,
         version: u64,
-    ) -> Vec<(u32, Answer)> {
-        let Some(chain) = m.chain() else {
-            return Vec::new();
+    ) -> Result<Vec<(u32, Answer)>, Status> {
+        let chain = match m.chain() {
+            Some(c) if c.members.first() == Some(&m.me) => c,
+            Some(_) => {
+                let refused = m.not_head();
+                if chunks.is_some() {
+                    // Its state now holds a push the chain does not have.
+                    m.leave("it applied a push after another member became head");
+                }
+                return Err(refused);
+            }
+            None => return Err(m.not_head()),
         };
         for c in chunks.iter_mut().flatten() {
             c.chain_epoch = chain.epoch;
             c.forwarded_version = version;
             c.head_unreachable = false;
         }
-        chain
+        Ok(chain
             .members
             .iter()
             .filter(|&&to| to != m.me)
             .map(|&to| (to, m.enqueue(to, chunks.clone())))
-            .collect()
+            .collect())
     }
 
     /// With the push slot free again: what is left of a push the head

@@ -186,18 +186,22 @@ impl ShardService {
         });
         self.recycle(std::mem::take(&mut assembly.values));
         let (outcome, shard_epoch) = outcome.map_err(|e| self.refuse(e))?;
-        let replicated = self.chain.as_ref().map(|m| {
-            // Handed over in the order applied; the next push may be applied
-            // while this one travels, and this one is acknowledged only once
-            // every member has it. A duplicate waits for the pushes before it,
-            // its original among them.
-            let answers = match outcome {
-                PushOutcome::Applied { version, .. } => self.hand_over(m, Some(kept), version),
-                _ => self.hand_over(m, None, 0),
-            };
-            self.settle(m, answers)
-        });
-        drop(permit);
+        let replicated = match &self.chain {
+            Some(m) => {
+                // Handed over in the order applied; the next push may be
+                // applied while this one travels, and this one is
+                // acknowledged only once every member has it. A duplicate
+                // waits for the pushes before it, its original among them.
+                let answers = match outcome {
+                    PushOutcome::Applied { version, .. } => {
+                        self.hand_over(m, Some(kept), version)?
+                    }
+                    _ => self.hand_over(m, None, 0)?,
+                };
+                Some(self.settle(m, answers))
+            }
+            None => None,
+        };
         let reply = match outcome {
             PushOutcome::Applied { version, staleness } => {
                 self.metrics
@@ -243,6 +247,9 @@ impl ShardService {
                 }
             }
         };
+        // Held until the version is published, so that versions are
+        // published in the order pushes were applied.
+        drop(permit);
         Ok((reply, replicated))
     }
 
