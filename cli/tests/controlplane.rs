@@ -389,8 +389,18 @@ async fn kit_operator_creates_owned_children_then_writes_nothing_while_progress_
         claims.is_some_and(|c| !c.is_empty()),
         "the kit has a default StorageClass: checkpoints go on claims"
     );
-    let st = status(&kit, &ns, "fm").await;
-    assert_eq!(st["checkpointStorage"], "PersistentVolumeClaim", "{st}");
+    // The operator applies the children before it writes the status, so the
+    // status can still be empty here.
+    let storage = wait_for(
+        Duration::from_secs(30),
+        "status.checkpointStorage",
+        || async {
+            let st = status(&kit, &ns, "fm").await;
+            st["checkpointStorage"].as_str().map(str::to_owned)
+        },
+    )
+    .await;
+    assert_eq!(storage, "PersistentVolumeClaim");
 
     // No replica before the shards and the coordinator are ready.
     tokio::time::sleep(Duration::from_secs(3)).await;
