@@ -329,20 +329,30 @@ async fn applies(port: u16) -> u64 {
     metric_sum(port, "distbelief_operator_applies_total").await
 }
 
+/// The sum of a metric's samples on the operator's metrics endpoint. An
+/// endpoint that does not answer is retried, then fails the test: reading it
+/// as 0 would pass a check for "nothing happened" on no evidence.
 async fn metric_sum(port: u16, name: &str) -> u64 {
-    let text = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        Some(body)
-    })
-    .await
-    .unwrap()
-    .unwrap_or_default();
+    let text = wait_for(
+        Duration::from_secs(20),
+        &format!("the metrics on port {port}"),
+        || async move {
+            tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+                s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+                    .ok()?;
+                let mut body = String::new();
+                s.read_to_string(&mut body).ok()?;
+                body.contains("200 OK").then_some(body)
+            })
+            .await
+            .ok()
+            .flatten()
+        },
+    )
+    .await;
     text.lines()
         .filter(|l| l.starts_with(name) && !l.starts_with('#'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -430,17 +440,20 @@ async fn kit_operator_creates_owned_children_then_writes_nothing_while_progress_
     let applied = applies(port).await;
     let reconciles = metric_sum(port, "distbelief_operator_reconcile_duration_seconds_count").await;
     let start = Instant::now();
-    let mut step = 0;
+    let (mut step, mut writes) = (0, 0u64);
     while start.elapsed() < Duration::from_secs(60) {
         step += 500;
         write_progress(&kit, &ns, "fm", progress(step, false)).await;
+        writes += 1;
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
     let after = child_versions(&kit, &ns, "fm", &uid).await;
     let reconciled = metric_sum(port, "distbelief_operator_reconcile_duration_seconds_count").await;
+    // The last write's reconcile may not have ended yet, and the watch may
+    // fold two writes into one event.
     assert!(
-        reconciled >= reconciles + 10,
-        "progress drove reconciles ({reconciles} -> {reconciled})"
+        reconciled + 2 >= reconciles + writes,
+        "{writes} progress writes drove reconciles ({reconciles} -> {reconciled})"
     );
     assert_eq!(
         applies(port).await,
@@ -601,17 +614,27 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
     );
     // One event per restart, none repeated.
     // The recorder folds repeats into one event's series.
+    // The recorder publishes after the status is written: poll for the
+    // count, and fail on more as well as on fewer.
     let events: Api<Event> = Api::namespaced(kit.client.clone(), &ns);
-    let restarted: i32 = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter(|e| e.reason.as_deref() == Some("ReplicaRestarted"))
-        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-        .sum();
-    assert_eq!(restarted, 10, "ReplicaRestarted events");
+    let restarted = || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ReplicaRestarted"))
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum::<i32>()
+    };
+    wait_for(
+        Duration::from_secs(15),
+        "10 ReplicaRestarted events",
+        || async { (restarted().await >= 10).then_some(()) },
+    )
+    .await;
+    assert_eq!(restarted().await, 10, "ReplicaRestarted events");
     println!(
         "kit_restarts: 10 restarts in {:.1} s under racing progress writes; replicaRestarts seen {seen:?}",
         ten.as_secs_f64()
@@ -717,11 +740,17 @@ async fn kit_suspend_resume_garbage_collection_and_ttl() {
     create_job(&kit, &ns, &ttl).await;
     servers_ready(&kit, &ns, "ttl", 2).await;
     write_progress(&kit, &ns, "ttl", progress(1000, true)).await;
-    wait_for(Duration::from_secs(30), "Succeeded", || async {
-        (status(&kit, &ns, "ttl").await["phase"] == "Succeeded").then_some(())
+    let completed = wait_for(Duration::from_secs(30), "Succeeded", || async {
+        let st = status(&kit, &ns, "ttl").await;
+        if st["phase"] != "Succeeded" {
+            return None;
+        }
+        st["completionTime"]
+            .as_str()?
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .ok()
     })
     .await;
-    let done = Instant::now();
     wait_for(
         Duration::from_secs(60),
         "the job deleted by its TTL",
@@ -735,11 +764,11 @@ async fn kit_suspend_resume_garbage_collection_and_ttl() {
         },
     )
     .await;
-    let after = done.elapsed();
+    // completionTime has whole seconds, so it is at most a second early.
+    let after = k8s_openapi::jiff::Timestamp::now().duration_since(completed);
     assert!(
-        // Polling sees Succeeded up to a poll late; the TTL is 3 s.
-        after >= Duration::from_millis(2500),
-        "deleted too early: {after:?}"
+        after >= k8s_openapi::jiff::SignedDuration::from_secs(3),
+        "deleted {after:?} after completionTime {completed}; the TTL is 3 s"
     );
     println!(
         "kit_lifecycle: TTL 3 s job deleted {:.1} s after it succeeded",
@@ -816,9 +845,12 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
     .await;
     let lease = Duration::from_secs(15);
     let retry = Duration::from_secs(2);
+    // The standby counts the lease from when it last saw it renewed (up to a
+    // retry after the kill) and takes over on a retry after that: a loaded
+    // machine adds the API calls' own time.
     assert!(
-        took <= lease + 2 * retry,
-        "handover took {took:?}, more than the lease ({lease:?}) plus two retries"
+        took <= lease + 3 * retry + Duration::from_secs(3),
+        "handover took {took:?}, more than the lease ({lease:?}) plus three retries and 3 s"
     );
     servers_ready(&kit, &ns, "fm", 2).await;
     wait_for(
@@ -854,8 +886,10 @@ async fn kit_two_operators_one_leader_and_handover_within_the_lease() {
         (holder().await.as_deref() == Some("op-c")).then(|| stopped.elapsed())
     })
     .await;
+    // The clock includes the old leader's clean stop; the point is that it
+    // is well inside the 15 s lease a killed leader would hold.
     assert!(
-        quick < Duration::from_secs(6),
+        quick < Duration::from_secs(10),
         "after a released lease the standby took {quick:?}"
     );
     drop(third);
@@ -895,7 +929,16 @@ async fn kit_a_failed_partition_pod_restarts_its_replica_as_a_unit() {
         .await
         .expect("the partitions Service");
     assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
-    let replica0 = pod_names(&kit, &ns, &replica(0)).await;
+    let mut replica0 = wait_for(
+        Duration::from_secs(60),
+        "replica 0's two partition pods",
+        || async {
+            let names = pod_names(&kit, &ns, &replica(0)).await;
+            (names.len() == 2).then_some(names)
+        },
+    )
+    .await;
+    replica0.sort();
     for p in first.iter().chain(&replica0) {
         make_ready(&kit, &ns, p).await;
     }

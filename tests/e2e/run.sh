@@ -464,7 +464,8 @@ PY
     { echo "status.replicas[1].attempt is not the backup's (1)"; return 1; }
   [ -z "$(jp "dbj/$STRAGGLER" '{.status.replicas[?(@.replica==1)].backupOf}')" ] ||
     { echo "status.replicas[1].backupOf still set after the race"; return 1; }
-  [ "$(jp "dbj/$STRAGGLER" '{.status.backupsLaunched}')" = 1 ] || { echo "status.backupsLaunched is not 1"; return 1; }
+  # At least replica 1's: on a loaded machine replica 0 can fall behind too.
+  [ "$(jp "dbj/$STRAGGLER" '{.status.backupsLaunched}')" -ge 1 ] 2>/dev/null || { echo "status.backupsLaunched is not at least 1"; return 1; }
   # The cores go back to the next steps.
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$STRAGGLER" --wait=false >/dev/null || return 1
 }
@@ -573,12 +574,17 @@ open(dst, "w").write(s)
 PY
   "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/model-parallel.yaml" >/dev/null || return 1
   log "applied $JOB_NS/$name (each replica split into 2 partition pods)"
-  for _ in $(seq 60); do
-    pods=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name,distbelief.dev/partition" -o name 2>/dev/null)
-    [ "$(echo "$pods" | grep -c pod/)" -ge 2 ] && break
-    sleep 1
-  done
-  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  # The partition pods are looked for at every poll until the job ends: they
+  # start only once the shards and the coordinator are ready.
+  pods=
+  # shellcheck disable=SC2317  # called through job_wait
+  t_partitions_then_finished() {
+    local p
+    p=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name,distbelief.dev/partition" -o name 2>/dev/null)
+    [ "$(echo "$p" | grep -c pod/)" -ge 2 ] && pods=$p
+    t_finished
+  }
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_partitions_then_finished || return 1
   log "$name: final phase $J_PHASE, testAccuracy $J_ACC; partition pods: $(echo $pods | tr '\n' ' ')"
   [ "$(echo "$pods" | grep -c pod/)" -ge 2 ] || { echo "$name: no partition pods seen"; return 1; }
   [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
