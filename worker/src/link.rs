@@ -3,9 +3,10 @@
 //! by its own task. The compute loop only ever swaps slots, so it never waits
 //! on the network.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -63,6 +64,9 @@ fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
 pub struct Link {
     pub client: ShardClient,
     fetched: Mutex<Option<Fetched>>,
+    /// Signalled when parameters land in `fetched`, for a compute thread
+    /// that waits on them (bounded staleness).
+    landed: Condvar,
     fetch_wanted: Notify,
     pending: Mutex<Option<Pending>>,
     push_wanted: Notify,
@@ -86,6 +90,7 @@ impl Link {
         Arc::new(Link {
             client,
             fetched: Mutex::new(None),
+            landed: Condvar::new(),
             fetch_wanted: Notify::new(),
             pending: Mutex::new(None),
             push_wanted: Notify::new(),
@@ -135,6 +140,24 @@ impl Link {
     /// The parameters fetched since the last call, if any.
     pub fn take_fetched(&self) -> Option<Fetched> {
         lock(&self.fetched).take()
+    }
+
+    /// Blocks until parameters land, or `stop` is set (checked every 50 ms).
+    pub fn wait_fetched(&self, stop: &AtomicBool) -> Option<Fetched> {
+        let mut slot = lock(&self.fetched);
+        loop {
+            if let Some(f) = slot.take() {
+                return Some(f);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            slot = self
+                .landed
+                .wait_timeout(slot, Duration::from_millis(50))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     /// Hands a gradient to the push task; with `fetch`, fresh parameters are
@@ -374,8 +397,48 @@ impl Link {
         let stale = slot.as_ref().is_some_and(|old| old.version > f.version);
         let old = if stale { Some(f) } else { slot.replace(f) };
         drop(slot);
+        self.landed.notify_all();
         if let Some(old) = old {
             self.recycle(old.values);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link() -> Arc<Link> {
+        let client = ShardClient::new(0, 0..4, "127.0.0.1:9", Duration::from_secs(1))
+            .expect("a lazy client");
+        Link::new(client)
+    }
+
+    #[tokio::test]
+    async fn a_waiting_compute_thread_wakes_when_parameters_land_or_the_replica_stops() {
+        let l = link();
+        let stop = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || l.wait_fetched(&stop).map(|f| f.version))
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "nothing has landed yet");
+        l.deliver(Fetched {
+            version: Stamp::new(1, 7),
+            values: vec![0.0; 4],
+        });
+        assert_eq!(waiter.join().unwrap(), Some(Stamp::new(1, 7)));
+
+        let waiter = {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || l.wait_fetched(&stop).is_none())
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            waiter.join().unwrap(),
+            "a stopping replica gives up the wait"
+        );
     }
 }

@@ -609,17 +609,6 @@ struct Compute {
 }
 
 impl Compute {
-    /// Blocks until `link` has fresh parameters, or the replica stops.
-    fn wait_for_fetch(&self, link: &Link) -> Option<crate::link::Fetched> {
-        while !self.stop.load(Ordering::Relaxed) {
-            if let Some(f) = link.take_fetched() {
-                return Some(f);
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        None
-    }
-
     fn run(
         self,
         params: Vec<f32>,
@@ -690,7 +679,7 @@ impl Compute {
                     if !link.exchange_coming() {
                         link.want_fetch();
                     }
-                    let Some(f) = self.wait_for_fetch(&link) else {
+                    let Some(f) = link.wait_fetched(&self.stop) else {
                         return Ok(());
                     };
                     self.install(i, f, &mut params, &mut versions);
