@@ -127,6 +127,11 @@ pub struct ReplicaState {
     /// While a backup runs: the attempt of the straggler it backs up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_of: Option<u32>,
+    /// The job was suspended: the replica's next pod is a fresh start (not
+    /// a replacement) at `attempt`, past every earlier one, so its
+    /// incarnation stays above those the shards' checkpoints remember.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
 }
 
 /// Training progress as the coordinator last saw it.

@@ -711,11 +711,19 @@ async fn kit_suspend_resume_garbage_collection_and_ttl() {
         .await
         .unwrap();
     servers_ready(&kit, &ns, "fm", 2).await;
-    // The old pods are gone (a pod on no node goes at once), so names repeat.
-    current_replica_pod(&kit, &ns, 0, 0).await;
-    current_replica_pod(&kit, &ns, 1, 0).await;
+    // Each replica starts at the attempt after its last, although the old
+    // pods are gone: its incarnation stays above the one the shards'
+    // checkpoints remember, which would refuse or deduplicate its pushes.
+    for r in 0..2 {
+        let (pod, attempt) = current_replica_pod(&kit, &ns, r, 0).await;
+        assert_eq!(attempt, 1, "{pod} starts past attempt 0");
+    }
     let st = status(&kit, &ns, "fm").await;
     assert_eq!(st["replicaRestarts"], 0, "{st}");
+    assert_eq!(
+        st["replicaReschedules"], 0,
+        "a resume is not a reschedule: {st}"
+    );
 
     // Deleting the job collects every child through owner references.
     kit.jobs(&ns)

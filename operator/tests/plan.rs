@@ -155,10 +155,81 @@ fn suspend_deletes_every_pod_but_the_shards() {
             "fm-replica-3-0"
         ]
     );
-    assert!(
-        plan.status.replicas.is_empty(),
-        "resuming starts replicas afresh"
+    // Replica 2 had been rescheduled once before the suspension.
+    let mut status = common::running_status();
+    status["replicas"][2]["attempt"] = json!(1);
+    let job = self::job(status, json!({"suspend": true}));
+    let plan = decide(&job, &common::running_pods("fm"), Timestamp::now());
+    let attempts: Vec<(u32, bool)> = plan
+        .status
+        .replicas
+        .iter()
+        .map(|s| (s.attempt, s.suspended))
+        .collect();
+    assert_eq!(
+        attempts,
+        [(1, true), (1, true), (2, true), (1, true)],
+        "each replica's next attempt is past its last"
     );
+    // A later reconcile of the suspended job does not move them on again.
+    let again = self::job(
+        serde_json::to_value(&plan.status).expect("status encodes"),
+        json!({"suspend": true}),
+    );
+    let replan = decide(&again, &[], Timestamp::now());
+    assert_eq!(replan.status.replicas, plan.status.replicas);
+}
+
+/// Resuming starts every replica afresh at an attempt past its old pods',
+/// so the shards, restored from their checkpoints, take its pushes: an old
+/// incarnation would be refused as superseded, the same one would have its
+/// pushes taken for duplicates.
+#[test]
+fn resume_starts_each_replica_past_its_attempts_before_the_suspension() {
+    let mut status = common::running_status();
+    status["replicas"][2]["attempt"] = json!(1);
+    let suspended = decide(
+        &job(status, json!({"suspend": true})),
+        &common::running_pods("fm"),
+        Timestamp::now(),
+    );
+    let resumed = job(
+        serde_json::to_value(&suspended.status).expect("status encodes"),
+        json!({}),
+    );
+    let servers: Vec<Pod> = common::running_pods("fm")
+        .into_iter()
+        .filter(|p| !p.name_any().contains("-replica-"))
+        .collect();
+    let plan = decide(&resumed, &servers, Timestamp::now());
+    let mut started = created(&plan);
+    started.sort();
+    assert_eq!(
+        started,
+        [
+            ("fm-replica-0-1".to_string(), "start".to_string()),
+            ("fm-replica-1-1".to_string(), "start".to_string()),
+            ("fm-replica-2-2".to_string(), "start".to_string()),
+            ("fm-replica-3-1".to_string(), "start".to_string()),
+        ]
+    );
+    assert_eq!(plan.status.replica_reschedules, 0, "not a replacement");
+    assert_eq!(plan.status.replica_restarts, 0, "not a restart");
+    assert!(plan.status.replicas.iter().all(|s| !s.suspended));
+    let incarnations: Vec<String> = plan
+        .create_pods
+        .iter()
+        .filter(|p| p.name_any() == "fm-replica-2-2")
+        .flat_map(|p| {
+            p.spec.as_ref().expect("spec").containers[0]
+                .env
+                .clone()
+                .unwrap_or_default()
+        })
+        .filter(|e| e.name == "DISTBELIEF_INCARNATION")
+        .filter_map(|e| e.value)
+        .collect();
+    assert_eq!(incarnations, ["3"], "above replica 2's last incarnation, 2");
 }
 
 #[test]

@@ -880,6 +880,15 @@ long_suspend() {
   if [ -n "$acc_suspended" ]; then
     accuracy_kept "$acc_suspended" 0.1 "the resume" || return 1
   fi
+  # The shards restored their fencing tables too: a replica started again
+  # under an incarnation they remember would have every push refused.
+  local p refused started
+  started=$(pods "$LONG" distbelief.dev/role=replica)
+  for p in $started; do
+    refused=$("${KUBECTL[@]}" logs -n "$JOB_NS" "$p" 2>/dev/null | grep -c "push refused")
+    [ "${refused:-0}" -eq 0 ] || { echo "$LONG: $p had $refused pushes refused after the resume"; return 1; }
+  done
+  log "$LONG: no push refused in the resumed replicas' logs ($(echo $started | tr '\n' ' '))"
 }
 
 # 4d. The job still ends well, with each failure counted as what it was.

@@ -143,6 +143,8 @@ impl Link {
     }
 
     /// Blocks until parameters land, or `stop` is set (checked every 50 ms).
+    /// Parameters are asked for whenever no exchange is on its way to bring
+    /// them: an exchange the shard refuses brings none back.
     pub fn wait_fetched(&self, stop: &AtomicBool) -> Option<Fetched> {
         let mut slot = lock(&self.fetched);
         loop {
@@ -151,6 +153,9 @@ impl Link {
             }
             if stop.load(Ordering::Relaxed) {
                 return None;
+            }
+            if !self.exchange_coming() {
+                self.want_fetch();
             }
             slot = self
                 .landed
@@ -440,5 +445,33 @@ mod tests {
             waiter.join().unwrap(),
             "a stopping replica gives up the wait"
         );
+    }
+
+    #[tokio::test]
+    async fn a_waiter_asks_for_parameters_once_no_exchange_will_bring_them() {
+        let l = link();
+        // An exchange is on its way: the waiter leaves the fetch to it.
+        assert!(l.offer(&[0.0; 4], 1, Stamp::new(1, 1), true));
+        assert!(l.exchange_coming());
+        let stop = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || l.wait_fetched(&stop).map(|f| f.version))
+        };
+        let asked = tokio::time::timeout(Duration::from_millis(200), l.fetch_wanted.notified());
+        assert!(
+            asked.await.is_err(),
+            "no fetch while the exchange may answer"
+        );
+        // The shard refuses the exchange: it is answered with no parameters.
+        let mut done = false;
+        l.answered(&mut done, true);
+        let asked = tokio::time::timeout(Duration::from_secs(2), l.fetch_wanted.notified());
+        assert!(asked.await.is_ok(), "the waiter asks for a fetch");
+        l.deliver(Fetched {
+            version: Stamp::new(1, 3),
+            values: vec![0.0; 4],
+        });
+        assert_eq!(waiter.join().unwrap(), Some(Stamp::new(1, 3)));
     }
 }

@@ -7,7 +7,9 @@ mod replica;
 
 use std::time::Duration;
 
-use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, Phase, Progress};
+use distbelief_api::{
+    CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, Phase, Progress, ReplicaState,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -220,8 +222,21 @@ fn suspend(plan: &mut Plan, t: &Target, live: &[&Pod], now: Timestamp) {
         .collect();
     plan.status.replicas_ready = Some(0);
     plan.status.shards_ready = Some(0);
-    // Resuming starts every replica afresh: not a replacement, not a restart.
-    plan.status.replicas.clear();
+    // Resuming starts every replica afresh: not a replacement, not a
+    // restart. Its attempt goes on past the last one, whose incarnation the
+    // shards' checkpoints remember: a resumed pod with an old incarnation
+    // would be refused as superseded, and one with the same would have its
+    // pushes taken for duplicates.
+    for st in &mut plan.status.replicas {
+        if !st.suspended {
+            *st = ReplicaState {
+                replica: st.replica,
+                attempt: st.attempt + 1,
+                suspended: true,
+                ..ReplicaState::default()
+            };
+        }
+    }
     let message = match t.checkpoint_storage {
         CheckpointStorage::PersistentVolumeClaim => {
             "spec.suspend is true; shard checkpoints are kept on their claims"
