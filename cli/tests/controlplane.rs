@@ -921,32 +921,31 @@ async fn kit_a_failed_partition_pod_restarts_its_replica_as_a_unit() {
     create_job(&kit, &ns, &job).await;
     servers_ready(&kit, &ns, "fm", 2).await;
     let replica = |r: u32| format!("distbelief.dev/role=replica,distbelief.dev/replica={r}");
-    let mut first = wait_for(
-        Duration::from_secs(60),
-        "replica 1's two partition pods",
-        || async {
-            let names = pod_names(&kit, &ns, &replica(1)).await;
-            (names.len() == 2).then_some(names)
-        },
-    )
-    .await;
-    first.sort();
+    // The operator creates the replicas' pods one replica after another.
+    let two_pods = |r: u32| {
+        let (kit, ns, sel) = (&kit, &ns, replica(r));
+        async move {
+            let mut names = wait_for(
+                Duration::from_secs(60),
+                &format!("replica {r}'s two partition pods"),
+                || async {
+                    let names = pod_names(kit, ns, &sel).await;
+                    (names.len() == 2).then_some(names)
+                },
+            )
+            .await;
+            names.sort();
+            names
+        }
+    };
+    let first = two_pods(1).await;
     assert_eq!(first, ["fm-replica-1-0-p0", "fm-replica-1-0-p1"]);
     let svc: Service = Api::namespaced(kit.client.clone(), &ns)
         .get("fm-partitions")
         .await
         .expect("the partitions Service");
     assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("None"));
-    let mut replica0 = wait_for(
-        Duration::from_secs(60),
-        "replica 0's two partition pods",
-        || async {
-            let names = pod_names(&kit, &ns, &replica(0)).await;
-            (names.len() == 2).then_some(names)
-        },
-    )
-    .await;
-    replica0.sort();
+    let replica0 = two_pods(0).await;
     for p in first.iter().chain(&replica0) {
         make_ready(&kit, &ns, p).await;
     }

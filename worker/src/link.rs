@@ -1,10 +1,9 @@
 //! The replica's link to one shard: a slot for the freshest fetched
 //! parameters and a slot for the gradient waiting to be pushed, each served
-//! by its own task. The compute loop only ever swaps slots, so it never waits
-//! on the network.
+//! by its own task. The compute loop only swaps slots, so it waits on the
+//! network only past its staleness bound (`wait_fetched`).
 
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 

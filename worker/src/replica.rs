@@ -676,9 +676,6 @@ impl Compute {
                 }
                 if too_stale(link.shard_version(), versions[i], self.max_staleness) {
                     self.metrics.staleness_waits.inc();
-                    if !link.exchange_coming() {
-                        link.want_fetch();
-                    }
                     let Some(f) = link.wait_fetched(&self.stop) else {
                         return Ok(());
                     };
