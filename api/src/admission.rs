@@ -14,6 +14,8 @@ pub struct AdmissionRule {
     pub on_object: bool,
 }
 
+use crate::spec::DistBeliefJobSpec;
+
 const fn spec(field: &'static str, cel: &'static str, message: &'static str) -> AdmissionRule {
     AdmissionRule {
         field,
@@ -365,4 +367,184 @@ pub fn message(field: &str) -> &'static str {
         .iter()
         .find(|r| r.field == field)
         .map_or("is invalid", |r| r.message)
+}
+
+/// How the message of every immutable field ends: `<field> cannot change
+/// after the job is created`, from the API server (a CEL transition rule)
+/// and from the local runtime alike ([`immutable_changes`]).
+pub const MSG_IMMUTABLE: &str = "cannot change after the job is created";
+
+/// A part of the spec that is fixed once the job exists: the parameter
+/// layout and which process holds which part of it derive from it, so a
+/// change would scramble a running job's parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct ImmutableField {
+    pub field: &'static str,
+    /// CEL transition rule over `self` and `oldSelf` (the spec).
+    pub cel: &'static str,
+    changed: fn(&DistBeliefJobSpec, &DistBeliefJobSpec) -> bool,
+}
+
+impl ImmutableField {
+    /// The message both the API server and the local runtime give.
+    pub fn message(&self) -> String {
+        format!("{} {MSG_IMMUTABLE}", self.field)
+    }
+}
+
+/// Every immutable part of the spec. The API server defaults every field
+/// below before it evaluates a rule, on the stored object as on the new one;
+/// the rules on defaulted scalars still read an absent value as its default,
+/// so that an object written before the field existed (absent) and one that
+/// spells the default out compare equal, as they do in Rust.
+pub const IMMUTABLE: &[ImmutableField] = &[
+    ImmutableField {
+        field: "spec.model",
+        cel: "self.model == oldSelf.model",
+        changed: |a, b| a.model != b.model,
+    },
+    ImmutableField {
+        field: "spec.data",
+        cel: "self.data == oldSelf.data",
+        changed: |a, b| a.data != b.data,
+    },
+    ImmutableField {
+        field: "spec.algorithm",
+        cel: "self.algorithm == oldSelf.algorithm",
+        changed: |a, b| a.algorithm != b.algorithm,
+    },
+    ImmutableField {
+        field: "spec.parameterServers.shards",
+        cel: "self.parameterServers.shards == oldSelf.parameterServers.shards",
+        changed: |a, b| a.parameter_servers.shards != b.parameter_servers.shards,
+    },
+    // Pod k of the StatefulSet is member k mod R of shard k / R, and its
+    // claim holds that member's checkpoints.
+    ImmutableField {
+        field: "spec.parameterServers.replication",
+        cel: "(has(self.parameterServers) && has(self.parameterServers.replication) ? self.parameterServers.replication : 1) == (has(oldSelf.parameterServers) && has(oldSelf.parameterServers.replication) ? oldSelf.parameterServers.replication : 1)",
+        changed: |a, b| a.parameter_servers.replication != b.parameter_servers.replication,
+    },
+    ImmutableField {
+        field: "spec.replicas.count",
+        cel: "self.replicas.count == oldSelf.replicas.count",
+        changed: |a, b| a.replicas.count != b.replicas.count,
+    },
+    // The partitions decide the order in which the shards store the
+    // parameters (each shard holds one partition's slices).
+    ImmutableField {
+        field: "spec.replicas.partitions",
+        cel: "(has(self.replicas) && has(self.replicas.partitions) ? self.replicas.partitions : 1) == (has(oldSelf.replicas) && has(oldSelf.replicas.partitions) ? oldSelf.replicas.partitions : 1)",
+        changed: |a, b| a.replicas.partitions != b.replicas.partitions,
+    },
+    ImmutableField {
+        field: "spec.checkpoint",
+        cel: "self.checkpoint == oldSelf.checkpoint",
+        changed: |a, b| a.checkpoint != b.checkpoint,
+    },
+    ImmutableField {
+        field: "spec.output",
+        cel: "has(self.output) == has(oldSelf.output) && (!has(self.output) || self.output == oldSelf.output)",
+        changed: |a, b| a.output != b.output,
+    },
+];
+
+/// The immutable fields `new` changes from `old`, each with its message:
+/// what the API server refuses an update for, for a runtime that compares
+/// a job with the one it resumes.
+pub fn immutable_changes(
+    old: &DistBeliefJobSpec,
+    new: &DistBeliefJobSpec,
+) -> Vec<(&'static str, String)> {
+    IMMUTABLE
+        .iter()
+        .filter(|f| (f.changed)(old, new))
+        .map(|f| (f.field, f.message()))
+        .collect()
+}
+
+#[cfg(test)]
+mod immutable_tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> DistBeliefJobSpec {
+        let text = format!(
+            "apiVersion: distbelief.dev/v1alpha1\nkind: DistBeliefJob\nmetadata: {{name: j}}\nspec:\n  model: {{hidden: [{{units: 8}}], output: {{units: 10}}}}\n  algorithm: {{downpour: {{learningRate: 0.1}}}}\n  parameterServers: {{shards: 2}}\n{yaml}"
+        );
+        crate::parse_job("job.yaml", &text)
+            .expect("fixture job is valid")
+            .spec
+    }
+
+    #[test]
+    fn an_unchanged_or_mutable_edit_changes_nothing_immutable() {
+        let old = spec("");
+        assert!(immutable_changes(&old, &old).is_empty());
+        let mut new = old.clone();
+        new.suspend = true;
+        new.replicas.max_restarts = 9;
+        new.parameter_servers.max_restarts = 9;
+        new.ttl_seconds_after_finished = Some(60);
+        assert!(immutable_changes(&old, &new).is_empty());
+    }
+
+    #[test]
+    fn an_absent_field_equals_its_default_spelled_out() {
+        let absent = spec("");
+        let explicit = spec("  replicas: {partitions: 1}\n");
+        assert_eq!(absent.parameter_servers.replication, 1);
+        assert!(immutable_changes(&absent, &explicit).is_empty());
+    }
+
+    #[test]
+    fn partitions_and_replication_are_refused_with_the_api_servers_message() {
+        let old = spec("");
+        let mut new = old.clone();
+        new.replicas.partitions = 2;
+        assert_eq!(
+            immutable_changes(&old, &new),
+            [(
+                "spec.replicas.partitions",
+                "spec.replicas.partitions cannot change after the job is created".to_string()
+            )]
+        );
+        let mut new = old.clone();
+        new.parameter_servers.replication = 2;
+        new.replicas.count = 3;
+        let fields: Vec<_> = immutable_changes(&old, &new)
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
+        assert_eq!(
+            fields,
+            ["spec.parameterServers.replication", "spec.replicas.count"]
+        );
+    }
+
+    #[test]
+    fn every_field_is_caught_and_named_once() {
+        let old = spec("");
+        let edits: [fn(&mut DistBeliefJobSpec); 9] = [
+            |s| s.model.hidden[0].units = 9,
+            |s| s.data.train_limit = Some(5),
+            |s| s.algorithm.downpour.as_mut().unwrap().learning_rate = 0.2,
+            |s| s.parameter_servers.shards = 4,
+            |s| s.parameter_servers.replication = 3,
+            |s| s.replicas.count = 2,
+            |s| s.replicas.partitions = 2,
+            |s| s.checkpoint.interval_seconds = Some(99),
+            |s| s.output.audit = true,
+        ];
+        assert_eq!(edits.len(), IMMUTABLE.len());
+        for (edit, field) in edits.iter().zip(IMMUTABLE) {
+            let mut new = old.clone();
+            edit(&mut new);
+            assert_eq!(
+                immutable_changes(&old, &new),
+                [(field.field, field.message())],
+                "{}",
+                field.field
+            );
+        }
+    }
 }

@@ -6,7 +6,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-use crate::admission::RULES;
+use crate::admission::{IMMUTABLE, RULES};
 use crate::spec::DistBeliefJob;
 
 const ROOT_DESCRIPTION: &str = "A DistBeliefJob: a distributed training job run by the distbelief operator (Kubernetes) or `distbelief train` (one machine).";
@@ -129,6 +129,18 @@ fn add_rules(root: &mut Value) {
             }));
         }
     }
+    // Transition rules: checked on updates only, against the stored object.
+    let spec = &mut root["properties"]["spec"];
+    let rules = spec
+        .as_object_mut()
+        .expect("schema nodes are objects")
+        .entry("x-kubernetes-validations")
+        .or_insert_with(|| json!([]));
+    if let Value::Array(list) = rules {
+        for f in IMMUTABLE {
+            list.push(json!({"rule": f.cel, "message": f.message()}));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -156,12 +168,12 @@ mod tests {
         let v = serde_json::to_value(crd()).unwrap();
         let root = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let text = root.to_string();
-        for r in RULES {
-            assert!(
-                text.contains(&serde_json::to_string(r.cel).unwrap()),
-                "{}",
-                r.cel
-            );
+        for cel in RULES
+            .iter()
+            .map(|r| r.cel)
+            .chain(IMMUTABLE.iter().map(|f| f.cel))
+        {
+            assert!(text.contains(&serde_json::to_string(cel).unwrap()), "{cel}");
         }
         let conditions = &root["properties"]["status"]["properties"]["conditions"];
         assert_eq!(conditions["x-kubernetes-list-map-keys"], json!(["type"]));

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
-use kube::{CustomResource, KubeSchema};
+use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +20,7 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 /// A distributed training job: the model, its data, the algorithm and its
 /// hyper-parameters, how many parameter-server shards and model replicas run
 /// it, how failures are handled and when it stops.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "distbelief.dev",
     version = "v1alpha1",
@@ -39,17 +39,8 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 // What a running job is made of cannot change under it: shards hold a
 // parameter layout derived from the model, replicas hold a slice of the
 // data. The knobs that steer a run (suspend, restarts, stragglers, TTL)
-// stay mutable. The rules on values are in `admission`, added to the
-// schema by `crate::crd`.
-#[x_kube(
-    validation = Rule::new("self.model == oldSelf.model").message("spec.model cannot change after the job is created"),
-    validation = Rule::new("self.data == oldSelf.data").message("spec.data cannot change after the job is created"),
-    validation = Rule::new("self.algorithm == oldSelf.algorithm").message("spec.algorithm cannot change after the job is created"),
-    validation = Rule::new("self.parameterServers.shards == oldSelf.parameterServers.shards").message("spec.parameterServers.shards cannot change after the job is created"),
-    validation = Rule::new("self.replicas.count == oldSelf.replicas.count").message("spec.replicas.count cannot change after the job is created"),
-    validation = Rule::new("self.checkpoint == oldSelf.checkpoint").message("spec.checkpoint cannot change after the job is created"),
-    validation = Rule::new("has(self.output) == has(oldSelf.output) && (!has(self.output) || self.output == oldSelf.output)").message("spec.output cannot change after the job is created"),
-)]
+// stay mutable. The rules on values and on changes are in `admission`,
+// added to the schema by `crate::crd`.
 pub struct DistBeliefJobSpec {
     /// The network to train. Required.
     pub model: ModelSpec,

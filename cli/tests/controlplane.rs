@@ -266,6 +266,7 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
         .expect("a null target is admitted");
     distbelief_api::parse_job("job.json", &serde_json::to_string(&job).unwrap())
         .expect("and runs locally");
+    immutable_fields_refuse_a_change_with_the_local_message(&kit, &ns).await;
     // Every shipped job is admitted.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for dir in ["examples", "deploy/examples"] {
@@ -280,6 +281,61 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
             }
         }
     }
+}
+
+/// The two layout-defining fields of a stored job refuse a change with the
+/// message `distbelief train --resume` gives (`admission::immutable_changes`),
+/// while spelling out their default, or dropping them (the API server
+/// defaults them again), is no change. No operator watches `ns`.
+async fn immutable_fields_refuse_a_change_with_the_local_message(kit: &Kit, ns: &str) {
+    let created = create_job(kit, ns, &example_job("fixed")).await;
+    let old: distbelief_api::DistBeliefJob =
+        serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+    let merge = |patch: Value| async move {
+        kit.jobs(ns)
+            .patch("fixed", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    merge(json!({"spec": {"replicas": {"partitions": 1}, "parameterServers": {"replication": 1}}}))
+        .await
+        .expect("the defaults spelt out are no change");
+    merge(json!({"spec": {"replicas": {"partitions": null}, "parameterServers": {"replication": null}}}))
+        .await
+        .expect("fields dropped are defaulted again: no change");
+    for (field, patch) in [
+        (
+            "spec.replicas.partitions",
+            json!({"spec": {"replicas": {"partitions": 2}}}),
+        ),
+        (
+            "spec.parameterServers.replication",
+            json!({"spec": {"parameterServers": {"replication": 2}}}),
+        ),
+    ] {
+        let mut new = old.spec.clone();
+        new.replicas.partitions = patch["spec"]["replicas"]["partitions"]
+            .as_u64()
+            .map_or(new.replicas.partitions, |v| v as u32);
+        new.parameter_servers.replication = patch["spec"]["parameterServers"]["replication"]
+            .as_u64()
+            .map_or(new.parameter_servers.replication, |v| v as u32);
+        let local = distbelief_api::admission::immutable_changes(&old.spec, &new);
+        assert_eq!(local.len(), 1, "{field}: {local:?}");
+        assert_eq!(local[0].0, field);
+        let server = merge(patch)
+            .await
+            .expect_err(&format!("{field}: the API server took a change"));
+        assert!(
+            server.contains(&local[0].1),
+            "{field}: the API server said {server:?}, the local runtime says {:?}",
+            local[0].1
+        );
+    }
+    let stored = kit.jobs(ns).get("fixed").await.unwrap();
+    assert_eq!(stored.data["spec"]["replicas"]["partitions"], 1);
+    assert_eq!(stored.data["spec"]["parameterServers"]["replication"], 1);
 }
 
 /// resourceVersions of the job's long-lived children, by kind/name.
