@@ -216,12 +216,20 @@ struct Replay {
 /// longer than the restarts, and a cycle would be a corrupt log.
 const MAX_INSTALL_DEPTH: usize = 256;
 
+/// States already replayed for an install, by (member, stamp); `None`
+/// while that replay is under way. Each is replayed once, however many
+/// installs name it: replayed afresh for every install line, k lines of a
+/// corrupt log naming each other cost about 256^k replays (a 360-byte log
+/// hung `distbelief audit`; found by fuzzing).
+type Installs = HashMap<(u32, Stamp), Option<Vec<(u64, PushKey)>>>;
+
 /// Replays `member`'s log, up to the first time it reached `until` if given.
 fn replay(
     logs: &BTreeMap<u32, Vec<Event>>,
     member: u32,
     until: Option<Stamp>,
     depth: usize,
+    installs: &mut Installs,
 ) -> Replay {
     let mut r = Replay::default();
     let Some(events) = logs.get(&member) else {
@@ -238,10 +246,17 @@ fn replay(
             }
             Event::Apply(key, at) => r.state.push((at.version, key)),
             Event::Install { from, at } => {
-                r.state = if depth < MAX_INSTALL_DEPTH {
-                    replay(logs, from, Some(at), depth + 1).state
-                } else {
-                    Vec::new()
+                r.state = match installs.get(&(from, at)) {
+                    Some(Some(state)) => state.clone(),
+                    // An install that leads back to itself: a corrupt log.
+                    Some(None) => Vec::new(),
+                    None if depth < MAX_INSTALL_DEPTH => {
+                        installs.insert((from, at), None);
+                        let state = replay(logs, from, Some(at), depth + 1, installs).state;
+                        installs.insert((from, at), Some(state.clone()));
+                        state
+                    }
+                    None => Vec::new(),
                 };
             }
         }
@@ -316,7 +331,7 @@ pub fn verdict(
         let Some((_, member)) = last else {
             continue;
         };
-        let r = replay(logs, member, None, 0);
+        let r = replay(logs, member, None, 0, &mut HashMap::new());
         v.rolled_back += r.rolled_back;
         for (_, key) in r.state {
             *held.entry(key).or_default() += 1;
@@ -435,6 +450,21 @@ mod tests {
             (3, 3, 0, 0)
         );
         assert_eq!(v.shard_opens, 2);
+    }
+
+    #[test]
+    fn installs_that_name_each_other_are_replayed_once() {
+        // Found by fuzzing: each install line replayed its source afresh,
+        // so 24 lines of a member installing from itself never finished.
+        let mut text = open_line(Stamp::new(0, 0));
+        for v in 1..=24 {
+            text += &install_line(0, Stamp::new(0, v));
+        }
+        text += &apply_line(key(0, 1), Stamp::new(0, 25));
+        let started = std::time::Instant::now();
+        let v = verdict(&BTreeMap::from([((0, 0), ("s".into(), text))]), &[]).unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert_eq!((v.applied, v.duplicated), (1, 0));
     }
 
     #[test]
