@@ -139,11 +139,21 @@ fn read_file(path: &str) -> Result<Vec<u8>, DataError> {
         source,
     };
     let raw = std::fs::read(Path::new(path)).map_err(io)?;
+    decompress(path, raw)
+}
+
+/// A data file's bytes as read, gunzipped when they start with gzip's magic
+/// number; `path` names the file in errors. Public so that the fuzz targets
+/// drive the reader without a file.
+pub fn decompress(path: &str, raw: Vec<u8>) -> Result<Vec<u8>, DataError> {
     if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::MultiGzDecoder::new(&raw[..])
             .read_to_end(&mut out)
-            .map_err(io)?;
+            .map_err(|source| DataError::Io {
+                path: path.to_string(),
+                source,
+            })?;
         Ok(out)
     } else {
         Ok(raw)
@@ -194,8 +204,19 @@ pub fn parse_idx(path: &str, bytes: &[u8]) -> Result<(Vec<usize>, Vec<u8>), Data
 }
 
 fn read_idx_pair(images: &str, labels: &str, scale: f32) -> Result<Dataset, DataError> {
-    let (idims, ibytes) = parse_idx(images, &read_file(images)?)?;
-    let (ldims, lbytes) = parse_idx(labels, &read_file(labels)?)?;
+    let (image_bytes, label_bytes) = (read_file(images)?, read_file(labels)?);
+    parse_idx_pair((images, &image_bytes), (labels, &label_bytes), scale)
+}
+
+/// An images file and a labels file, each (name, decompressed bytes), as a
+/// dataset. Public so that the fuzz targets drive the reader without files.
+pub fn parse_idx_pair(
+    (images, image_bytes): (&str, &[u8]),
+    (labels, label_bytes): (&str, &[u8]),
+    scale: f32,
+) -> Result<Dataset, DataError> {
+    let (idims, ibytes) = parse_idx(images, image_bytes)?;
+    let (ldims, lbytes) = parse_idx(labels, label_bytes)?;
     if ldims.len() != 1 {
         return Err(DataError::Format {
             path: labels.to_string(),
@@ -220,7 +241,12 @@ fn read_idx_pair(images: &str, labels: &str, scale: f32) -> Result<Dataset, Data
 
 /// CSV: label first, then the features. A first line that does not parse is a header.
 fn read_csv(path: &str, scale: f32) -> Result<Dataset, DataError> {
-    let bytes = read_file(path)?;
+    parse_csv(path, read_file(path)?, scale)
+}
+
+/// A CSV file's (decompressed) bytes as a dataset; `path` names it in
+/// errors. Public so that the fuzz targets drive the reader without a file.
+pub fn parse_csv(path: &str, bytes: Vec<u8>, scale: f32) -> Result<Dataset, DataError> {
     let text = String::from_utf8(bytes).map_err(|_| DataError::Format {
         path: path.to_string(),
         message: "not UTF-8 text".into(),

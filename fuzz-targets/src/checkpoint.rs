@@ -1,0 +1,75 @@
+//! Shard state in the checkpoint format: a checkpoint file, and the same
+//! bytes arriving as a catch-up from the head of a chain.
+
+use distbelief_model::Optimizer;
+use distbelief_proto::v1::StateBytes;
+use distbelief_ps::checkpoint::{Saved, decode, write_to};
+
+use crate::frames::messages;
+
+/// The shard the fuzzed state is read for (the seeds are written for it).
+pub const SHARD: u32 = 1;
+pub const RANGE: std::ops::Range<usize> = 4..12;
+
+pub fn optimizer() -> Optimizer {
+    Optimizer::Adagrad {
+        learning_rate: 0.1,
+        initial_accumulator: 0.1,
+        epsilon: 1e-8,
+    }
+}
+
+pub fn checkpoint(data: &[u8]) {
+    if let Ok(saved) = decode(data, SHARD, RANGE, "fuzz.ckpt") {
+        check_saved(saved);
+    }
+}
+
+/// A catch-up: `StateBytes` messages, put together as a member installing
+/// the head's state does (`ps-server`'s `install`), then read.
+pub fn catch_up(data: &[u8]) {
+    let chunks: Vec<StateBytes> = messages(data);
+    // As the member: parameters and accumulators, plus room for the tables.
+    let limit = 8 * RANGE.len() + (64 << 20);
+    let mut state = Vec::new();
+    for c in &chunks {
+        if c.shard != SHARD || state.len() + c.data.len() > limit {
+            return;
+        }
+        state.extend_from_slice(&c.data);
+    }
+    if chunks.is_empty() {
+        return;
+    }
+    if let Ok(saved) = decode(&state, SHARD, RANGE, "state from member 0") {
+        check_saved(saved);
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// What was read becomes a shard, as a restore or an install makes it; its
+/// state written out reads back the same, and writing that again gives the
+/// same bytes.
+fn check_saved(saved: Saved) {
+    assert_eq!(saved.params.len(), RANGE.len());
+    let (version, updates, params) = (saved.version, saved.updates_applied, bits(&saved.params));
+    let lineage = saved.lineage.clone();
+    let restored = saved.clone().restore(SHARD, RANGE, optimizer());
+    assert!(
+        restored.epoch() > lineage.epoch(),
+        "a restore starts a later epoch"
+    );
+    let first = write_to(Vec::new(), &saved.into_shard(SHARD, RANGE, optimizer()))
+        .expect("writing to memory");
+    let again = decode(&first, SHARD, RANGE, "rewritten")
+        .unwrap_or_else(|e| panic!("a state read and written back does not read: {e}"));
+    assert_eq!((again.version, again.updates_applied), (version, updates));
+    assert_eq!(bits(&again.params), params);
+    assert_eq!(again.lineage, lineage);
+    let second = write_to(Vec::new(), &again.into_shard(SHARD, RANGE, optimizer()))
+        .expect("writing to memory");
+    assert_eq!(first, second, "writing what was read is stable");
+}

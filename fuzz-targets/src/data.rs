@@ -1,0 +1,83 @@
+//! The data readers of `distbelief_model::data`: idx (plain or gzip) and CSV.
+
+use std::io::Write;
+
+use distbelief_model::data::{Dataset, decompress, parse_csv, parse_idx, parse_idx_pair};
+
+/// One idx file, then the first two bytes split the rest into an images
+/// file and a labels file for the pair reader.
+pub fn idx(data: &[u8]) {
+    if let Ok((dims, payload)) = parse_idx("fuzz.idx", data) {
+        assert!(!dims.is_empty());
+        assert_eq!(dims.iter().product::<usize>(), payload.len());
+    }
+    let Some((split, rest)) = data.split_first_chunk::<2>() else {
+        return;
+    };
+    let at = usize::from(u16::from_le_bytes(*split)).min(rest.len());
+    let (images, labels) = rest.split_at(at);
+    if let Ok(d) = parse_idx_pair(("images", images), ("labels", labels), 1.0 / 255.0) {
+        check_dataset(&d);
+    }
+}
+
+/// A data file as read from disk: gunzipped when it says it is gzip, then
+/// handed to both readers, as `model::data::load` does.
+pub fn gzip(data: &[u8]) {
+    let Ok(out) = decompress("fuzz.gz", data.to_vec()) else {
+        return;
+    };
+    if !data.starts_with(&[0x1f, 0x8b]) {
+        assert_eq!(out, data, "a file that is not gzip is read as it is");
+    }
+    if let Ok((dims, payload)) = parse_idx("fuzz.gz", &out) {
+        assert_eq!(dims.iter().product::<usize>(), payload.len());
+    }
+    if let Ok(d) = parse_csv("fuzz.gz", out, 1.0) {
+        check_dataset(&d);
+    }
+    // What gzip wrote, the reader gives back.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(data).expect("writing to memory");
+    let packed = gz.finish().expect("writing to memory");
+    let unpacked = decompress("fuzz.gz", packed).expect("gzip's own output reads back");
+    assert_eq!(unpacked, data);
+}
+
+/// A CSV file; what it reads, written back as CSV, reads the same.
+pub fn csv(data: &[u8]) {
+    let Ok(d) = parse_csv("fuzz.csv", data.to_vec(), 1.0) else {
+        return;
+    };
+    check_dataset(&d);
+    let mut text = String::from("label,features\n");
+    for i in 0..d.len() {
+        text.push_str(&d.labels[i].to_string());
+        for v in d.row(i) {
+            text.push(',');
+            text.push_str(&v.to_string());
+        }
+        text.push('\n');
+    }
+    let again = parse_csv("again.csv", text.into_bytes(), 1.0)
+        .unwrap_or_else(|e| panic!("a dataset written back as CSV fails: {e}"));
+    assert_eq!((again.len(), again.dim), (d.len(), d.dim));
+    assert_eq!(again.labels, d.labels);
+    let bits = |v: &[f32]| -> Vec<u32> {
+        v.iter()
+            .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+            .collect()
+    };
+    assert_eq!(bits(&again.features), bits(&d.features));
+}
+
+fn check_dataset(d: &Dataset) {
+    assert!(!d.is_empty());
+    assert_eq!(d.features.len(), d.len() * d.dim, "a whole row per label");
+    let last = d.row(d.len() - 1);
+    assert_eq!(last.len(), d.dim);
+    let _ = d.check_fits("fuzz", d.dim, 10);
+    let mut cut = d.clone();
+    cut.truncate(1);
+    assert_eq!((cut.len(), cut.features.len()), (1, d.dim));
+}
