@@ -41,6 +41,8 @@ spec:
 struct Run {
     child: Child,
     dir: tempfile::TempDir,
+    /// The run directory (`--out`): in `dir`, or an earlier run's when resumed.
+    out: PathBuf,
 }
 
 impl Drop for Run {
@@ -81,8 +83,20 @@ impl Run {
     /// Starts `distbelief train` with extra flags; its stderr goes to
     /// `stderr.log` beside the run directory.
     fn start_with(yaml: String, flags: &[&str]) -> Run {
-        require_fashion_mnist();
         let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("run");
+        Run::start_in(dir, out, yaml, flags)
+    }
+
+    /// `distbelief train --resume` on `earlier`'s run directory.
+    fn resume(earlier: &Run, yaml: String, flags: &[&str]) -> Run {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let flags: Vec<&str> = flags.iter().copied().chain(["--resume"]).collect();
+        Run::start_in(dir, earlier.run_dir(), yaml, &flags)
+    }
+
+    fn start_in(dir: tempfile::TempDir, out: PathBuf, yaml: String, flags: &[&str]) -> Run {
+        require_fashion_mnist();
         let file = dir.path().join("job.yaml");
         std::fs::write(&file, yaml).expect("write job");
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
@@ -90,7 +104,7 @@ impl Run {
             .arg("train")
             .arg(&file)
             .arg("--out")
-            .arg(dir.path().join("run"))
+            .arg(&out)
             .arg("--summary-json")
             .arg(dir.path().join("summary.json"))
             .args(flags)
@@ -98,7 +112,7 @@ impl Run {
             .stderr(stderr)
             .spawn()
             .expect("start distbelief train");
-        Run { child, dir }
+        Run { child, dir, out }
     }
 
     fn stderr(&self) -> String {
@@ -106,7 +120,7 @@ impl Run {
     }
 
     fn run_dir(&self) -> PathBuf {
-        self.dir.path().join("run")
+        self.out.clone()
     }
 
     fn pid(&self, role: &str, index: u32) -> Option<i32> {
@@ -138,6 +152,62 @@ impl Run {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Waits until the progress lines show a test accuracy of `at_least`.
+    fn wait_for_accuracy(&self, at_least: f64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let best = self
+                .stderr()
+                .lines()
+                .filter_map(|l| l.split("test acc ").nth(1)?.split(' ').next()?.parse().ok())
+                .fold(0.0f64, f64::max);
+            if best >= at_least {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "test accuracy {at_least} not reached within {timeout:?} (best {best}):\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM, as a user's Ctrl-C or a scheduler's stop: the run stops
+    /// its processes in order, says it was interrupted (exit 130), and
+    /// still prints its summary.
+    fn interrupt(&mut self, timeout: Duration) -> serde_json::Value {
+        let pid = i32::try_from(self.child.id()).expect("pid");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "distbelief train did not stop within {timeout:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut out = String::new();
+        self.child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .expect("read stdout");
+        assert_eq!(status.code(), Some(130), "{}", self.stderr());
+        let summary: serde_json::Value =
+            serde_json::from_str(out.lines().last().expect("a summary line")).expect("JSON");
+        assert_eq!(summary["outcome"], "interrupted", "{summary}");
+        summary
     }
 
     /// Waits for the run to end and returns its last stdout line, parsed.
@@ -581,4 +651,142 @@ fn a_clean_audited_run_loses_nothing() {
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
     assert!(s["chaos"].is_null(), "{s}");
+}
+
+/// The audit's acknowledgement lines, per replica log: (incarnation, line).
+fn ack_lines(run: &Run) -> Vec<(String, Vec<String>)> {
+    let dir = run.run_dir().join("audit");
+    let mut logs: Vec<_> = std::fs::read_dir(&dir)
+        .expect("audit directory")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("replica-")
+        })
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (
+                p.display().to_string(),
+                text.lines().map(String::from).collect(),
+            )
+        })
+        .collect();
+    logs.sort();
+    logs
+}
+
+/// `ack SHARD REPLICA INCARNATION SEQUENCE`
+fn ack_incarnation(line: &str) -> u64 {
+    line.split(' ')
+        .nth(3)
+        .and_then(|i| i.parse().ok())
+        .unwrap_or_else(|| panic!("not an ack line: {line:?}"))
+}
+
+/// Stops an audited run with SIGTERM once it has learnt something (after
+/// replica 1 was killed and restarted, with `restart_first`), resumes it
+/// with `--resume`, and checks across both halves: no acknowledged push
+/// lost or applied twice, every push of the second half made by a process
+/// above every incarnation of the first (so that the shards' restored push
+/// tables take none of them for a retry, and the audit's keys stay
+/// apart), and accuracy going on from where it stopped.
+fn stop_and_resume(name: &str, restart_first: bool) {
+    let yaml = job(name)
+        .replace("targetTestAccuracy: 0.8", "targetTestAccuracy: 0.82")
+        .replace("factor: 20", "factor: 60");
+    let mut first = Run::start_with(yaml.clone(), &["--audit"]);
+    if restart_first {
+        first.wait_for_log(
+            "logs/worker-1.log",
+            "parameters fetched; training",
+            Duration::from_secs(60),
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        kill9(first.pid("worker", 1).expect("replica 1 in processes.tsv"));
+        // The new process acknowledged pushes under incarnation 2.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ack_lines(&first).iter().flat_map(|(_, l)| l).any(|l| {
+            l.starts_with("ack ") && l.split(' ').nth(2) == Some("1") && ack_incarnation(l) == 2
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "restarted replica 1 never pushed:\n{}",
+                first.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    first.wait_for_accuracy(0.6, Duration::from_secs(120));
+    let s1 = first.interrupt(Duration::from_secs(30));
+    let (acknowledged1, _, lost1, duplicated1) = audit(&s1);
+    assert_eq!((lost1, duplicated1), (0, 0), "{s1}");
+    assert_eq!(s1["replica_restarts"], u32::from(restart_first), "{s1}");
+    let stopped_at = s1["final_test_accuracy"]
+        .as_f64()
+        .expect("an evaluation before the stop");
+    let before: Vec<(String, Vec<String>)> = ack_lines(&first);
+    let highest = before
+        .iter()
+        .flat_map(|(_, l)| l)
+        .map(|l| ack_incarnation(l))
+        .max()
+        .expect("acknowledged pushes before the stop");
+
+    let mut second = Run::resume(&first, yaml, &["--audit"]);
+    let s2 = second.finish(Duration::from_secs(240));
+    assert_reached_target(&s2);
+    let (acknowledged, applied, lost, duplicated) = audit(&s2);
+    assert!(
+        acknowledged > acknowledged1,
+        "both halves audited: {s1}\n{s2}"
+    );
+    assert_eq!((lost, duplicated), (0, 0), "{s2}");
+    assert!(applied >= acknowledged, "{s2}");
+    let after = ack_lines(&second);
+    let mut resumed = 0;
+    for (path, lines) in &after {
+        let earlier = before
+            .iter()
+            .find(|(p, _)| p == path)
+            .map_or(0, |(_, l)| l.len());
+        for line in &lines[earlier..] {
+            assert!(
+                ack_incarnation(line) > highest,
+                "{path}: {line:?} after the resume, not above incarnation {highest}"
+            );
+            resumed += 1;
+        }
+    }
+    assert!(resumed > 0, "no push acknowledged after the resume");
+    assert!(
+        second
+            .stderr()
+            .contains(&format!("replicas start at incarnation {}", highest + 1)),
+        "{}",
+        second.stderr()
+    );
+    let curve: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(second.run_dir().join("curve.json")).expect("curve.json"),
+    )
+    .expect("curve JSON");
+    let first_eval = curve[0]["test_accuracy"]
+        .as_f64()
+        .expect("a first evaluation");
+    assert!(
+        first_eval >= stopped_at - 0.03,
+        "the resumed run's first evaluation ({first_eval}) fell back from {stopped_at}"
+    );
+}
+
+#[test]
+fn a_resumed_run_loses_no_acknowledged_push_and_goes_on_learning() {
+    stop_and_resume("resume", false);
+}
+
+#[test]
+fn a_resumed_run_whose_replica_had_restarted_loses_nothing() {
+    stop_and_resume("resume-restarted", true);
 }

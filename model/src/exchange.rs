@@ -69,6 +69,8 @@ const TAKEN_REMEMBERED: usize = 4096;
 #[derive(Default)]
 struct Slots {
     messages: HashMap<(usize, Tag), Pending>,
+    /// Values held by `messages`, against the mailbox's pending limit.
+    pending_values: usize,
     taken: HashSet<(usize, Tag)>,
     taken_order: VecDeque<(usize, Tag)>,
     closed: bool,
@@ -104,6 +106,11 @@ pub struct Mailbox {
     arrived: Condvar,
     /// How long a receive waits for a peer before calling it lost.
     patience: Duration,
+    /// The most values one message may announce...
+    message_limit: usize,
+    /// ...and all messages not yet taken together: a peer's chunk headers
+    /// cannot make this process allocate more.
+    pending_limit: usize,
 }
 
 impl Mailbox {
@@ -112,7 +119,17 @@ impl Mailbox {
             slots: Mutex::new(Slots::default()),
             arrived: Condvar::new(),
             patience,
+            message_limit: MAX_MESSAGE_VALUES,
+            pending_limit: MAX_MESSAGE_VALUES,
         }
+    }
+
+    /// Refuses messages of more than `message` values, and a new message
+    /// once those not yet taken hold `pending` values together.
+    pub fn limited(mut self, message: usize, pending: usize) -> Self {
+        self.message_limit = message.min(MAX_MESSAGE_VALUES);
+        self.pending_limit = pending.max(self.message_limit);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Slots> {
@@ -137,7 +154,13 @@ impl Mailbox {
             )));
         }
         let n = le_bytes.len() / 4;
-        if total > MAX_MESSAGE_VALUES || offset.checked_add(n).is_none_or(|end| end > total) {
+        if total > self.message_limit {
+            return Err(Refusal::Malformed(format!(
+                "a message of {total} values; this replica's largest boundary holds {}",
+                self.message_limit
+            )));
+        }
+        if offset.checked_add(n).is_none_or(|end| end > total) {
             return Err(Refusal::Malformed(format!(
                 "values {offset}..{} do not fit a message of {total}",
                 offset.saturating_add(n)
@@ -150,6 +173,15 @@ impl Mailbox {
         if slots.taken.contains(&(from, tag)) {
             // A retried delivery of a message already used.
             return Ok(());
+        }
+        if !slots.messages.contains_key(&(from, tag)) {
+            if slots.pending_values + total > self.pending_limit {
+                return Err(Refusal::Malformed(format!(
+                    "{} values already wait to be taken; a message of {total} more would pass the limit of {}",
+                    slots.pending_values, self.pending_limit
+                )));
+            }
+            slots.pending_values += total;
         }
         let pending = slots
             .messages
@@ -194,6 +226,7 @@ impl Mailbox {
                 .is_some_and(|p| p.filled >= p.values.len())
                 && let Some(p) = slots.messages.remove(&(from, tag))
             {
+                slots.pending_values -= p.values.len();
                 slots.remember_taken((from, tag));
                 return Ok(p.values);
             }
@@ -280,6 +313,28 @@ mod tests {
         layer: 1,
         backward: false,
     };
+
+    #[test]
+    fn a_chunk_header_cannot_make_the_mailbox_allocate_past_its_limits() {
+        let m = Mailbox::new(Duration::from_millis(50)).limited(4, 8);
+        let one = bytes(&[1.0]);
+        assert!(matches!(
+            m.put(0, TAG, 0, 1 << 27, &one),
+            Err(Refusal::Malformed(_))
+        ));
+        let tag = |step| Tag { step, ..TAG };
+        m.put(0, tag(1), 0, 4, &one).unwrap();
+        m.put(0, tag(2), 0, 4, &one).unwrap();
+        // Two half-filled messages hold the whole pending budget.
+        assert!(matches!(
+            m.put(0, tag(3), 0, 4, &one),
+            Err(Refusal::Malformed(_))
+        ));
+        // A chunk of a message already waiting still lands.
+        m.put(0, tag(1), 1, 4, &bytes(&[2.0, 3.0, 4.0])).unwrap();
+        assert_eq!(m.take(0, tag(1)).unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        m.put(0, tag(3), 0, 4, &one).unwrap();
+    }
 
     #[test]
     fn chunks_in_any_order_make_one_message() {

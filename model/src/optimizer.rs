@@ -60,26 +60,38 @@ impl Optimizer {
 
     /// Applies one gradient to `params` (and `accum`, for Adagrad).
     pub fn apply(&self, params: &mut [f32], accum: &mut [f32], grad: &[f32]) {
-        self.apply_steps(params, accum, grad, 1);
+        self.apply_push(params, accum, grad, None, 1);
     }
 
-    /// Applies `sum`, the sum of `steps` mini-batch gradients, as `steps`
-    /// updates with their mean. For SGD that is one update with the sum. For
-    /// Adagrad it is not: one update with a sum moves no further than one
-    /// with a single gradient, so summing k gradients would cost k-1 updates.
-    pub fn apply_steps(&self, params: &mut [f32], accum: &mut [f32], sum: &[f32], steps: u32) {
+    /// Applies a push: `sum`, the sum of `steps` mini-batch gradients, and
+    /// for Adagrad `squares`, the sum of their squares.
+    ///
+    /// * SGD: `p -= lr · sum`, as `steps` updates on the same parameters.
+    /// * Adagrad: `a += squares; p -= lr · sum / (√a + ε)`. The accumulator
+    ///   then holds exactly what `steps` single pushes would have left in it,
+    ///   whatever nPush is. Without `squares` the shard has only the sum and
+    ///   takes `sum² / steps` (exact for one mini-batch; for more, the least
+    ///   the squares can add up to). One pass, so a push's time under the
+    ///   shard's lock does not grow with `steps`.
+    pub fn apply_push(
+        &self,
+        params: &mut [f32],
+        accum: &mut [f32],
+        sum: &[f32],
+        squares: Option<&[f32]>,
+        steps: u32,
+    ) {
         match *self {
             Optimizer::Sgd { learning_rate } => sgd(params, sum, learning_rate),
             Optimizer::Adagrad {
                 learning_rate,
                 epsilon,
                 ..
-            } if steps <= 1 => adagrad(params, accum, sum, learning_rate, epsilon),
-            Optimizer::Adagrad {
-                learning_rate,
-                epsilon,
-                ..
-            } => adagrad_repeated(params, accum, sum, learning_rate, epsilon, steps),
+            } => match squares {
+                Some(sq) => adagrad_summed(params, accum, sum, sq, learning_rate, epsilon),
+                None if steps <= 1 => adagrad(params, accum, sum, learning_rate, epsilon),
+                None => adagrad_mean(params, accum, sum, learning_rate, epsilon, steps),
+            },
         }
     }
 }
@@ -115,14 +127,42 @@ pub fn adagrad(params: &mut [f32], accum: &mut [f32], grad: &[f32], lr: f32, eps
     }
 }
 
-/// `steps` Adagrad updates with the mean `sum / steps`, in blocks that stay
-/// in cache across the repeated passes.
+/// `a += sq; p -= lr * sum / (√a + ε)`: a push of summed gradients whose
+/// squares were summed too.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512vl",
     "x86_64+avx2+fma",
     "aarch64+neon"
 ))]
-pub fn adagrad_repeated(
+pub fn adagrad_summed(
+    params: &mut [f32],
+    accum: &mut [f32],
+    sum: &[f32],
+    squares: &[f32],
+    lr: f32,
+    eps: f32,
+) {
+    assert!(params.len() == sum.len() && accum.len() == sum.len() && squares.len() == sum.len());
+    for (((p, a), g), sq) in params
+        .iter_mut()
+        .zip(accum.iter_mut())
+        .zip(sum)
+        .zip(squares)
+    {
+        let acc = *a + sq;
+        *a = acc;
+        *p -= lr * g / (acc.sqrt() + eps);
+    }
+}
+
+/// `a += sum² / steps; p -= lr * sum / (√a + ε)`: a summed push that came
+/// without its squares.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+pub fn adagrad_mean(
     params: &mut [f32],
     accum: &mut [f32],
     sum: &[f32],
@@ -131,25 +171,11 @@ pub fn adagrad_repeated(
     steps: u32,
 ) {
     assert!(params.len() == sum.len() && accum.len() == sum.len());
-    const BLOCK: usize = 1024;
-    let inv = 1.0 / steps as f32;
-    let mut mean = [0.0f32; BLOCK];
-    for ((p, a), s) in params
-        .chunks_mut(BLOCK)
-        .zip(accum.chunks_mut(BLOCK))
-        .zip(sum.chunks(BLOCK))
-    {
-        let mean = &mut mean[..s.len()];
-        for (m, s) in mean.iter_mut().zip(s) {
-            *m = s * inv;
-        }
-        for _ in 0..steps {
-            for ((p, a), g) in p.iter_mut().zip(a.iter_mut()).zip(mean.iter()) {
-                let acc = *a + g * g;
-                *a = acc;
-                *p -= lr * g / (acc.sqrt() + eps);
-            }
-        }
+    let inv = 1.0 / steps.max(1) as f32;
+    for ((p, a), g) in params.iter_mut().zip(accum.iter_mut()).zip(sum) {
+        let acc = *a + g * g * inv;
+        *a = acc;
+        *p -= lr * g / (acc.sqrt() + eps);
     }
 }
 
@@ -203,31 +229,51 @@ mod tests {
         }
     }
 
+    /// One push of k mini-batches leaves the accumulator where k single
+    /// pushes of the same gradients leave it, and steps along their sum.
     #[test]
-    fn summed_push_equals_repeated_mean_steps() {
-        let n = 3000;
-        let sum = data(n, 5);
-        let (mut p, mut a) = (data(n, 6), vec![0.1f32; n]);
-        let (mut rp, mut ra) = (p.clone(), a.clone());
+    fn a_summed_push_accumulates_what_its_single_pushes_would() {
+        let (n, k) = (3000, 4);
+        let grads: Vec<Vec<f32>> = (0..k).map(|i| data(n, 10 + i as u32)).collect();
         let o = Optimizer::Adagrad {
             learning_rate: 0.05,
             initial_accumulator: 0.1,
             epsilon: 1e-8,
         };
-        o.apply_steps(&mut p, &mut a, &sum, 3);
-        let mean: Vec<f32> = sum.iter().map(|s| s / 3.0).collect();
-        for _ in 0..3 {
-            adagrad(&mut rp, &mut ra, &mean, 0.05, 1e-8);
+        let start = data(n, 6);
+        let (mut single_p, mut single_a) = (start.clone(), vec![0.1f32; n]);
+        for g in &grads {
+            o.apply(&mut single_p, &mut single_a, g);
         }
-        for i in 0..n {
+        let sum: Vec<f32> = (0..n).map(|j| grads.iter().map(|g| g[j]).sum()).collect();
+        let squares: Vec<f32> = (0..n)
+            .map(|j| grads.iter().map(|g| g[j] * g[j]).sum())
+            .collect();
+        let (mut p, mut a) = (start.clone(), vec![0.1f32; n]);
+        o.apply_push(&mut p, &mut a, &sum, Some(&squares), k as u32);
+        for j in 0..n {
+            let rel = (a[j] - single_a[j]).abs() / single_a[j];
+            assert!(rel <= 1e-6, "accumulator {j}: {} vs {}", a[j], single_a[j]);
+            let want = start[j] - 0.05 * sum[j] / (a[j].sqrt() + 1e-8);
+            assert!((p[j] - want).abs() <= 1e-6, "parameter {j}");
+        }
+        // Without the squares, the least they can be: sum² / k.
+        let (mut q, mut b) = (start.clone(), vec![0.1f32; n]);
+        o.apply_push(&mut q, &mut b, &sum, None, k as u32);
+        for j in 0..n {
+            let want = 0.1 + sum[j] * sum[j] / k as f32;
             assert!(
-                (p[i] - rp[i]).abs() < 1e-6 && (a[i] - ra[i]).abs() < 1e-6,
-                "index {i}"
+                (b[j] - want).abs() <= 1e-6 * want,
+                "estimated accumulator {j}"
+            );
+            assert!(
+                b[j] <= a[j] * (1.0 + 1e-6),
+                "the estimate never exceeds the squares"
             );
         }
         let s = Optimizer::Sgd { learning_rate: 0.5 };
         let mut q = vec![1.0f32; 2];
-        s.apply_steps(&mut q, &mut [], &[2.0, 4.0], 2);
+        s.apply_push(&mut q, &mut [], &[2.0, 4.0], None, 2);
         assert_eq!(
             q,
             vec![0.0, -1.0],

@@ -28,6 +28,9 @@ pub use distbelief_ps::shard::PushId;
 /// The Sandblaster commands a client sends, as the shard runs them.
 pub use distbelief_ps::vectors;
 
+/// How much later than a call's own deadline the channel gives up on it.
+const CHANNEL_MARGIN: Duration = Duration::from_secs(1);
+
 /// The gRPC metadata key under which a member that is not the head names
 /// the head (a member index).
 pub const HEAD_KEY: &str = "x-distbelief-head";
@@ -90,9 +93,13 @@ impl ShardClient {
         addrs: &[String],
         timeout: Duration,
     ) -> Result<Self, ClientError> {
+        // The calls that stream time themselves to `timeout`; the channel's
+        // own deadline, a little later, only bounds the rest. Expiring
+        // first, it would end a call as cancelled, which does not read as
+        // a member that failed to answer.
         let members = addrs
             .iter()
-            .map(|a| Ok((a.clone(), ps_client(a, timeout)?)))
+            .map(|a| Ok((a.clone(), ps_client(a, timeout + CHANNEL_MARGIN)?)))
             .collect::<Result<Vec<_>, ClientError>>()?;
         if members.is_empty() {
             return Err(ClientError::ShardCount {
@@ -260,12 +267,20 @@ impl ShardClient {
     /// [`Self::dense_chunks`] or [`Self::threshold_chunks`].
     pub async fn push(&mut self, chunks: Vec<GradientChunk>) -> Result<PushReply, ClientError> {
         let chunks = self.mark(chunks);
-        match self.client().push(tokio_stream::iter(chunks)).await {
-            Ok(r) => {
+        let deadline = self.timeout;
+        let mut client = self.client();
+        // Timed here, not only by the channel: its expiry reads as a member
+        // that did not answer (so a replicated client tries the next one),
+        // where the channel's would read as a cancelled call.
+        match tokio::time::timeout(deadline, client.push(tokio_stream::iter(chunks))).await {
+            Ok(Ok(r)) => {
                 self.head_unreachable = false;
                 Ok(r.into_inner())
             }
-            Err(s) => Err(self.rpc(s)),
+            Ok(Err(s)) => Err(self.rpc(s)),
+            Err(_) => Err(self.rpc(tonic::Status::deadline_exceeded(format!(
+                "push not answered within {deadline:?}"
+            )))),
         }
     }
 
@@ -325,6 +340,16 @@ impl ShardClient {
                 ..self.chunk_header(id)
             })
             .collect()
+    }
+
+    /// A push of several mini-batches' summed gradients with the sums of
+    /// their squares, which Adagrad's accumulator takes on the shard.
+    pub fn summed_chunks(&self, id: PushId, sum: &[f32], squares: &[f32]) -> Vec<GradientChunk> {
+        let mut chunks = self.dense_chunks(id, sum);
+        for (c, r) in chunks.iter_mut().zip(chunk_ranges(sum.len())) {
+            c.squares = encode_f32(&squares[r]);
+        }
+        chunks
     }
 
     /// A gradient for the whole range quantised to ±`threshold` with error

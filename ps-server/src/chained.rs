@@ -139,6 +139,7 @@ impl ShardService {
         h: PushHeader,
         route: Route,
         values: &[f32],
+        squares: Option<&[f32]>,
     ) -> Result<PushReply, Status> {
         // The head keeps several forwards in flight: one that overtook its
         // predecessor waits for it, as long as a forward may take. The chain
@@ -146,9 +147,9 @@ impl ShardService {
         let early_until = tokio::time::Instant::now() + EARLY_FORWARD_WAIT;
         let applied = loop {
             self.check_forward(m, route).await?;
-            let version = self.state.read().unwrap_or_else(|p| p.into_inner()).version;
+            let version = self.read().version;
             if version + 1 >= route.forwarded_version {
-                break self.apply_in_order(h, route, values);
+                break self.apply_in_order(h, route, values, squares);
             }
             let mut versions = self.versions.subscribe();
             let caught_up = versions.wait_for(|&v| v + 1 >= route.forwarded_version);
@@ -223,6 +224,7 @@ impl ShardService {
         h: PushHeader,
         route: Route,
         values: &[f32],
+        squares: Option<&[f32]>,
     ) -> Result<(u64, u64), String> {
         tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
@@ -243,7 +245,7 @@ impl ShardService {
                     s.version, route.forwarded_version
                 ));
             }
-            match s.apply_push(h, values) {
+            match s.apply_summed(h, values, squares) {
                 Ok(PushOutcome::Applied { version, .. }) if version == route.forwarded_version => {
                     if let Some(log) = &self.push_log {
                         self.log_applied(log, h, s.stamp());
@@ -263,7 +265,7 @@ impl ShardService {
         };
         let _held = tokio::time::timeout(HOLD_DEADLINE, self.assembling.acquire())
             .await
-            .map_err(|_| Status::unavailable("the head is busy; try again"))?
+            .map_err(|_| crate::service::busy("the head is still taking a push"))?
             .map_err(|_| Status::unavailable("shard is shutting down"))?;
         let Some(chain) = m.chain().filter(|c| c.members.first() == Some(&m.me)) else {
             return Err(m.not_head());
@@ -306,7 +308,7 @@ impl ShardService {
             ));
         }
         let (index, range) = {
-            let s = self.state.read().unwrap_or_else(|p| p.into_inner());
+            let s = self.read();
             (s.index, s.range.clone())
         };
         // Parameters and accumulators, plus room for the tables.

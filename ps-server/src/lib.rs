@@ -90,37 +90,35 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let shard = open_shard(job, &opts)?;
+    serve_state(
+        Arc::new(RwLock::new(shard)),
+        opts,
+        listener,
+        registry,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`] for a shard the caller opened and keeps a handle on (a test
+/// that holds its lock, an embedding that reads it).
+pub async fn serve_state(
+    state: Arc<RwLock<Shard>>,
+    opts: ShardOptions,
+    listener: TcpListener,
+    registry: &prometheus::Registry,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let metrics = PsMetrics::register(registry).map_err(|e| PsError::Checkpoint {
         path: String::new(),
         message: format!("metrics registration failed: {e}"),
     })?;
-    metrics.version.set(shard.version as i64);
-    tracing::info!(
-        shard = opts.index,
-        start = shard.range.start,
-        end = shard.range.end,
-        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-        "parameter-server shard serving"
-    );
-    if let Some(dir) = &opts.checkpoint_dir {
-        // Before serving: the epoch this process runs in is on disk, so a
-        // crash before the next checkpoint cannot start the same epoch twice.
-        checkpoint::save(dir, &shard)?;
-    }
-    let push_log = match &opts.push_log {
-        Some(path) => {
-            let failed = |source| ServeError::PushLog {
-                path: path.display().to_string(),
-                source,
-            };
-            let mut log = audit::Appender::open(path).map_err(failed)?;
-            log.write(&audit::open_line(shard.stamp()))
-                .map_err(failed)?;
-            Some(log)
-        }
-        None => None,
-    };
-    let state = Arc::new(RwLock::new(shard));
+    let push_log = start_serving(
+        &state.read().unwrap_or_else(|p| p.into_inner()),
+        &opts,
+        &listener,
+        &metrics,
+    )?;
     let checkpointer = opts.checkpoint_dir.clone().map(|dir| {
         let state = state.clone();
         let metrics = metrics.clone();
@@ -162,6 +160,42 @@ pub async fn serve(
         service::checkpoint_now(&state, dir, &metrics).await;
     }
     result.map_err(ServeError::from)
+}
+
+/// Says where the shard serves, puts the epoch this process runs in on
+/// disk, and opens its push log with the line that says so.
+fn start_serving(
+    shard: &Shard,
+    opts: &ShardOptions,
+    listener: &TcpListener,
+    metrics: &PsMetrics,
+) -> Result<Option<audit::Appender>, ServeError> {
+    metrics.version.set(shard.version as i64);
+    tracing::info!(
+        shard = opts.index,
+        start = shard.range.start,
+        end = shard.range.end,
+        addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        "parameter-server shard serving"
+    );
+    if let Some(dir) = &opts.checkpoint_dir {
+        // Before serving: the epoch this process runs in is on disk, so a
+        // crash before the next checkpoint cannot start the same epoch twice.
+        checkpoint::save(dir, shard)?;
+    }
+    Ok(match &opts.push_log {
+        Some(path) => {
+            let failed = |source| ServeError::PushLog {
+                path: path.display().to_string(),
+                source,
+            };
+            let mut log = audit::Appender::open(path).map_err(failed)?;
+            log.write(&audit::open_line(shard.stamp()))
+                .map_err(failed)?;
+            Some(log)
+        }
+        None => None,
+    })
 }
 
 /// A shard is alive while its state can be read: a push or checkpoint that

@@ -38,6 +38,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 const POLL_EVERY: Duration = Duration::from_millis(200);
 /// Longest a forward to a member may take before the head has it taken out.
 const FORWARD_DEADLINE: Duration = Duration::from_secs(3);
+/// Longest the head keeps forwarding a push to a member that answers but
+/// does not apply it; past this the member is taken out.
+const SLOW_MEMBER_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a member has to show it is alive.
+const ALIVE_DEADLINE: Duration = Duration::from_millis(500);
 /// Forwards in flight to one member at once.
 const FORWARD_WINDOW: usize = 4;
 /// Longest a catch-up (the head's whole state) may take.
@@ -289,16 +294,56 @@ impl Membership {
         status
     }
 
-    /// Sends a push the head applied to member `to`.
+    /// Sends a push the head applied to member `to`. Slow is not dead: a
+    /// forward the member refused as busy, or did not answer in time, goes
+    /// again while the member still answers `Info` (which never waits on
+    /// its lock), for up to [`SLOW_MEMBER_PATIENCE`]; a repeat of a forward
+    /// it applied is recognised and applied once.
     pub async fn forward(&self, to: u32, chunks: Vec<GradientChunk>) -> Result<(), Status> {
         let Some((_, client)) = self.peers.get(to as usize) else {
             return Err(Status::internal(format!("no member {to}")));
         };
-        let mut client = client.clone();
-        tokio::time::timeout(FORWARD_DEADLINE, client.push(tokio_stream::iter(chunks)))
-            .await
-            .map_err(|_| Status::deadline_exceeded(format!("member {to} did not answer")))?
-            .map(|_| ())
+        let give_up = tokio::time::Instant::now() + SLOW_MEMBER_PATIENCE;
+        loop {
+            let mut c = client.clone();
+            let sent =
+                tokio::time::timeout(FORWARD_DEADLINE, c.push(tokio_stream::iter(chunks.clone())))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Status::deadline_exceeded(format!(
+                            "member {to} did not answer"
+                        )))
+                    });
+            let e = match sent {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            let slow = matches!(
+                e.code(),
+                tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded
+            );
+            if !slow || tokio::time::Instant::now() >= give_up || !self.answers(to).await {
+                return Err(e);
+            }
+            tracing::info!(
+                shard = self.shard,
+                member = to,
+                "member is slow but answers; forwarding again: {e}"
+            );
+        }
+    }
+
+    /// Whether member `to` answers `Info` within [`ALIVE_DEADLINE`].
+    async fn answers(&self, to: u32) -> bool {
+        let Some((_, client)) = self.peers.get(to as usize) else {
+            return false;
+        };
+        let mut c = client.clone();
+        matches!(
+            tokio::time::timeout(ALIVE_DEADLINE, c.info(distbelief_proto::v1::InfoRequest {}))
+                .await,
+            Ok(Ok(_))
+        )
     }
 
     /// Sends this (head) member's state to member `to`.

@@ -40,10 +40,17 @@ pub struct ShardService {
     pub(crate) versions: tokio::sync::watch::Sender<u64>,
     /// Replication: this member's place in its shard's chain.
     pub(crate) chain: Option<Arc<Membership>>,
+    /// The last `Info` answer, given again while a writer holds the shard:
+    /// a health check must not wait on a long push.
+    last_info: Mutex<ShardInfo>,
     /// Written under the shard's write lock, so its lines are in the order
     /// pushes were applied.
     pub(crate) push_log: Option<Mutex<audit::Appender>>,
 }
+
+/// Longest `Info` waits for the shard's lock before it answers with the
+/// figures it gave last.
+const FRESH_INFO_WAIT: Duration = Duration::from_millis(100);
 
 /// Longest a synchronous exchange waits for its step to be applied before it
 /// answers with the parameters as they are (the pusher then computes again).
@@ -60,9 +67,13 @@ impl ShardService {
         push_log: Option<audit::Appender>,
         chain: Option<Arc<Membership>>,
     ) -> Self {
-        let stamp = state.read().unwrap_or_else(|p| p.into_inner()).stamp();
+        let (stamp, info) = {
+            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            (s.stamp(), describe(&s, &metrics))
+        };
         ShardService {
             versions: tokio::sync::watch::Sender::new(stamp.version),
+            last_info: Mutex::new(info),
             chain,
             push_log: push_log.map(Mutex::new),
             state,
@@ -72,16 +83,21 @@ impl ShardService {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Shard> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+    /// The shard under its read lock. A wait for a writer (a long push)
+    /// happens off the async workers, so that the other calls, health
+    /// checks above all, are served meanwhile.
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, Shard> {
+        tokio::task::block_in_place(|| self.state.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// A push refused before it reached the shard still counts as refused there.
     fn refuse_unassembled(&self, e: PsError) -> Status {
-        self.state
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .pushes_refused += 1;
+        tokio::task::block_in_place(|| {
+            self.state
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .pushes_refused += 1;
+        });
         self.refuse(e)
     }
 
@@ -94,7 +110,7 @@ impl ShardService {
         let state = self.state.clone();
         let range = self.read().range.clone();
         let stream = futures::stream::iter(chunk_ranges(range.len())).map(move |r| {
-            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            let s = tokio::task::block_in_place(|| state.read().unwrap_or_else(|p| p.into_inner()));
             Ok(ParameterChunk {
                 version,
                 offset: (range.start + r.start) as u64,
@@ -123,23 +139,30 @@ impl ShardService {
     ) -> Result<(PushReply, Option<Replicated>), Status> {
         let permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
             .await
-            .map_err(|_| Status::unavailable("shard busy: another push is still arriving"))?
+            .map_err(|_| busy("another push is still arriving"))?
             .map_err(|_| Status::unavailable("shard is shutting down"))?;
         let range = self.read().range.clone();
-        let buffer = self
-            .staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_else(|| distbelief_model::memory::with_capacity(range.len()));
-        let mut assembly = PushAssembly::new(range, buffer);
+        let (buffer, squares) = {
+            let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let buffer = staging
+                .pop()
+                .unwrap_or_else(|| distbelief_model::memory::with_capacity(range.len()));
+            (buffer, staging.pop().unwrap_or_default())
+        };
+        let mut assembly = PushAssembly::new(range, buffer, squares);
         let mut route = Route::default();
         // The head forwards the push as it came.
         let mut kept = Vec::new();
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
             while let Some(chunk) = stream.message().await? {
-                if let Err(e) = assembly.add(header(&chunk), chunk.offset, payload(&chunk)) {
+                let added = assembly.add(
+                    header(&chunk),
+                    chunk.offset,
+                    payload(&chunk),
+                    &chunk.squares,
+                );
+                if let Err(e) = added {
                     return Err(self.refuse_unassembled(e));
                 }
                 if kept.is_empty() {
@@ -164,8 +187,10 @@ impl ShardService {
                 // The next forward may arrive meanwhile: this one may be
                 // waiting for an earlier one still on its way.
                 drop(permit);
-                let reply = self.apply_forwarded(m, h, route, &assembly.values).await;
-                self.recycle(std::mem::take(&mut assembly.values));
+                let reply = self
+                    .apply_forwarded(m, h, route, &assembly.values, assembly.squares())
+                    .await;
+                self.recycle(&mut assembly);
                 return reply.map(|r| (r, None));
             }
             self.check_head(m, route.head_unreachable).await?;
@@ -175,7 +200,7 @@ impl ShardService {
         // runtime, so that other connections are served from other threads.
         let outcome = tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
-            let outcome = s.apply_push(h, &assembly.values);
+            let outcome = s.apply_summed(h, &assembly.values, assembly.squares());
             if let Ok(PushOutcome::Applied { .. } | PushOutcome::Waiting { .. }) = outcome {
                 s.push_bytes += assembly.bytes;
             }
@@ -184,7 +209,7 @@ impl ShardService {
             }
             outcome.map(|o| (o, s.epoch()))
         });
-        self.recycle(std::mem::take(&mut assembly.values));
+        self.recycle(&mut assembly);
         let (outcome, shard_epoch) = outcome.map_err(|e| self.refuse(e))?;
         let replicated = match &self.chain {
             Some(m) => {
@@ -269,11 +294,15 @@ impl ShardService {
         }
     }
 
-    pub(crate) fn recycle(&self, values: Vec<f32>) {
-        self.staging
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(values);
+    /// Keeps an assembly's buffers for the next push: at most one values
+    /// buffer and one squares buffer per push slot.
+    pub(crate) fn recycle(&self, assembly: &mut PushAssembly) {
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        for buffer in [&mut assembly.values, &mut assembly.squares] {
+            if staging.len() < 2 * CONCURRENT_ASSEMBLIES && buffer.capacity() > 0 {
+                staging.push(std::mem::take(buffer));
+            }
+        }
     }
 
     fn refuse(&self, e: PsError) -> Status {
@@ -284,6 +313,33 @@ impl ShardService {
         tracing::warn!(reason = e.category(), "push refused: {e}");
         status(e)
     }
+}
+
+/// What `Info` says of a shard.
+fn describe(s: &Shard, metrics: &PsMetrics) -> ShardInfo {
+    let (staleness_bounds, staleness_counts) = metrics.staleness_buckets();
+    ShardInfo {
+        shard: s.index,
+        start: s.range.start as u64,
+        end: s.range.end as u64,
+        version: s.version,
+        updates_applied: s.updates_applied,
+        pushes_refused: s.pushes_refused,
+        push_bytes: s.push_bytes,
+        pushes_late: s.pushes_late,
+        staleness_counts,
+        staleness_max: s.staleness_max,
+        staleness_bounds,
+        restored_version: s.restored_version,
+        shard_epoch: s.epoch(),
+        highest_incarnation: s.highest_incarnation(),
+    }
+}
+
+/// A shard that is alive but cannot take a push now. Not Unavailable: a
+/// client moves on from an unavailable head and has it checked as dead.
+pub(crate) fn busy(why: &str) -> Status {
+    Status::resource_exhausted(format!("shard busy: {why}; push again"))
 }
 
 /// What a push's first chunk says about where it comes from.
@@ -387,24 +443,22 @@ impl ParameterServer for ShardService {
         Ok(Response::new(Box::pin(parameters.chain(acknowledged))))
     }
 
+    /// Waits at most [`FRESH_INFO_WAIT`] for the shard's lock: while a push
+    /// holds it longer, the figures are those of the last answer (a health
+    /// check must see a busy shard as alive; the liveness heartbeat is what
+    /// notices one stuck for good).
     async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {
-        let (staleness_bounds, staleness_counts) = self.metrics.staleness_buckets();
-        let s = self.read();
-        Ok(Response::new(ShardInfo {
-            shard: s.index,
-            start: s.range.start as u64,
-            end: s.range.end as u64,
-            version: s.version,
-            updates_applied: s.updates_applied,
-            pushes_refused: s.pushes_refused,
-            push_bytes: s.push_bytes,
-            pushes_late: s.pushes_late,
-            staleness_counts,
-            staleness_max: s.staleness_max,
-            staleness_bounds,
-            restored_version: s.restored_version,
-            shard_epoch: s.epoch(),
-        }))
+        let (state, metrics) = (self.state.clone(), self.metrics.clone());
+        let read = tokio::task::spawn_blocking(move || {
+            describe(&state.read().unwrap_or_else(|p| p.into_inner()), &metrics)
+        });
+        let fresh = tokio::time::timeout(FRESH_INFO_WAIT, read).await;
+        let mut last = self.last_info.lock().unwrap_or_else(|p| p.into_inner());
+        if let Ok(Ok(info)) = fresh {
+            *last = info;
+        }
+        let info = last.clone();
+        Ok(Response::new(info))
     }
 
     async fn catch_up(
@@ -458,10 +512,12 @@ pub async fn checkpoint_loop(
 ) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await;
-    let mut saved_version = state.read().unwrap_or_else(|p| p.into_inner()).version;
+    let current =
+        || tokio::task::block_in_place(|| state.read().unwrap_or_else(|p| p.into_inner()).version);
+    let mut saved_version = current();
     loop {
         tick.tick().await;
-        let version = state.read().unwrap_or_else(|p| p.into_inner()).version;
+        let version = current();
         if version != saved_version && checkpoint_now(&state, &dir, &metrics).await {
             saved_version = version;
         }

@@ -36,6 +36,10 @@ pub enum PsError {
     TooManySteps(u32),
     #[error("gradient value {value} at index {index} is not finite")]
     NotFinite { index: usize, value: f32 },
+    #[error("squared-gradient sum {value} at index {index} is not a finite, non-negative number")]
+    BadSquare { index: usize, value: f32 },
+    #[error("the push's squared-gradient sums cover {got} values; its gradient covers {want}")]
+    SquaresLength { got: usize, want: usize },
     #[error("vector command names history slot {slot}; the shard keeps {history}")]
     NoSuchVector { slot: u32, history: u32 },
     #[error("vector command scalar {0} is not finite")]
@@ -64,7 +68,8 @@ impl PsError {
             PsError::TooManySteps(_) => "too_many_steps",
             PsError::NoSuchVector { .. } => "no_such_vector",
             PsError::NotFiniteScalar(_) => "not_finite_scalar",
-            PsError::NotFinite { .. } => "not_finite",
+            PsError::NotFinite { .. } | PsError::BadSquare { .. } => "not_finite",
+            PsError::SquaresLength { .. } => "wrong_length",
             PsError::Checkpoint { .. } | PsError::CheckpointIo { .. } => "checkpoint",
         }
     }

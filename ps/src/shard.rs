@@ -155,6 +155,11 @@ pub struct Shard {
     vectors: Vectors,
     /// Sandblaster: the grants already added to the batch gradient.
     grants: HashSet<u64>,
+    /// Sandblaster: grants below this belong to batches whose gradient was
+    /// zeroed since; a late push of one is a duplicate. Grant ids only
+    /// grow, so `grants` is emptied with every batch instead of growing
+    /// for the whole run.
+    grant_floor: u64,
 }
 
 impl Shard {
@@ -188,6 +193,7 @@ impl Shard {
             last_sequence: HashMap::new(),
             vectors: Vectors::new(range_len, MAX_HISTORY),
             grants: HashSet::new(),
+            grant_floor: 0,
         }
     }
 
@@ -202,6 +208,16 @@ impl Shard {
             .collect();
         sequences.sort_unstable();
         PushTable { fences, sequences }
+    }
+
+    /// The highest replica incarnation the push table knows, as a fence or
+    /// as a pusher. A run resumed from this shard's checkpoint starts its
+    /// replicas above it: a lower one would be refused as superseded, and
+    /// an equal one would have its first pushes taken for retries.
+    pub fn highest_incarnation(&self) -> u64 {
+        let fences = self.fences.values().copied();
+        let pushers = self.last_sequence.keys().map(|&(_, inc)| inc);
+        fences.chain(pushers).max().unwrap_or(0)
     }
 
     /// Whether this push was applied here already (a retry of it would be a
@@ -227,6 +243,11 @@ impl Shard {
     /// replicas know to fetch.
     pub fn run(&mut self, commands: &[Command]) -> Result<Vec<f64>, PsError> {
         let dots = self.vectors.run(&mut self.params, commands)?;
+        if commands.contains(&Command::Zero(Vector::Gradient)) {
+            let next = self.grants.iter().max().map_or(0, |g| g + 1);
+            self.grant_floor = self.grant_floor.max(next);
+            self.grants.clear();
+        }
         let writes_parameters = commands.iter().any(|c| match *c {
             Command::Axpy { y, .. } | Command::Copy { to: y, .. } => y == Vector::Parameters,
             Command::Scale { x, .. } | Command::Zero(x) => x == Vector::Parameters,
@@ -263,7 +284,21 @@ impl Shard {
     /// Checks a whole gradient and applies it, or refuses it and changes nothing
     /// but the refusal counter.
     pub fn apply_push(&mut self, h: PushHeader, grad: &[f32]) -> Result<PushOutcome, PsError> {
-        let checked = self.check(h, grad);
+        self.apply_summed(h, grad, None)
+    }
+
+    /// [`apply_push`](Self::apply_push) for a push that carries the sums of
+    /// its mini-batch gradients' squares, which Adagrad's accumulator takes
+    /// (see [`Optimizer::apply_push`]).
+    pub fn apply_summed(
+        &mut self,
+        h: PushHeader,
+        grad: &[f32],
+        squares: Option<&[f32]>,
+    ) -> Result<PushOutcome, PsError> {
+        let checked = self
+            .check(h, grad)
+            .and_then(|()| check_squares(grad, squares));
         if checked.is_err() {
             self.pushes_refused += 1;
         }
@@ -297,7 +332,7 @@ impl Shard {
             .lineage
             .staleness(self.version, h.id.base.epoch, h.id.base.version);
         if let Some(grant) = h.id.grant {
-            if !self.grants.insert(grant) {
+            if grant < self.grant_floor || !self.grants.insert(grant) {
                 return Ok(PushOutcome::Duplicate {
                     version: self.version,
                 });
@@ -322,7 +357,13 @@ impl Shard {
             // p += weight · move: an SGD step with the sign turned round.
             distbelief_model::optimizer::sgd(&mut self.params, grad, -self.average_weight);
         } else {
-            optimizer.apply_steps(&mut self.params, &mut self.accum, grad, h.id.steps.max(1));
+            optimizer.apply_push(
+                &mut self.params,
+                &mut self.accum,
+                grad,
+                squares,
+                h.id.steps.max(1),
+            );
         }
         self.version += 1;
         self.updates_applied += 1;
@@ -410,6 +451,27 @@ impl Shard {
     }
 }
 
+/// Squares must match the gradient value for value and be finite and not
+/// negative: a negative one could drive an accumulator below zero.
+fn check_squares(grad: &[f32], squares: Option<&[f32]>) -> Result<(), PsError> {
+    let Some(sq) = squares else {
+        return Ok(());
+    };
+    if sq.len() != grad.len() {
+        return Err(PsError::SquaresLength {
+            got: sq.len(),
+            want: grad.len(),
+        });
+    }
+    match sq.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+        Some(index) => Err(PsError::BadSquare {
+            index,
+            value: sq[index],
+        }),
+        None => Ok(()),
+    }
+}
+
 /// One chunk's values as they travel.
 #[derive(Debug, Clone, Copy)]
 pub enum Payload<'a> {
@@ -450,25 +512,49 @@ pub struct PushAssembly {
     header: Option<PushHeader>,
     next_offset: u64,
     pub values: Vec<f32>,
+    /// The sums of squares, when the push carries them (its first chunk
+    /// decides; every other must agree).
+    pub squares: Vec<f32>,
+    with_squares: bool,
     /// Bytes received so far.
     pub bytes: u64,
 }
 
 impl PushAssembly {
-    pub fn new(range: Range<usize>, mut buffer: Vec<f32>) -> Self {
+    /// Assembles into `buffer`, and into `squares` if the push has them.
+    pub fn new(range: Range<usize>, mut buffer: Vec<f32>, mut squares: Vec<f32>) -> Self {
         buffer.clear();
+        squares.clear();
         PushAssembly {
             next_offset: range.start as u64,
             range,
             header: None,
             values: buffer,
+            squares,
+            with_squares: false,
             bytes: 0,
         }
     }
 
-    pub fn add(&mut self, h: PushHeader, offset: u64, payload: Payload) -> Result<(), PsError> {
+    /// The sums of squares, if the push carried them.
+    pub fn squares(&self) -> Option<&[f32]> {
+        self.with_squares.then_some(&self.squares[..])
+    }
+
+    /// Adds one chunk: its values, and `squares` (little-endian f32, one
+    /// per value; empty when the push has none).
+    pub fn add(
+        &mut self,
+        h: PushHeader,
+        offset: u64,
+        payload: Payload,
+        squares: &[u8],
+    ) -> Result<(), PsError> {
         match self.header {
-            None => self.header = Some(h),
+            None => {
+                self.header = Some(h);
+                self.with_squares = !squares.is_empty();
+            }
             Some(first) => {
                 if first.shard != h.shard {
                     return Err(PsError::InconsistentHeader("shard"));
@@ -509,6 +595,25 @@ impl PushAssembly {
                 got: offset,
             });
         }
+        if self.with_squares == squares.is_empty() {
+            return Err(PsError::InconsistentHeader("squares"));
+        }
+        if self.with_squares {
+            let dense = matches!(payload, Payload::Dense(_));
+            if !dense || squares.len() != 4 * n {
+                return Err(PsError::SquaresLength {
+                    got: squares.len() / 4,
+                    want: n,
+                });
+            }
+            let at = self.squares.len();
+            self.squares.resize(at + n, 0.0);
+            if distbelief_proto::codec::decode_f32_into(squares, &mut self.squares[at..]).is_none()
+            {
+                self.squares.truncate(at);
+                return Err(PsError::Malformed(squares.len()));
+            }
+        }
         let at = self.values.len();
         self.values.resize(at + n, 0.0);
         let out = &mut self.values[at..];
@@ -523,10 +628,11 @@ impl PushAssembly {
         };
         if decoded.is_none() {
             self.values.truncate(at);
+            self.squares.truncate(at.min(self.squares.len()));
             return Err(PsError::Malformed(payload.bytes()));
         }
         self.next_offset = end;
-        self.bytes += payload.bytes() as u64;
+        self.bytes += (payload.bytes() + squares.len()) as u64;
         Ok(())
     }
 
@@ -661,6 +767,27 @@ mod tests {
             Err(PsError::Superseded { .. })
         ));
         assert_eq!(snapshot(&s), before);
+    }
+
+    #[test]
+    fn the_highest_incarnation_survives_the_push_table_round_trip() {
+        let mut s = shard();
+        assert_eq!(s.highest_incarnation(), 0);
+        s.apply_push(header(1), &[1.0; 4]).unwrap();
+        // A backup fenced below its own incarnation: the pusher is higher.
+        let backup = PushHeader {
+            id: PushId {
+                incarnation: 12,
+                fence: 7,
+                ..header(1).id
+            },
+            ..header(1)
+        };
+        s.apply_push(backup, &[1.0; 4]).unwrap();
+        assert_eq!(s.highest_incarnation(), 12);
+        let mut restored = shard();
+        restored.restore_push_table(&s.push_table());
+        assert_eq!(restored.highest_incarnation(), 12);
     }
 
     #[test]
@@ -853,20 +980,20 @@ mod tests {
     #[test]
     fn assembly_checks_each_chunk() {
         let h = header(1);
-        let mut a = PushAssembly::new(10..14, Vec::new());
+        let mut a = PushAssembly::new(10..14, Vec::new(), Vec::new());
         assert!(matches!(a.finish(), Err(PsError::EmptyPush)));
-        a.add(h, 10, Payload::Dense(&encode_f32(&[1.0, 2.0])))
+        a.add(h, 10, Payload::Dense(&encode_f32(&[1.0, 2.0])), &[])
             .unwrap();
         assert!(matches!(
-            a.add(h, 13, Payload::Dense(&encode_f32(&[3.0]))),
+            a.add(h, 13, Payload::Dense(&encode_f32(&[3.0])), &[]),
             Err(PsError::OutOfOrder { .. })
         ));
         assert!(matches!(
-            a.add(h, 12, Payload::Dense(&encode_f32(&[3.0; 3]))),
+            a.add(h, 12, Payload::Dense(&encode_f32(&[3.0; 3])), &[]),
             Err(PsError::OutOfRange { .. })
         ));
         assert!(matches!(
-            a.add(h, 12, Payload::Dense(&[0u8; 5])),
+            a.add(h, 12, Payload::Dense(&[0u8; 5]), &[]),
             Err(PsError::Malformed(5))
         ));
         let other = PushHeader {
@@ -877,14 +1004,14 @@ mod tests {
             ..h
         };
         assert!(matches!(
-            a.add(other, 12, Payload::Dense(&encode_f32(&[3.0]))),
+            a.add(other, 12, Payload::Dense(&encode_f32(&[3.0])), &[]),
             Err(PsError::InconsistentHeader(_))
         ));
-        a.add(h, 12, Payload::Dense(&encode_f32(&[3.0, 4.0])))
+        a.add(h, 12, Payload::Dense(&encode_f32(&[3.0, 4.0])), &[])
             .unwrap();
         assert_eq!(a.finish().unwrap(), h);
         assert_eq!(a.values, vec![1.0, 2.0, 3.0, 4.0]);
-        let mut sparse = PushAssembly::new(10..14, Vec::new());
+        let mut sparse = PushAssembly::new(10..14, Vec::new(), Vec::new());
         let words: Vec<u8> = [1u32, 2 | 1 << 31]
             .iter()
             .flat_map(|w| w.to_le_bytes())
@@ -895,17 +1022,71 @@ mod tests {
             length: 4,
         };
         assert!(matches!(
-            sparse.add(h, 10, signs(0.0)),
+            sparse.add(h, 10, signs(0.0), &[]),
             Err(PsError::Malformed(8))
         ));
-        sparse.add(h, 10, signs(0.25)).unwrap();
+        sparse.add(h, 10, signs(0.25), &[]).unwrap();
         assert_eq!(sparse.values, vec![0.0, 0.25, -0.25, 0.0]);
         assert_eq!(sparse.bytes, 8, "bytes as they travelled");
-        let mut low = PushAssembly::new(10..14, Vec::new());
+        let mut low = PushAssembly::new(10..14, Vec::new(), Vec::new());
         assert!(matches!(
-            low.add(h, 2, Payload::Dense(&encode_f32(&[1.0]))),
+            low.add(h, 2, Payload::Dense(&encode_f32(&[1.0])), &[]),
             Err(PsError::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn squares_travel_with_every_chunk_or_none_and_feed_the_accumulator() {
+        let h = header(1);
+        let mut a = PushAssembly::new(10..14, Vec::new(), Vec::new());
+        a.add(
+            h,
+            10,
+            Payload::Dense(&encode_f32(&[1.0, 2.0])),
+            &encode_f32(&[1.0, 4.0]),
+        )
+        .unwrap();
+        assert!(matches!(
+            a.add(h, 12, Payload::Dense(&encode_f32(&[3.0, 4.0])), &[]),
+            Err(PsError::InconsistentHeader("squares"))
+        ));
+        assert!(matches!(
+            a.add(
+                h,
+                12,
+                Payload::Dense(&encode_f32(&[3.0, 4.0])),
+                &encode_f32(&[9.0])
+            ),
+            Err(PsError::SquaresLength { got: 1, want: 2 })
+        ));
+        a.add(
+            h,
+            12,
+            Payload::Dense(&encode_f32(&[3.0, 4.0])),
+            &encode_f32(&[9.0, 16.0]),
+        )
+        .unwrap();
+        assert_eq!(a.squares(), Some(&[1.0, 4.0, 9.0, 16.0][..]));
+        assert_eq!(a.bytes, 32);
+
+        let adagrad = Optimizer::Adagrad {
+            learning_rate: 0.1,
+            initial_accumulator: 0.5,
+            epsilon: 1e-8,
+        };
+        let mut s = Shard::new(0, 0..2, adagrad, vec![0.0; 2]);
+        let two = PushHeader {
+            id: PushId { steps: 2, ..h.id },
+            shard: 0,
+        };
+        let before = (s.params.clone(), s.accum.clone(), s.version);
+        assert!(matches!(
+            s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, -1.0])),
+            Err(PsError::BadSquare { index: 1, .. })
+        ));
+        assert_eq!((s.params.clone(), s.accum.clone(), s.version), before);
+        s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, 2.0])).unwrap();
+        assert_eq!(s.accum, vec![1.0, 2.5]);
     }
 
     #[test]
@@ -954,5 +1135,39 @@ mod tests {
         .unwrap();
         assert_eq!(s.params, vec![-0.5; 4]);
         assert_eq!(s.version, 1);
+    }
+
+    #[test]
+    fn a_new_batch_forgets_the_old_grants_and_refuses_their_late_pushes() {
+        let mut s = shard();
+        // Each push its own sequence: a backup's late push comes from
+        // another replica, and so is no retry.
+        let granted = |grant| PushHeader {
+            id: PushId {
+                grant: Some(grant),
+                ..header(grant).id
+            },
+            ..header(grant)
+        };
+        for g in 1..=3 {
+            s.apply_push(granted(g), &[1.0; 4]).unwrap();
+        }
+        s.run(&[Command::Zero(Vector::Gradient)]).unwrap();
+        assert!(s.grants.is_empty(), "the batch's grants are let go");
+        // A backup's late push of the old batch's grant adds nothing.
+        let late = PushHeader {
+            id: PushId {
+                replica: 3,
+                ..granted(2).id
+            },
+            ..granted(2)
+        };
+        let late = s.apply_push(late, &[1.0; 4]).unwrap();
+        assert_eq!(late, PushOutcome::Duplicate { version: 0 });
+        assert_eq!(s.vectors().values(Vector::Gradient), Some(&[0.0f32; 4][..]));
+        // The next batch's grants are taken.
+        let next = s.apply_push(granted(4), &[1.0; 4]).unwrap();
+        assert!(matches!(next, PushOutcome::Applied { .. }));
+        assert_eq!(s.grants.len(), 1);
     }
 }

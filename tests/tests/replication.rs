@@ -1,7 +1,10 @@
 //! Replicated shards in one process: two members of one shard and the
 //! coordinator that keeps their chain, each member stoppable on its own.
 
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
+
+use distbelief_ps::Shard;
 
 use distbelief_proto::codec::encode_f32;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
@@ -30,6 +33,8 @@ struct Members {
     /// Each member runs on a runtime of its own, so that stopping one drops
     /// its connections at once, as a killed process's would be.
     runtimes: Vec<Option<tokio::runtime::Runtime>>,
+    /// Each member's shard, as its service holds it.
+    states: Vec<Option<Arc<RwLock<Shard>>>>,
     _coordinator_stop: watch::Sender<bool>,
 }
 
@@ -85,6 +90,7 @@ impl Members {
             addrs,
             coordinator,
             runtimes: vec![None, None],
+            states: vec![None, None],
             _coordinator_stop: stop,
         };
         for (i, l) in listeners.into_iter().enumerate() {
@@ -106,7 +112,10 @@ impl Members {
                 coordinator: self.coordinator.clone(),
             }),
         };
-        let job = self.job.clone();
+        let state = Arc::new(RwLock::new(
+            distbelief_ps_server::open_shard(&self.job, &opts).expect("shard"),
+        ));
+        self.states[member as usize] = Some(state.clone());
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -116,8 +125,8 @@ impl Members {
         rt.spawn(async move {
             let l = TcpListener::from_std(l).expect("listener");
             let never = std::future::pending::<()>();
-            let _ = distbelief_ps_server::serve(&job, opts, l, &prometheus::Registry::new(), never)
-                .await;
+            let registry = prometheus::Registry::new();
+            let _ = distbelief_ps_server::serve_state(state, opts, l, &registry, never).await;
         });
         self.runtimes[member as usize] = Some(rt);
     }
@@ -172,13 +181,11 @@ impl Members {
     }
 
     fn client(&self) -> ShardClient {
-        ShardClient::replicated(
-            0,
-            0..self.job.layout.len(),
-            &self.addrs,
-            Duration::from_secs(5),
-        )
-        .expect("client")
+        self.client_with_deadline(Duration::from_secs(5))
+    }
+
+    fn client_with_deadline(&self, deadline: Duration) -> ShardClient {
+        ShardClient::replicated(0, 0..self.job.layout.len(), &self.addrs, deadline).expect("client")
     }
 }
 
@@ -309,17 +316,26 @@ async fn a_forward_from_an_old_epoch_is_refused_and_changes_nothing() {
     let before = m.version(backup).await;
     // From before the current head took over (a member since cut out), and
     // from an epoch the chain has not reached.
+    // The member learns of its promotion by polling (every 200 ms): until
+    // then it refuses every forward as not being in the chain.
+    let deadline = Instant::now() + Duration::from_secs(5);
     for chain_epoch in [0, epoch + 5] {
-        let status = m
-            .raw(backup)
-            .push(tokio_stream::iter(vec![forward(
-                n,
-                1,
-                chain_epoch,
-                before + 1,
-            )]))
-            .await
-            .expect_err("a forward from another epoch is refused");
+        let status = loop {
+            let status = m
+                .raw(backup)
+                .push(tokio_stream::iter(vec![forward(
+                    n,
+                    1,
+                    chain_epoch,
+                    before + 1,
+                )]))
+                .await
+                .expect_err("a forward from another epoch is refused");
+            if !status.message().contains("not in its chain") || Instant::now() > deadline {
+                break status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         assert_eq!(status.code(), tonic::Code::FailedPrecondition);
         assert!(status.message().contains("fenced"), "{status}");
         assert_eq!(m.version(backup).await, before, "nothing changed");
@@ -428,4 +444,59 @@ async fn an_exchange_answers_before_the_other_member_applies_and_acknowledges_on
         .expect("task")
         .expect("acknowledged once the other member applied it");
     assert_eq!(m.version(backup).await, 2);
+}
+
+/// A head whose lock a long push holds is busy, not dead. Pushes from four
+/// replicas queue behind the lock; their clients' 1 s deadlines expire, so
+/// they try the other member, which has the coordinator check the head.
+/// The head answers that check without its lock, so it stays head: no
+/// member leaves the chain, and every push is applied exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_head_stays_in_its_chain_and_every_push_is_applied_once() {
+    let m = Members::start().await;
+    let (epoch, chain) = m.chain_of(2).await;
+    let n = m.job.layout.len();
+    let head = chain[0];
+    let state = m.states[head as usize].clone().expect("head's state");
+    let (locked, is_locked) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        let _held = state.write().unwrap();
+        locked.send(()).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+    });
+    is_locked.recv().unwrap();
+    const PUSHES: u64 = 5;
+    let pushers: Vec<_> = (0..4u32)
+        .map(|replica| {
+            let mut c = m.client_with_deadline(Duration::from_secs(1));
+            tokio::spawn(async move {
+                for seq in 1..=PUSHES {
+                    let started = Instant::now();
+                    loop {
+                        let chunks =
+                            c.dense_chunks(PushId::gradient(replica, 1, seq), &vec![0.5; n]);
+                        if c.push(chunks).await.is_ok() {
+                            break;
+                        }
+                        assert!(
+                            started.elapsed() < Duration::from_secs(30),
+                            "replica {replica}'s push {seq} never acknowledged"
+                        );
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for p in pushers {
+        p.await.expect("pusher");
+    }
+    holder.join().unwrap();
+    let (after, members) = m.chain_of(2).await;
+    assert_eq!((after, members), (epoch, chain), "the chain changed");
+    let expected = 4 * PUSHES;
+    assert_eq!(
+        (m.version(0).await, m.version(1).await),
+        (expected, expected)
+    );
 }

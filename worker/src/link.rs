@@ -27,6 +27,9 @@ pub struct Fetched {
 #[derive(Debug)]
 struct Pending {
     grad: Vec<f32>,
+    /// Adagrad: the sums of the summed gradients' squares, once the push
+    /// holds more than one mini-batch.
+    squares: Option<Vec<f32>>,
     base: Stamp,
     steps: u32,
     /// Answer with the parameters after applying it (an exchange).
@@ -46,6 +49,12 @@ pub struct Pushing {
     pub average: bool,
     /// Append every acknowledged push's id here (see `distbelief_ps::audit`).
     pub ack_log: Option<Arc<Mutex<Appender>>>,
+}
+
+fn square_into(out: &mut [f32], grad: &[f32]) {
+    for (o, g) in out.iter_mut().zip(grad) {
+        *o = g * g;
+    }
 }
 
 fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
@@ -78,6 +87,9 @@ pub struct Link {
     unanswered: AtomicU64,
     /// Of those, the ones that will bring parameters back.
     exchanges: AtomicU64,
+    /// Pushes of several mini-batches carry their squares (Adagrad's
+    /// accumulator needs them; SGD, averaged and compressed pushes do not).
+    squares: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,8 +97,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Link {
-    pub fn new(client: ShardClient) -> Arc<Self> {
+    pub fn new(client: ShardClient, squares: bool) -> Arc<Self> {
         Arc::new(Link {
+            squares,
             client,
             fetched: Mutex::new(None),
             landed: Condvar::new(),
@@ -164,11 +177,19 @@ impl Link {
         }
     }
 
-    /// Hands a gradient to the push task; with `fetch`, fresh parameters are
-    /// wanted too. If the previous push has not left yet, the two are summed,
-    /// so compute never waits. Returns false when an old sum had to be
-    /// dropped.
-    pub fn offer(&self, grad: &[f32], steps: u32, base: Stamp, fetch: bool) -> bool {
+    /// Hands a gradient (the sum of `steps` mini-batches', with the sum of
+    /// their squares when the link keeps squares and `steps` > 1) to the
+    /// push task; with `fetch`, fresh parameters are wanted too. If the
+    /// previous push has not left yet, the two are summed, so compute never
+    /// waits. Returns false when an old sum had to be dropped.
+    pub fn offer(
+        &self,
+        grad: &[f32],
+        squares: Option<&[f32]>,
+        steps: u32,
+        base: Stamp,
+        fetch: bool,
+    ) -> bool {
         // An idle link answers the push with the parameters (an exchange).
         // A busy one would make the parameters wait for the push queued
         // behind it, so they are fetched beside it instead.
@@ -182,6 +203,18 @@ impl Link {
             let mut pending = lock(&self.pending);
             match pending.as_mut() {
                 Some(p) if p.steps.saturating_add(steps) <= MAX_COALESCED_STEPS => {
+                    if self.squares {
+                        // A push of one mini-batch is its own square.
+                        let sq = p.squares.get_or_insert_with(|| {
+                            let mut b = self.buffer();
+                            square_into(&mut b, &p.grad);
+                            b
+                        });
+                        match squares {
+                            Some(s) => sq.iter_mut().zip(s).for_each(|(a, s)| *a += s),
+                            None => sq.iter_mut().zip(grad).for_each(|(a, g)| *a += g * g),
+                        }
+                    }
                     for (a, g) in p.grad.iter_mut().zip(grad) {
                         *a += g;
                     }
@@ -195,6 +228,11 @@ impl Link {
                 _ => {
                     let mut buf = self.buffer();
                     buf.copy_from_slice(grad);
+                    let squares = squares.filter(|_| self.squares).map(|s| {
+                        let mut b = self.buffer();
+                        b.copy_from_slice(s);
+                        b
+                    });
                     kept = pending.is_none();
                     if kept {
                         self.unanswered.fetch_add(1, Ordering::Relaxed);
@@ -204,6 +242,7 @@ impl Link {
                     }
                     if let Some(old) = pending.replace(Pending {
                         grad: buf,
+                        squares,
                         base,
                         steps,
                         fetch,
@@ -212,6 +251,9 @@ impl Link {
                             self.exchanges.fetch_sub(1, Ordering::Relaxed);
                         }
                         self.recycle(old.grad);
+                        if let Some(sq) = old.squares {
+                            self.recycle(sq);
+                        }
                     }
                 }
             }
@@ -308,7 +350,10 @@ impl Link {
                     }
                     client.threshold_chunks(id, &mut residual, t)
                 }
-                None => client.dense_chunks(id, &p.grad),
+                None => match &p.squares {
+                    Some(sq) => client.summed_chunks(id, &p.grad, sq),
+                    None => client.dense_chunks(id, &p.grad),
+                },
             };
             metrics
                 .push_bytes
@@ -378,6 +423,9 @@ impl Link {
             }
             self.answered(&mut answered, p.fetch);
             self.recycle(p.grad);
+            if let Some(sq) = p.squares {
+                self.recycle(sq);
+            }
             if let Some(values) = params {
                 self.recycle(values);
             }
@@ -415,7 +463,28 @@ mod tests {
     fn link() -> Arc<Link> {
         let client = ShardClient::new(0, 0..4, "127.0.0.1:9", Duration::from_secs(1))
             .expect("a lazy client");
-        Link::new(client)
+        Link::new(client, true)
+    }
+
+    #[tokio::test]
+    async fn coalesced_pushes_carry_the_sum_of_their_squares() {
+        let l = link();
+        // The first push is still waiting when the next two come.
+        assert!(l.offer(&[1.0, 2.0, 0.0, 0.0], None, 1, Stamp::new(1, 1), false));
+        assert!(l.offer(&[3.0, 0.0, 0.0, 1.0], None, 1, Stamp::new(1, 1), false));
+        let two = [1.0, 1.0, 1.0, 1.0];
+        assert!(l.offer(
+            &two,
+            Some(&[0.5, 0.5, 0.5, 0.5]),
+            2,
+            Stamp::new(1, 1),
+            false
+        ));
+        let pending = lock(&l.pending);
+        let p = pending.as_ref().expect("one pending push");
+        assert_eq!(p.steps, 4);
+        assert_eq!(p.grad, vec![5.0, 3.0, 1.0, 2.0]);
+        assert_eq!(p.squares.as_deref(), Some(&[10.5, 4.5, 0.5, 1.5][..]));
     }
 
     #[tokio::test]
@@ -450,7 +519,7 @@ mod tests {
     async fn a_waiter_asks_for_parameters_once_no_exchange_will_bring_them() {
         let l = link();
         // An exchange is on its way: the waiter leaves the fetch to it.
-        assert!(l.offer(&[0.0; 4], 1, Stamp::new(1, 1), true));
+        assert!(l.offer(&[0.0; 4], None, 1, Stamp::new(1, 1), true));
         assert!(l.exchange_coming());
         let stop = Arc::new(AtomicBool::new(false));
         let waiter = {

@@ -137,6 +137,34 @@ impl Coordinator {
     }
 }
 
+/// Whether pushes of several mini-batches carry their squares: only
+/// Adagrad's accumulator needs them, and only plain asynchronous pushes of
+/// dense gradients send them (compressed pushes are already quantised, and
+/// averaging and synchronous steps do not go through the accumulator so).
+fn squares_travel(job: &Job) -> bool {
+    let d = &job.downpour;
+    d.adagrad.enabled && d.compression.is_none() && d.averaging.is_none() && d.synchronous.is_none()
+}
+
+/// The most values a partition peer may send in one boundary message (a
+/// batch of the widest layer's inputs or outputs), and in all messages not
+/// yet taken (two per tensor: every layer's forward and backward).
+fn boundary_limits(job: &Job) -> (usize, usize) {
+    let batch = job
+        .sandblaster
+        .as_ref()
+        .map_or(0, |s| s.portion_size)
+        .max(job.downpour.batch_size) as usize;
+    let tensors = &job.layout.tensors;
+    let widest = tensors
+        .iter()
+        .flat_map(|t| t.shape.iter().copied())
+        .max()
+        .unwrap_or(1);
+    let message = batch.saturating_mul(widest);
+    (message, message.saturating_mul(2 * tensors.len().max(1)))
+}
+
 /// Without an assigned incarnation: the start time in nanoseconds, which
 /// grows only as far as the clocks of the machines involved agree.
 fn start_time_incarnation() -> u64 {
@@ -331,7 +359,8 @@ pub async fn run_replica(
             .spawn(move || worker.run(threads))
             .map_err(|e| WorkerError::Compute(e.to_string()))?
     } else {
-        let links: Vec<Arc<Link>> = clients.into_iter().map(Link::new).collect();
+        let squares = squares_travel(&job);
+        let links: Vec<Arc<Link>> = clients.into_iter().map(|c| Link::new(c, squares)).collect();
         let ack_log = match &opts.ack_log {
             Some(path) => Some(Arc::new(std::sync::Mutex::new(
                 Appender::open(path).map_err(|source| WorkerError::AckLog {
@@ -380,6 +409,7 @@ pub async fn run_replica(
                 _ => u64::from(job.downpour.n_push),
             },
             start_step,
+            squares,
             // Synchronous SGD waits for every step's parameters, and
             // averaging for the average at the end of every period.
             max_staleness: if sync || period.is_some() {
@@ -554,7 +584,8 @@ impl Part {
                 "a partition needs --incarnation (the same for all of the replica's partitions) and cannot be a backup (--backup-of)".into(),
             ));
         };
-        let mailbox = Arc::new(Mailbox::new(p.patience));
+        let (message, pending) = boundary_limits(job);
+        let mailbox = Arc::new(Mailbox::new(p.patience).limited(message, pending));
         let server = serve(p, mailbox.clone(), opts.replica, incarnation).await?;
         let exchange = GrpcExchange::new(
             p,
@@ -597,6 +628,8 @@ struct Compute {
     batch: usize,
     n_fetch: u64,
     n_push: u64,
+    /// Pushes of several mini-batches carry the sums of their squares.
+    squares: bool,
     /// Where in the replica's data order to begin (a backup's straggler's step).
     start_step: u64,
     /// Injected: each step takes this many times its compute time.
@@ -654,6 +687,9 @@ impl Compute {
         let dim = self.train.dim;
         let mut scratch = self.net.scratch(batch, threads);
         let mut acc = vec![0.0f32; params.len()];
+        // Adagrad's squares need each mini-batch's gradient on its own.
+        let mut squares = (self.squares && self.n_push > 1)
+            .then(|| (vec![0.0f32; params.len()], vec![0.0f32; params.len()]));
         let mut acc_base = versions.clone();
         let mut acc_steps = 0;
         let mut x = vec![0.0f32; batch * dim];
@@ -699,9 +735,22 @@ impl Compute {
             let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
             let began = Instant::now();
             let waited_before = self.net.waited();
-            let loss = self
-                .net
-                .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?;
+            let loss = match squares.as_mut() {
+                None => self
+                    .net
+                    .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?,
+                Some((one, sq)) => {
+                    one.fill(0.0);
+                    let loss = self
+                        .net
+                        .gradient(&params, xv, &y, &mut scratch, step, one)?;
+                    for ((a, s), g) in acc.iter_mut().zip(sq.iter_mut()).zip(one.iter()) {
+                        *a += g;
+                        *s += g * g;
+                    }
+                    loss
+                }
+            };
             if self.slowdown > 1.0 {
                 // Only this process's own compute is slowed, not its waits
                 // for peer partitions (which are slowed themselves).
@@ -725,8 +774,10 @@ impl Compute {
                 }
                 for (i, link) in self.links.iter().enumerate() {
                     let range = &link.client.range;
+                    let mine = range.start - self.base..range.end - self.base;
                     if !link.offer(
-                        &acc[range.start - self.base..range.end - self.base],
+                        &acc[mine.clone()],
+                        squares.as_ref().map(|(_, sq)| &sq[mine]),
                         acc_steps as u32,
                         acc_base[i],
                         fetch,
@@ -735,6 +786,9 @@ impl Compute {
                     }
                 }
                 acc.fill(0.0);
+                if let Some((_, sq)) = squares.as_mut() {
+                    sq.fill(0.0);
+                }
                 acc_steps = 0;
             } else if fetch {
                 for link in &self.links {

@@ -5,6 +5,7 @@
 
 pub(crate) mod audit;
 pub mod chaos;
+mod incarnations;
 mod plot;
 mod procs;
 mod progress;
@@ -78,6 +79,9 @@ struct Runtime {
     chaos: Option<chaos::Chaos>,
     /// Processes killed for not answering their liveness probe.
     unresponsive_killed: u32,
+    /// Every member of every shard, for asking what their checkpoints hold.
+    shard_addrs: Vec<String>,
+    incarnations: incarnations::Record,
 }
 
 impl Runtime {
@@ -288,6 +292,8 @@ impl Runtime {
                 .clone()
                 .map(|c| chaos::Chaos::new(c, Instant::now())),
             unresponsive_killed: 0,
+            shard_addrs: shard_addrs.clone(),
+            incarnations: incarnations::Record::open(out, args.resume)?,
         };
         let replication = match job.replication() {
             1 => String::new(),
@@ -341,7 +347,20 @@ impl Runtime {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        let remembered = self
+            .rt
+            .block_on(incarnations::shards_highest(&self.shard_addrs))?;
+        let base = remembered.max(self.incarnations.highest());
+        if base > 0 {
+            eprintln!(
+                "distbelief: replicas start at incarnation {} (the shards' checkpoints remember up to {remembered}, this run directory handed out up to {})",
+                base + 1,
+                self.incarnations.highest()
+            );
+        }
         for p in &mut self.replicas {
+            p.incarnation_base = base;
+            self.incarnations.note(p.next_incarnation())?;
             p.spawn(&self.exe)
                 .with_context(|| format!("cannot start {}", p.label()))?;
         }
@@ -631,6 +650,7 @@ impl Runtime {
                 eprintln!("\ndistbelief: {what} exited ({status}); restarting it");
             }
             for p in unit.iter_mut() {
+                self.incarnations.note(p.next_incarnation())?;
                 p.spawn(&self.exe)
                     .with_context(|| format!("cannot restart {}", p.label()))?;
             }

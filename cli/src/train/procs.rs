@@ -37,6 +37,9 @@ pub struct Proc {
     pub log: PathBuf,
     pub child: Option<Child>,
     pub starts: u32,
+    /// A replica's incarnations are numbered from here: above every one
+    /// the shards' checkpoints and this run directory have seen.
+    pub incarnation_base: u64,
     /// Where it serves `/healthz` (its metrics address).
     pub health: Option<std::net::SocketAddr>,
     /// When it last answered a liveness probe (or was started).
@@ -63,6 +66,7 @@ impl Proc {
             log,
             child: None,
             starts: 0,
+            incarnation_base: 0,
             health,
             answered: Instant::now(),
         }
@@ -114,7 +118,10 @@ impl Proc {
         if self.role == Role::Replica {
             // Each process of a replica gets a larger number than the last,
             // so shards and coordinator refuse the one it replaced.
-            cmd.args(["--incarnation".to_string(), (self.starts + 1).to_string()]);
+            cmd.args([
+                "--incarnation".to_string(),
+                self.next_incarnation().to_string(),
+            ]);
         }
         cmd.stdin(Stdio::null())
             .stdout(out)
@@ -127,6 +134,11 @@ impl Proc {
         self.starts += 1;
         self.answered = Instant::now();
         Ok(())
+    }
+
+    /// The incarnation the next start of this replica process runs under.
+    pub fn next_incarnation(&self) -> u64 {
+        self.incarnation_base + u64::from(self.starts) + 1
     }
 
     /// SIGKILL, without waiting: the supervisor sees the exit and restarts it.
