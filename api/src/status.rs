@@ -132,6 +132,29 @@ pub struct ReplicaState {
     /// incarnation stays above those the shards' checkpoints remember.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspended: bool,
+    /// The API server refused to create the pod of `attempt` (a ResourceQuota,
+    /// an admission webhook). The operator asks again after the restart
+    /// backoff, doubled per refusal in a row; refusals use no restart budget
+    /// and move neither the attempt nor any count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_refused: Option<CreationRefused>,
+}
+
+/// Why and since when a replica's pod cannot be created.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreationRefused {
+    /// Why the pod is wanted (its `distbelief.dev/cause` label: start,
+    /// restart, reschedule or backup); the pod asked for again keeps it.
+    pub cause: String,
+    /// Refusals in a row.
+    pub refusals: u32,
+    /// When the API server last refused it.
+    pub last_refused: Time,
+    /// The API server's reason, e.g. Forbidden.
+    pub reason: String,
+    /// The API server's message, e.g. which quota is exceeded.
+    pub message: String,
 }
 
 /// Training progress as the coordinator last saw it.

@@ -1,6 +1,7 @@
 //! Runs the reconciler on watch events: jobs, and the pods and StatefulSets
-//! they own. There is no periodic resync; timed requeues come only from
-//! restart backoff, straggler windows and TTLs.
+//! they own. The same watches fill the caches reconciles read, with the
+//! StorageClasses. There is no periodic resync; timed requeues come only
+//! from restart backoff, straggler windows, TTLs and failed reconciles.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,16 +11,17 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, ResourceExt};
 
 use crate::Config;
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::reconcile::{self, Context, Error};
+use crate::reconcile::{self, Context, Error, Stores};
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -109,22 +111,53 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
             instance: opts.instance.clone(),
         },
     );
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        config,
-        metrics,
-        recorder,
-        applied: Default::default(),
-    });
     let owned =
         watcher::Config::default().labels("app.kubernetes.io/managed-by=distbelief-operator");
+    // Cached objects lose their managed fields, which nothing reads and
+    // which are most of a pod's size.
+    let (pods, writer) = reflector::store::<Pod>();
+    let pod_events = watcher(api::<Pod>(&client, &opts.namespace), owned.clone())
+        .default_backoff()
+        .modify(|p| p.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    let (stateful_sets, writer) = reflector::store::<StatefulSet>();
+    let set_events = watcher(api::<StatefulSet>(&client, &opts.namespace), owned)
+        .default_backoff()
+        .modify(|s| s.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    let (storage_classes, writer) = reflector::store::<StorageClass>();
+    let classes = watcher(Api::<StorageClass>::all(client.clone()), Default::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
+    tokio::spawn(classes.for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::warn!("StorageClass watch: {e}");
+        }
+    }));
     tracing::info!(
         namespace = opts.namespace.as_deref().unwrap_or("all"),
         "operator running"
     );
     let controller = Controller::new_with(jobs, watcher::Config::default(), ar)
-        .owns(api::<Pod>(&client, &opts.namespace), owned.clone())
-        .owns(api::<StatefulSet>(&client, &opts.namespace), owned)
+        .owns_stream(pod_events)
+        .owns_stream(set_events);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config,
+        metrics,
+        recorder,
+        memory: Default::default(),
+        stores: Stores {
+            jobs: controller.store(),
+            pods,
+            stateful_sets,
+            storage_classes,
+        },
+    });
+    let controller = controller
         .graceful_shutdown_on({
             let lost = leader_lost(lost_rx.clone());
             async move {
@@ -164,11 +197,14 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
     Ok(())
 }
 
-/// Retries a failed reconcile after a pause; the API server may be busy.
-fn error_policy(obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+/// Retries a failed reconcile after a pause that doubles with each failure
+/// of the job in a row ([`crate::memory::ERROR_BACKOFF`]).
+fn error_policy(obj: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.memory.failed(obj.uid().as_deref().unwrap_or(""));
     tracing::warn!(
         job = obj.metadata.name.as_deref().unwrap_or(""),
-        "reconcile failed, retrying in 10s: {error}"
+        "reconcile failed, retrying in {}s: {error}",
+        delay.as_secs()
     );
-    Action::requeue(Duration::from_secs(10))
+    Action::requeue(delay)
 }

@@ -5,6 +5,7 @@
 pub mod children;
 pub mod controller;
 pub mod lease;
+pub mod memory;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;

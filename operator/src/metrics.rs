@@ -87,6 +87,15 @@ impl Metrics {
         self.recount();
     }
 
+    /// Drops the phases of jobs `exists` does not know any more.
+    pub fn retain(&self, exists: impl Fn(&str, &str) -> bool) {
+        let before = self.phases().len();
+        self.phases().retain(|(ns, name), _| exists(ns, name));
+        if self.phases().len() != before {
+            self.recount();
+        }
+    }
+
     fn phases(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Phase>> {
         self.phases.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -97,5 +106,38 @@ impl Metrics {
             let n = phases.values().filter(|&&q| q == p).count();
             self.jobs.with_label_values(&[p.as_str()]).set(n as i64);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gauge(m: &Metrics, phase: Phase) -> i64 {
+        m.jobs.with_label_values(&[phase.as_str()]).get()
+    }
+
+    #[test]
+    fn phases_of_deleted_jobs_are_dropped_and_recounted() {
+        let m = Metrics::new().unwrap();
+        for (name, phase) in [
+            ("a", Phase::Running),
+            ("b", Phase::Running),
+            ("c", Phase::Failed),
+        ] {
+            let plan = Plan {
+                status: distbelief_api::DistBeliefJobStatus {
+                    phase: Some(phase),
+                    ..Default::default()
+                },
+                ..Plan::default()
+            };
+            m.observe("ml", name, &plan);
+        }
+        assert_eq!(gauge(&m, Phase::Running), 2);
+        m.retain(|ns, name| ns == "ml" && name != "b");
+        assert_eq!(gauge(&m, Phase::Running), 1);
+        assert_eq!(gauge(&m, Phase::Failed), 1);
+        assert_eq!(m.phases().len(), 2);
     }
 }

@@ -2,9 +2,9 @@
 //! do, then apply children with server-side apply, create and delete pods,
 //! write status and publish events, in that fixed order.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus};
@@ -14,17 +14,19 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::children::{self, BuildError, LABEL_JOB};
+use crate::children::{self, BuildError};
+use crate::memory::Memory;
 use crate::metrics::Metrics;
-use crate::plan::{self, Plan};
+use crate::plan::{self, Plan, Refusal};
 use crate::{Config, FIELD_MANAGER};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +41,16 @@ pub enum Error {
     Build(#[from] BuildError),
     #[error("cannot encode status: {0}")]
     Encode(#[from] serde_json::Error),
+    /// A watch cache has not been filled yet: a plan from it would take
+    /// every pod for missing.
+    #[error("the {0} cache is not filled yet")]
+    NotSynced(&'static str),
+    #[error("the API server refused to create pod {pod} ({reason}): {message}")]
+    Refused {
+        pod: String,
+        reason: String,
+        message: String,
+    },
 }
 
 impl Error {
@@ -49,6 +61,8 @@ impl Error {
             Error::Stale => "stale",
             Error::Build(_) => "build",
             Error::Encode(_) => "encode",
+            Error::NotSynced(_) => "cache",
+            Error::Refused { .. } => "refused",
         }
     }
 }
@@ -58,8 +72,40 @@ pub struct Context {
     pub config: Config,
     pub metrics: Metrics,
     pub recorder: Recorder,
-    /// Per job uid: a hash of the children last applied, and when.
-    pub applied: Arc<Mutex<HashMap<String, (u64, Instant)>>>,
+    /// Per job: children applied, pods created, failures in a row.
+    pub memory: Arc<Memory>,
+    pub stores: Stores,
+}
+
+/// The watch caches reconciles read instead of listing.
+#[derive(Clone)]
+pub struct Stores {
+    pub jobs: Store<DynamicObject>,
+    /// Pods the operator manages (its label), all jobs' together.
+    pub pods: Store<Pod>,
+    pub stateful_sets: Store<StatefulSet>,
+    pub storage_classes: Store<StorageClass>,
+}
+
+/// How long a reconcile waits for a cache to be filled.
+const SYNC_WAIT: Duration = Duration::from_secs(30);
+
+impl Stores {
+    async fn synced(&self) -> Result<(), Error> {
+        filled("pod", self.pods.wait_until_ready()).await?;
+        filled("StatefulSet", self.stateful_sets.wait_until_ready()).await?;
+        filled("StorageClass", self.storage_classes.wait_until_ready()).await
+    }
+}
+
+async fn filled<E>(
+    name: &'static str,
+    ready: impl std::future::Future<Output = Result<(), E>>,
+) -> Result<(), Error> {
+    match tokio::time::timeout(SYNC_WAIT, ready).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(Error::NotSynced(name)),
+    }
 }
 
 /// Children are re-applied at least this often even when unchanged, which
@@ -74,7 +120,11 @@ pub fn job_resource() -> ApiResource {
 
 pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
+    forget_gone_jobs(&ctx);
     let result = reconcile_inner(&obj, &ctx).await;
+    if result.is_ok() {
+        ctx.memory.succeeded(obj.uid().as_deref().unwrap_or(""));
+    }
     ctx.metrics
         .reconcile_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -94,6 +144,63 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
     }
 }
 
+/// The controller never reconciles a deleted job, so what is kept per job
+/// is dropped here for every job the job cache no longer holds.
+fn forget_gone_jobs(ctx: &Context) {
+    let jobs = ctx.stores.jobs.state();
+    let uids: HashSet<String> = jobs.iter().filter_map(|j| j.uid()).collect();
+    let names: HashSet<(String, String)> = jobs
+        .iter()
+        .map(|j| (j.namespace().unwrap_or_default(), j.name_any()))
+        .collect();
+    ctx.memory.retain(|uid| uids.contains(uid));
+    ctx.metrics
+        .retain(|ns, name| names.contains(&(ns.to_string(), name.to_string())));
+}
+
+fn owned_by(meta: &impl Resource, uid: &str) -> bool {
+    meta.owner_references().iter().any(|o| o.uid == uid)
+}
+
+/// The job's pods, by owner: its replica and coordinator pods, and the pods
+/// of its StatefulSet. Then the pods under its name that an earlier job of
+/// the same name left (still terminating): they have another owner, count
+/// for nothing, and only hold their names.
+fn job_pods(stores: &Stores, namespace: &str, name: &str, uid: &str) -> (Vec<Pod>, Vec<Pod>) {
+    let in_ns = |r: &dyn ResourceNamespace| r.ns() == Some(namespace);
+    let sets: Vec<String> = stores
+        .stateful_sets
+        .state_filter(|s| in_ns(s) && owned_by(s, uid))
+        .iter()
+        .filter_map(|s| s.uid())
+        .collect();
+    let (own, earlier): (Vec<Pod>, Vec<Pod>) = stores
+        .pods
+        .state_filter(|p| {
+            in_ns(p) && p.labels().get(children::LABEL_JOB).map(String::as_str) == Some(name)
+        })
+        .iter()
+        .map(|p| Pod::clone(p))
+        .partition(|p| owned_by(p, uid) || sets.iter().any(|set| owned_by(p, set)));
+    // In name order, as a LIST gives them: plans and their requests stay
+    // the same from one reconcile to the next.
+    let sorted = |mut v: Vec<Pod>| {
+        v.sort_by_key(ResourceExt::name_any);
+        v
+    };
+    (sorted(own), sorted(earlier))
+}
+
+trait ResourceNamespace {
+    fn ns(&self) -> Option<&str>;
+}
+
+impl<K: Resource> ResourceNamespace for K {
+    fn ns(&self) -> Option<&str> {
+        self.meta().namespace.as_deref()
+    }
+}
+
 async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, Error> {
     let name = obj.name_any();
     let namespace = obj.namespace().unwrap_or_default();
@@ -103,18 +210,19 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         Err(message) => {
             // A job that does not decode gets no children and no retries;
             // the next edit of it triggers a new reconcile.
-            let plan = plan::invalid(
+            let mut plan = plan::invalid(
                 status_of(obj),
                 obj.metadata.generation,
                 "MalformedSpec",
                 message,
                 now,
             );
-            finish(obj, ctx, &namespace, &name, &plan).await?;
+            finish(obj, ctx, &namespace, &name, &mut plan, None).await?;
             return Ok(Action::await_change());
         }
     };
-    let storage = checkpoint_storage(&job, &ctx.client).await;
+    ctx.stores.synced().await?;
+    let storage = checkpoint_storage(&job, &ctx.stores.storage_classes);
     let target = match children::target(&job, &ctx.config, storage) {
         Ok(t) => t,
         Err(BuildError::Invalid(errors)) => {
@@ -123,42 +231,32 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
-            let plan = plan::invalid(
+            let mut plan = plan::invalid(
                 job.status.clone(),
                 job.metadata.generation,
                 "InvalidSpec",
                 message,
                 now,
             );
-            finish(obj, ctx, &namespace, &name, &plan).await?;
+            finish(obj, ctx, &namespace, &name, &mut plan, None).await?;
             return Ok(Action::await_change());
         }
         Err(e) => return Err(e.into()),
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let listed = pods
-        .list(&ListParams::default().labels(&format!("{LABEL_JOB}={name}")))
-        .await?;
-    let plan = plan::plan(&target, &listed.items, ctx.config.backoff, now);
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let (own, earlier) = job_pods(&ctx.stores, &namespace, &name, &uid);
+    let pods = ctx.memory.with_unseen(&uid, own);
+    let mut plan = plan::plan(&target, &pods, &earlier, ctx.config.backoff, now);
 
+    let mut coordinator_refused = None;
     if plan.apply_children {
         let c = children::children(&target)?;
-        let uid = job.metadata.uid.clone().unwrap_or_default();
         let hash = children_hash(&c);
-        let fresh = ctx
-            .applied
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&uid)
-            .is_some_and(|(h, at)| *h == hash && at.elapsed() < REAPPLY_EVERY);
         // Progress writes trigger a reconcile every few seconds; unchanged
         // children are not sent again unless something is missing.
-        if !fresh || plan.shards_missing {
+        if !ctx.memory.applied_within(&uid, hash, REAPPLY_EVERY) || plan.shards_missing {
             apply_children(ctx, &namespace, &c).await?;
-            ctx.applied
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(uid, (hash, Instant::now()));
+            ctx.memory.applied(&uid, hash);
         }
         if let Some(p) = &c.coordinator_pod
             && plan.coordinator_missing
@@ -167,10 +265,36 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 .iter()
                 .any(|d| Some(d) == p.metadata.name.as_ref())
         {
-            apply(ctx, &namespace, p).await?;
+            match apply(ctx, &namespace, p).await {
+                Ok(created) => ctx.memory.created(&uid, created),
+                Err(kube::Error::Api(e)) => {
+                    coordinator_refused = Some(Refusal {
+                        pod: p.clone(),
+                        reason: e.reason,
+                        message: e.message,
+                    })
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
-    finish(obj, ctx, &namespace, &name, &plan).await?;
+    finish(
+        obj,
+        ctx,
+        &namespace,
+        &name,
+        &mut plan,
+        coordinator_refused.clone(),
+    )
+    .await?;
+    // The status says so; the retry backs off with the job's errors.
+    if let Some(r) = coordinator_refused {
+        return Err(Error::Refused {
+            pod: r.pod.name_any(),
+            reason: r.reason,
+            message: r.message,
+        });
+    }
     Ok(match plan.requeue_after {
         Some(d) => Action::requeue(d.max(Duration::from_secs(1))),
         None => Action::await_change(),
@@ -186,7 +310,7 @@ fn children_hash(c: &children::Children) -> u64 {
 
 /// Where the job's shards keep checkpoints: as decided before, else on
 /// claims when the spec asks or the cluster has a default StorageClass.
-async fn checkpoint_storage(job: &DistBeliefJob, client: &Client) -> CheckpointStorage {
+fn checkpoint_storage(job: &DistBeliefJob, classes: &Store<StorageClass>) -> CheckpointStorage {
     let status = job.status.as_ref();
     if let Some(s) = status.and_then(|s| s.checkpoint_storage) {
         return s;
@@ -195,22 +319,13 @@ async fn checkpoint_storage(job: &DistBeliefJob, client: &Client) -> CheckpointS
         .and_then(|s| s.phase)
         .is_some_and(|p| p.is_finished())
     {
-        // Nothing will be created; a lookup would be wasted.
+        // Nothing will be created; the choice would be wasted.
         return CheckpointStorage::EmptyDir;
     }
-    if job.spec.checkpoint.volume.is_some() {
-        return CheckpointStorage::PersistentVolumeClaim;
-    }
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    match classes.list(&ListParams::default()).await {
-        Ok(list) if list.items.iter().any(is_default_class) => {
-            CheckpointStorage::PersistentVolumeClaim
-        }
-        Ok(_) => CheckpointStorage::EmptyDir,
-        Err(e) => {
-            tracing::warn!("cannot list StorageClasses ({e}); shard checkpoints go to emptyDir");
-            CheckpointStorage::EmptyDir
-        }
+    if job.spec.checkpoint.volume.is_some() || classes.find(is_default_class).is_some() {
+        CheckpointStorage::PersistentVolumeClaim
+    } else {
+        CheckpointStorage::EmptyDir
     }
 }
 
@@ -245,40 +360,52 @@ async fn apply_children(
 }
 
 /// Status, replica pods, deletions, events and metrics: the steps every plan
-/// ends with.
+/// ends with. `coordinator_refused`: the coordinator pod was refused.
 async fn finish(
     obj: &DynamicObject,
     ctx: &Context,
     namespace: &str,
     name: &str,
-    plan: &Plan,
+    plan: &mut Plan,
+    coordinator_refused: Option<Refusal>,
 ) -> Result<(), Error> {
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &job_resource());
+    let (generation, now) = (obj.metadata.generation, Timestamp::now());
+    if let Some(r) = coordinator_refused {
+        plan::refused(plan, &[r], ctx.config.backoff, generation, now);
+    }
+    // Guarded by the resourceVersion the plan was made from, so that a plan
+    // from a stale cache never writes counts back or repeats events.
+    let mut guard = obj.metadata.resource_version.clone();
     if Some(&plan.status) != status_of(obj).as_ref() {
-        // Guarded by the resourceVersion the plan was made from, so that a
-        // plan from a stale cache never writes counts back or repeats events.
-        let mut patch = status_patch(name, &plan.status)?;
-        patch["metadata"]["resourceVersion"] = json!(obj.metadata.resource_version);
-        match jobs
-            .patch_status(
-                name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(patch),
-            )
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 409 => return Err(Error::Stale),
-            r => {
-                r?;
-            }
-        }
+        write_status(&jobs, name, &plan.status, guard.as_deref()).await?;
+        // The write proved the plan current, and only this reconcile writes
+        // the operator's part of status until it ends: a refusal recorded
+        // below is written over whatever the coordinator wrote meanwhile.
+        guard = None;
     }
     // Only once the status that explains them has landed: a plan from a
     // stale job must not start a pod the fresh job already has under another
     // name (a second backup of one straggler), nor tear anything down.
+    let uid = obj.uid().unwrap_or_default();
+    let mut refusals = Vec::new();
     for p in &plan.create_pods {
-        apply(ctx, namespace, p).await?;
+        match apply(ctx, namespace, p).await {
+            Ok(created) => ctx.memory.created(&uid, created),
+            Err(kube::Error::Api(e)) => refusals.push(Refusal {
+                pod: p.clone(),
+                reason: e.reason,
+                message: e.message,
+            }),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !refusals.is_empty() {
+        // Recorded, or the next plan would take the pod for gone and start
+        // the next attempt, counting a reschedule each time.
+        plan::refused(plan, &refusals, ctx.config.backoff, generation, now);
+        write_status(&jobs, name, &plan.status, guard.as_deref()).await?;
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     for p in &plan.delete_pods {
@@ -332,6 +459,31 @@ async fn finish(
         ctx.metrics.forget(namespace, name);
     }
     Ok(())
+}
+
+/// Applies the operator's part of status; a `guard` resourceVersion turns a
+/// newer job into [`Error::Stale`].
+async fn write_status(
+    jobs: &Api<DynamicObject>,
+    name: &str,
+    status: &DistBeliefJobStatus,
+    guard: Option<&str>,
+) -> Result<(), Error> {
+    let mut patch = status_patch(name, status)?;
+    if let Some(rv) = guard {
+        patch["metadata"]["resourceVersion"] = json!(rv);
+    }
+    match jobs
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(patch),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Error::Stale),
+        r => r.map(|_| ()).map_err(Error::from),
+    }
 }
 
 /// The status document the operator applies; `progress` belongs to the coordinator.

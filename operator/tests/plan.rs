@@ -23,7 +23,7 @@ fn job(status: Value, spec: Value) -> DistBeliefJob {
 fn decide(job: &DistBeliefJob, pods: &[Pod], now: Timestamp) -> Plan {
     let cfg = common::config();
     let t = children::target(job, &cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid");
-    plan(&t, pods, cfg.backoff, now)
+    plan(&t, pods, &[], cfg.backoff, now)
 }
 
 fn created(plan: &Plan) -> Vec<(String, String)> {

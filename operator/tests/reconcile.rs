@@ -6,10 +6,13 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distbelief_operator::memory::Memory;
 use distbelief_operator::metrics::Metrics;
-use distbelief_operator::reconcile::{self, Context};
+use distbelief_operator::reconcile::{self, Context, Stores};
 use http::{Request, Response};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::DynamicObject;
 use kube::client::Body;
@@ -35,8 +38,8 @@ impl Call {
     }
 }
 
-/// A fake API server: it lists `pods` for the job and answers every other
-/// request the way the real one would, recording all of them.
+/// A fake API server behind caches holding `pods`: it answers every request
+/// the way the real one would, recording all of them.
 async fn run_reconcile(
     job: Value,
     pods: Vec<Pod>,
@@ -49,8 +52,10 @@ async fn run_reconcile(
 struct Mock {
     /// Answer status writes with 409 Conflict (the job changed meanwhile).
     status_conflict: bool,
-    /// The operator's memory of applied children, shared across reconciles.
-    applied: Arc<Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>>,
+    /// The operator's memory of each job, shared across reconciles.
+    memory: Arc<Memory>,
+    /// Answer the creation of replica pods as a ResourceQuota does.
+    refuse_replica_pods: bool,
 }
 
 async fn run_with(
@@ -77,24 +82,30 @@ async fn run_with(
                 body: body.clone(),
             };
             let conflict = mock.status_conflict && call.path.ends_with("/status");
-            let reply = match (call.method.as_str(), call.path.ends_with("/pods")) {
+            let refused = mock.refuse_replica_pods
+                && call.method == "PATCH"
+                && call
+                    .path
+                    .starts_with(&format!("/api/v1/namespaces/{NS}/pods/"))
+                && call.path.contains("-replica-");
+            let code = if conflict {
+                409
+            } else if refused {
+                403
+            } else {
+                200
+            };
+            let reply = match call.method.as_str() {
                 _ if conflict => json!({
                     "apiVersion": "v1", "kind": "Status", "status": "Failure",
                     "reason": "Conflict", "code": 409, "message": "the object has been modified",
                 }),
-                ("GET", false) if call.path.ends_with("/storageclasses") => json!({
-                    "apiVersion": "storage.k8s.io/v1", "kind": "StorageClassList",
-                    "metadata": {"resourceVersion": "1"},
-                    "items": [{
-                        "metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-                        "provisioner": "example.org/disk",
-                    }],
+                _ if refused => json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "Forbidden", "code": 403,
+                    "message": QUOTA_MESSAGE,
                 }),
-                ("GET", true) => json!({
-                    "apiVersion": "v1", "kind": "PodList",
-                    "metadata": {"resourceVersion": "1"}, "items": pods,
-                }),
-                ("DELETE", _) => json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+                "DELETE" => json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
                 _ => {
                     let mut echo = body;
                     let name = call
@@ -111,15 +122,17 @@ async fn run_with(
             recorded.lock().unwrap().push(call);
             send.send_response(
                 Response::builder()
-                    .status(if conflict { 409 } else { 200 })
+                    .status(code)
                     .body(Body::from(serde_json::to_vec(&reply).unwrap()))
                     .unwrap(),
             );
         }
     });
     let client = kube::Client::new(service, NS);
+    let obj: DynamicObject = serde_json::from_value(job).expect("job object");
     let ctx = Arc::new(Context {
-        applied: mock.applied.clone(),
+        memory: mock.memory.clone(),
+        stores: stores(&obj, pods),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -131,7 +144,6 @@ async fn run_with(
         config: common::config(),
         metrics: Metrics::new().expect("metrics"),
     });
-    let obj: DynamicObject = serde_json::from_value(job).expect("job object");
     let result = tokio::time::timeout(
         Duration::from_secs(10),
         reconcile::reconcile(Arc::new(obj), ctx),
@@ -141,6 +153,46 @@ async fn run_with(
     server.abort();
     let calls = calls.lock().unwrap().clone();
     (result, calls)
+}
+
+const QUOTA_MESSAGE: &str = "pods \"fm-replica-0-0\" is forbidden: exceeded quota: small, requested: pods=1, used: pods=3, limited: pods=3";
+
+/// The caches as the watches would have filled them: the job, `pods`, the
+/// job's StatefulSet (owner of its shard pods) and a default StorageClass.
+fn stores(job: &DynamicObject, pods: Vec<Pod>) -> Stores {
+    use kube::runtime::watcher::Event;
+    fn filled<K>(objects: Vec<K>, dyntype: K::DynamicType) -> kube::runtime::reflector::Store<K>
+    where
+        K: kube::runtime::reflector::Lookup + Clone + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        let mut w = kube::runtime::reflector::store::Writer::new(dyntype);
+        w.apply_watcher_event(&Event::Init);
+        for o in objects {
+            w.apply_watcher_event(&Event::InitApply(o));
+        }
+        w.apply_watcher_event(&Event::InitDone);
+        w.as_reader()
+    }
+    let name = job.metadata.name.clone().unwrap_or_default();
+    let set: StatefulSet = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{name}-ps"), "namespace": NS, "uid": common::SET_UID,
+            "ownerReferences": [common::owner("DistBeliefJob", &name, common::JOB_UID)],
+        },
+    }))
+    .unwrap();
+    let class: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "standard", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "example.org/disk",
+    }))
+    .unwrap();
+    Stores {
+        jobs: filled(vec![job.clone()], reconcile::job_resource()),
+        pods: filled(pods, ()),
+        stateful_sets: filled(vec![set], ()),
+        storage_classes: filled(vec![class], ()),
+    }
 }
 
 fn job_with_status(name: &str, status: Value) -> Value {
@@ -184,14 +236,6 @@ fn children_applied(job: &str) -> Vec<String> {
     .collect()
 }
 
-fn list_classes() -> String {
-    "GET /apis/storage.k8s.io/v1/storageclasses".to_string()
-}
-
-fn list_pods() -> String {
-    format!("GET /api/v1/namespaces/{NS}/pods")
-}
-
 fn status_call(calls: &[Call]) -> &Call {
     calls
         .iter()
@@ -219,14 +263,13 @@ async fn creates_the_children_of_a_new_job() {
     let (result, calls) = run_reconcile(job_with_status("fm", Value::Null), vec![]).await;
     assert_eq!(result.expect("reconciled"), Action::await_change());
     // Replicas wait until the shards and the coordinator are ready.
-    let mut expected = vec![list_classes(), list_pods()];
-    expected.extend(children_applied("fm"));
+    // Pods and StorageClasses come from the caches: no LIST.
+    let mut expected = children_applied("fm");
     expected.push(format!("PATCH {}/status", path("job", "fm")));
     expected.push(format!("POST {}", path("events", "")));
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     assert_eq!(lines, expected);
 
-    assert_eq!(calls[1].query, "&labelSelector=distbelief.dev%2Fjob%3Dfm");
     for c in calls.iter().filter(|c| c.method == "PATCH") {
         assert!(
             c.query.contains("fieldManager=distbelief-operator"),
@@ -548,7 +591,7 @@ async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
     assert_eq!(result.expect("reconciled"), Action::await_change());
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
     // The status first: deletions follow only once it has landed.
-    let mut expected = vec![list_pods(), format!("PATCH {}/status", path("job", "fm"))];
+    let mut expected = vec![format!("PATCH {}/status", path("job", "fm"))];
     expected.push(format!("DELETE {}", path("pods", "fm-coordinator")));
     expected
         .extend((0..4).map(|r| format!("DELETE {}", path("pods", &format!("fm-replica-{r}-0")))));
@@ -583,10 +626,7 @@ async fn a_finished_job_past_its_ttl_is_deleted() {
     let (result, calls) = run_reconcile(job, vec![]).await;
     result.expect("reconciled");
     let lines: Vec<String> = calls.iter().map(Call::line).collect();
-    assert_eq!(
-        lines,
-        vec![list_pods(), format!("DELETE {}", path("job", "fm"))]
-    );
+    assert_eq!(lines, vec![format!("DELETE {}", path("job", "fm"))]);
 }
 
 #[tokio::test]
@@ -972,4 +1012,243 @@ async fn a_stale_plan_tears_nothing_down() {
         "{:?}",
         calls.iter().map(Call::line).collect::<Vec<_>>()
     );
+}
+
+fn status_calls(calls: &[Call]) -> Vec<&Call> {
+    calls
+        .iter()
+        .filter(|c| c.path.ends_with("/status"))
+        .collect()
+}
+
+fn replica_creations(calls: &[Call]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c.method == "PATCH" && c.path.starts_with(&path("pods", "fm-replica-")))
+        .map(|c| c.path.rsplit('/').next().unwrap().to_string())
+        .collect()
+}
+
+/// The job's servers ready, no replica pod yet.
+fn servers_only() -> Vec<Pod> {
+    vec![
+        common::ready_ps_pod("fm", 0),
+        common::ready_ps_pod("fm", 1),
+        common::coordinator_pod("fm"),
+    ]
+}
+
+#[tokio::test]
+async fn a_job_recreated_under_its_name_counts_none_of_the_old_jobs_terminating_pods() {
+    // The old job's replica 0 had failed twice (restarts), replica 1 ran;
+    // its pods are still terminating when the new job's servers are ready.
+    let now = Timestamp::now();
+    let mut pods = servers_only();
+    pods.extend(
+        [
+            common::failed_replica("fm", 0, 0, 1, now),
+            common::replica_pod_for("fm", 0, 1, "Failed", "restart"),
+            common::replica_pod_for("fm", 0, 2, "Failed", "restart"),
+            common::replica_pod_for("fm", 1, 0, "Running", "start"),
+        ]
+        .into_iter()
+        .map(common::earlier_jobs),
+    );
+    let mut status = json!({"phase": "Pending", "checkpointStorage": "PersistentVolumeClaim"});
+    let (result, calls) = run_reconcile(job_with_status("fm", status.clone()), pods.clone()).await;
+    result.expect("reconciled");
+    // Started afresh, past the names the old pods still hold.
+    let mut created = replica_creations(&calls);
+    created.sort();
+    assert_eq!(
+        created,
+        [
+            "fm-replica-0-3",
+            "fm-replica-1-1",
+            "fm-replica-2-0",
+            "fm-replica-3-0"
+        ]
+    );
+    for c in calls
+        .iter()
+        .filter(|c| c.path.starts_with(&path("pods", "fm-replica-")))
+    {
+        assert_eq!(
+            c.body["metadata"]["labels"]["distbelief.dev/cause"],
+            "start"
+        );
+        assert_eq!(
+            c.body["metadata"]["ownerReferences"][0]["uid"],
+            common::JOB_UID
+        );
+    }
+    status = status_call(&calls).body["status"].clone();
+    assert_eq!(status["replicaRestarts"], 0, "{status}");
+    assert_eq!(status["replicaReschedules"], 0, "{status}");
+    let attempts: Vec<u64> = status["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["attempt"].as_u64().unwrap())
+        .collect();
+    assert_eq!(attempts, [3, 1, 0, 0]);
+    assert!(
+        calls.iter().all(|c| c.method != "DELETE"),
+        "the old job's pods are the garbage collector's"
+    );
+    assert!(
+        !events(&calls).iter().any(|e| e.starts_with("Replica")),
+        "{:?}",
+        events(&calls)
+    );
+}
+
+#[tokio::test]
+async fn a_refused_replica_pod_is_reported_and_asked_for_again_without_using_budget() {
+    let quota = Mock {
+        refuse_replica_pods: true,
+        ..Mock::default()
+    };
+    let start = json!({"phase": "Pending", "checkpointStorage": "PersistentVolumeClaim"});
+    let (result, calls) =
+        run_with(job_with_status("fm", start), servers_only(), quota.clone()).await;
+    assert_eq!(
+        result.expect("a refusal is no reconcile error"),
+        Action::requeue(Duration::from_secs(10)),
+        "asked again after the restart backoff"
+    );
+    assert_eq!(replica_creations(&calls).len(), 4);
+    // The plan's status, then the refusals recorded in a second write.
+    let writes = status_calls(&calls);
+    assert_eq!(writes.len(), 2);
+    let status = writes[1].body["status"].clone();
+    assert_eq!(status["replicaRestarts"], 0);
+    assert_eq!(status["replicaReschedules"], 0);
+    for r in status["replicas"].as_array().unwrap() {
+        assert_eq!(r["attempt"], 0, "{r}");
+        let refused = &r["creationRefused"];
+        assert_eq!(refused["refusals"], 1, "{r}");
+        assert_eq!(refused["reason"], "Forbidden");
+        assert_eq!(refused["cause"], "start");
+        assert_eq!(refused["message"], QUOTA_MESSAGE);
+    }
+    let c = condition(&status, "PodCreationRefused");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("Forbidden"))
+    );
+    assert!(
+        c["message"].as_str().unwrap().contains("exceeded quota"),
+        "{c}"
+    );
+    let refusals = events(&calls)
+        .into_iter()
+        .filter(|e| e == "PodCreationRefused")
+        .count();
+    assert_eq!(refusals, 1, "one event names every refused pod");
+    let note = calls
+        .iter()
+        .find(|c| c.body["reason"] == "PodCreationRefused")
+        .unwrap();
+    let note = note.body["note"].as_str().unwrap();
+    assert!(
+        note.contains("fm-replica-0-0, fm-replica-1-0, fm-replica-2-0, fm-replica-3-0")
+            && note.contains("(Forbidden)")
+            && note.contains("exceeded quota")
+            && note.contains("asking again in 10s"),
+        "{note}"
+    );
+
+    // Within the backoff: nothing is asked for, nothing counted or written.
+    let (result, calls) = run_with(
+        job_with_status("fm", status.clone()),
+        servers_only(),
+        quota.clone(),
+    )
+    .await;
+    assert_ne!(result.expect("reconciled"), Action::await_change());
+    assert!(replica_creations(&calls).is_empty());
+    assert!(status_calls(&calls).is_empty(), "no status change");
+    assert!(events(&calls).is_empty());
+
+    // The backoff has passed: the same attempts are asked for again and
+    // refused again; the next wait doubles.
+    let mut later = status.clone();
+    let past = (Timestamp::now() - SignedDuration::from_secs(11)).to_string();
+    for r in later["replicas"].as_array_mut().unwrap() {
+        r["creationRefused"]["lastRefused"] = json!(past);
+    }
+    let (result, calls) =
+        run_with(job_with_status("fm", later.clone()), servers_only(), quota).await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(Duration::from_secs(20))
+    );
+    let mut created = replica_creations(&calls);
+    created.sort();
+    assert_eq!(
+        created,
+        [
+            "fm-replica-0-0",
+            "fm-replica-1-0",
+            "fm-replica-2-0",
+            "fm-replica-3-0"
+        ]
+    );
+    let again = status_calls(&calls).last().unwrap().body["status"].clone();
+    assert_eq!(again["replicaReschedules"], 0);
+    assert_eq!(again["replicas"][0]["attempt"], 0);
+    assert_eq!(again["replicas"][0]["creationRefused"]["refusals"], 2);
+
+    // The quota was raised: the pods are created, under the same names.
+    let (result, calls) = run_with(
+        job_with_status("fm", later),
+        servers_only(),
+        Mock::default(),
+    )
+    .await;
+    result.expect("reconciled");
+    assert_eq!(replica_creations(&calls).len(), 4);
+    // Once the pods are there, the record and the condition clear.
+    let mut pods = servers_only();
+    pods.extend((0..4).map(|r| common::replica_pod_for("fm", r, 0, "Running", "start")));
+    let (result, calls) = run_reconcile(job_with_status("fm", again), pods).await;
+    result.expect("reconciled");
+    let done = status_call(&calls).body["status"].clone();
+    assert_eq!(done["phase"], "Running");
+    assert!(
+        done["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r.get("creationRefused").is_none()),
+        "{done}"
+    );
+    let c = condition(&done, "PodCreationRefused");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("PodsCreated"))
+    );
+    assert_eq!(done["replicaRestarts"], 0);
+    assert_eq!(done["replicaReschedules"], 0);
+}
+
+#[tokio::test]
+async fn a_pod_created_but_not_yet_in_the_cache_is_not_replaced() {
+    let mock = Mock::default();
+    let start = json!({"phase": "Pending", "checkpointStorage": "PersistentVolumeClaim"});
+    let (result, calls) =
+        run_with(job_with_status("fm", start), servers_only(), mock.clone()).await;
+    result.expect("reconciled");
+    assert_eq!(replica_creations(&calls).len(), 4);
+    let status = status_call(&calls).body["status"].clone();
+    // The status write comes back through the watch before the pods do.
+    let (result, calls) = run_with(job_with_status("fm", status), servers_only(), mock).await;
+    result.expect("reconciled");
+    assert!(
+        replica_creations(&calls).is_empty(),
+        "{:?}",
+        replica_creations(&calls)
+    );
+    assert!(status_calls(&calls).is_empty());
 }

@@ -67,6 +67,17 @@ impl Cause {
             Cause::Backup => "backup",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Cause> {
+        [
+            Cause::Start,
+            Cause::Restart,
+            Cause::Reschedule,
+            Cause::Backup,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
+    }
 }
 
 pub use distbelief_api::admission::MAX_JOB_NAME;

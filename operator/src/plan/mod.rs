@@ -8,7 +8,8 @@ mod replica;
 use std::time::Duration;
 
 use distbelief_api::{
-    CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, Phase, Progress, ReplicaState,
+    CheckpointStorage, CreationRefused, DistBeliefJob, DistBeliefJobStatus, Phase, Progress,
+    ReplicaState,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -104,7 +105,11 @@ pub fn invalid(
 
 /// Decides the reconcile of a valid job: one decision after another, each
 /// of which may end the reconcile.
-pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan {
+///
+/// `pods` are the job's own (by owner); `earlier` are pods an earlier job of
+/// the same name left behind, still terminating: they count for nothing, but
+/// their names are taken.
+pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Timestamp) -> Plan {
     let job = t.job;
     let old = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
@@ -151,6 +156,7 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
         backoff,
         now,
         servers_ready: servers.ready,
+        earlier,
     };
     match replicas(&mut plan, &scene, &old) {
         Err(message) => {
@@ -164,7 +170,154 @@ pub fn plan(t: &Target, pods: &[Pod], backoff: Backoff, now: Timestamp) -> Plan 
             transition(&mut plan, generation, phase, reason, &message, now);
         }
     }
+    creation_condition(&mut plan, generation, now);
     plan
+}
+
+/// Condition and event reason of a pod the API server refused to create.
+pub const CREATION_REFUSED: &str = "PodCreationRefused";
+
+/// A pod the API server refused to create, and what it said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub pod: Pod,
+    /// The API server's reason (`Forbidden`, `Invalid`, ...), possibly empty.
+    pub reason: String,
+    pub message: String,
+}
+
+/// Records pods the API server refused after `plan` asked for them: each
+/// replica's refusal in its status (for the next reconcile to ask again
+/// after the backoff), a condition, an event per refusal and the requeue.
+/// The attempt and every count stay where the plan put them.
+pub fn refused(
+    plan: &mut Plan,
+    refusals: &[Refusal],
+    backoff: Backoff,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut retry = None;
+    for f in refusals {
+        let replica = pods::label_u32(&f.pod, crate::children::LABEL_REPLICA);
+        let attempt = pods::label_u32(&f.pod, crate::children::LABEL_ATTEMPT);
+        let state = plan
+            .status
+            .replicas
+            .iter_mut()
+            .find(|s| Some(s.replica) == replica && Some(s.attempt) == attempt);
+        match state {
+            // Partition pods of one attempt are one refusal.
+            Some(_) if !seen.insert(replica) => {}
+            Some(st) => {
+                let refusals = st.creation_refused.as_ref().map_or(0, |c| c.refusals) + 1;
+                st.creation_refused = Some(CreationRefused {
+                    cause: pods::cause(&f.pod).unwrap_or("start").to_string(),
+                    refusals,
+                    last_refused: Time(now),
+                    reason: f.reason.clone(),
+                    message: f.message.clone(),
+                });
+                let delay = backoff.delay(refusals - 1);
+                plan.requeue(delay);
+                retry = Some(retry.map_or(delay, |d: Duration| d.min(delay)));
+            }
+            // The coordinator: the reconcile fails and backs off.
+            None => {}
+        }
+    }
+    let Some(first) = refusals.first() else {
+        return;
+    };
+    // The recorder folds events of one reason into one series, so one
+    // event names every pod this reconcile could not create.
+    let names: Vec<String> = refusals.iter().map(|f| f.pod.name_any()).collect();
+    let retry = retry.map_or(
+        "asking again after the reconcile backoff".to_string(),
+        |d| format!("asking again in {}s", d.as_secs()),
+    );
+    let message = format!(
+        "the API server refused to create pod {} ({}): {}; {retry}, using no restart budget",
+        names.join(", "),
+        reason_of(&first.reason),
+        first.message
+    );
+    plan.note(true, CREATION_REFUSED, message);
+    if plan
+        .status
+        .replicas
+        .iter()
+        .any(|s| s.creation_refused.is_some())
+    {
+        // Worded as every later plan words it, so that it is written once.
+        creation_condition(plan, generation, now);
+    } else {
+        set_condition(
+            &mut plan.status.conditions,
+            CREATION_REFUSED,
+            true,
+            reason_of(&first.reason),
+            format!("pod {}: {}", names[0], first.message),
+            generation,
+            now,
+        );
+    }
+}
+
+/// A condition reason must be CamelCase; the API server's usually is.
+fn reason_of(api_reason: &str) -> String {
+    let r: String = api_reason
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    if r.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        r
+    } else {
+        "Refused".to_string()
+    }
+}
+
+/// PodCreationRefused stays True while a replica's pod is refused, and
+/// while the coordinator is missing after a refusal of its own; it turns
+/// False once every pod exists. A job never refused has no such condition.
+fn creation_condition(plan: &mut Plan, generation: Option<i64>, now: Timestamp) {
+    let refused = plan.status.replicas.iter().find_map(|s| {
+        let c = s.creation_refused.as_ref()?;
+        Some((
+            reason_of(&c.reason),
+            format!(
+                "replica {}'s pod (attempt {}) was refused {} times: {}",
+                s.replica, s.attempt, c.refusals, c.message
+            ),
+        ))
+    });
+    let known = plan
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CREATION_REFUSED && c.status == "True");
+    match refused {
+        Some((reason, message)) => set_condition(
+            &mut plan.status.conditions,
+            CREATION_REFUSED,
+            true,
+            reason,
+            message,
+            generation,
+            now,
+        ),
+        None if known && !plan.coordinator_missing => set_condition(
+            &mut plan.status.conditions,
+            CREATION_REFUSED,
+            false,
+            "PodsCreated".to_string(),
+            "every pod the job needs was created".to_string(),
+            generation,
+            now,
+        ),
+        None => {}
+    }
 }
 
 /// The job has finished and stays so; a job refused for its spec starts
@@ -378,6 +531,18 @@ fn phase(
     } else if servers.ready && plan.status.replicas_ready.unwrap_or(0) > 0 {
         let message = "shards, coordinator and replicas are running";
         (Phase::Running, "Training", message.to_string())
+    } else if let Some((r, c)) = plan
+        .status
+        .replicas
+        .iter()
+        .find_map(|s| Some((s.replica, s.creation_refused.as_ref()?)))
+        && servers.ready
+    {
+        let message = format!(
+            "the API server refuses replica {r}'s pod ({}): {}",
+            c.reason, c.message
+        );
+        (Phase::Pending, CREATION_REFUSED, message)
     } else {
         let message = format!(
             "waiting for the job's servers before starting replicas: {}/{} shard processes ready, coordinator {}",

@@ -30,6 +30,8 @@ pub(super) struct Scene<'a> {
     /// Every shard and the coordinator are ready: a replica started now
     /// finds its servers, so starting one costs nothing it might regret.
     pub servers_ready: bool,
+    /// Pods of an earlier job of the same name, still terminating.
+    pub earlier: &'a [Pod],
 }
 
 pub(super) enum Outcome {
@@ -71,9 +73,14 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
         st.attempt = st.attempt.max(a);
     }
     let mut d = Decision { s, r, mine, st };
+    if d.mine.contains_key(&d.st.attempt) {
+        d.st.creation_refused = None;
+    }
     let outcome = match d.mine.get(&d.st.attempt).copied() {
         None if !known && !s.servers_ready => return Outcome::Fine,
         None if !known => d.start(plan),
+        // Never created, so not gone: asked for again, and counted once.
+        None if d.st.creation_refused.is_some() => d.create_again(plan),
         None if !s.servers_ready => Outcome::Waiting,
         None => d.replace(plan),
         Some(pod) if phase_of(pod) == "Failed" && d.straggler_running() => {
@@ -144,11 +151,45 @@ impl Decision<'_> {
     }
 
     fn launch(&mut self, plan: &mut Plan, attempt: u32, c: Cause) {
+        // A pod of an earlier job may still hold the name.
+        let attempt = replica_pods(self.s.earlier.iter(), self.r)
+            .filter_map(|p| label_u32(p, LABEL_ATTEMPT))
+            .filter(|&a| a >= attempt)
+            .max()
+            .map_or(attempt, |a| a + 1);
         let backup_of = (c == Cause::Backup).then_some(self.st.attempt);
         let pods = children::replica_pods(self.s.t, self.r, attempt, c, backup_of);
         plan.create_pods.extend(pods);
         self.st.attempt = attempt;
         self.st.suspended = false;
+        self.st.creation_refused = None;
+    }
+
+    /// The API server refused this attempt's pod: ask again, same attempt
+    /// and cause, once the backoff since the last refusal has passed.
+    fn create_again(&mut self, plan: &mut Plan) -> Outcome {
+        let s = self.s;
+        let Some(refused) = self.st.creation_refused.as_ref() else {
+            return Outcome::Fine;
+        };
+        if !s.servers_ready {
+            return Outcome::Fine;
+        }
+        let delay = s.backoff.delay(refused.refusals.saturating_sub(1));
+        let elapsed = s.now.duration_since(refused.last_refused.0).unsigned_abs();
+        if elapsed < delay {
+            plan.requeue(delay - elapsed);
+            return Outcome::Fine;
+        }
+        let cause = Cause::parse(&refused.cause).unwrap_or(Cause::Start);
+        let backup_of = if cause == Cause::Backup {
+            self.st.backup_of
+        } else {
+            None
+        };
+        let pods = children::replica_pods(s.t, self.r, self.st.attempt, cause, backup_of);
+        plan.create_pods.extend(pods);
+        Outcome::Fine
     }
 
     /// A partitioned replica restarts as a unit: the partitions still alive

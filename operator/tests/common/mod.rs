@@ -7,6 +7,20 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 pub const NS: &str = "ml";
+/// The uid of every fixture job.
+pub const JOB_UID: &str = "0b9d1f2e-1111-4c3a-9e55-000000000001";
+/// The uid of a fixture job's StatefulSet, the owner of its shard pods.
+pub const SET_UID: &str = "0b9d1f2e-2222-4c3a-9e55-000000000002";
+
+/// An owner reference, as the API server stores it.
+pub fn owner(kind: &str, name: &str, uid: &str) -> serde_json::Value {
+    let api_version = if kind == "StatefulSet" {
+        "apps/v1"
+    } else {
+        "distbelief.dev/v1alpha1"
+    };
+    json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true})
+}
 
 /// The 2-shard × 4-replica job the fixtures are about, as the API server
 /// would hand it over (namespace, uid, generation set).
@@ -18,7 +32,7 @@ kind: DistBeliefJob
 metadata:
   name: {name}
   namespace: {NS}
-  uid: 0b9d1f2e-1111-4c3a-9e55-000000000001
+  uid: {JOB_UID}
   generation: 1
 spec:
   model:
@@ -45,13 +59,32 @@ pub fn config() -> distbelief_operator::Config {
     }
 }
 
-/// A job pod as the API server reports it.
+/// A job pod as the API server reports it: a shard pod owned by the job's
+/// StatefulSet, any other by the job.
 pub fn pod(name: &str, labels: serde_json::Value, phase: &str) -> Pod {
+    let job = labels["distbelief.dev/job"].as_str().unwrap_or("");
+    let owner = if labels["distbelief.dev/role"] == "ps" {
+        owner("StatefulSet", &format!("{job}-ps"), SET_UID)
+    } else {
+        owner("DistBeliefJob", job, JOB_UID)
+    };
     serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "metadata": {"name": name, "namespace": NS, "labels": labels, "ownerReferences": [owner]},
         "status": {"phase": phase},
     }))
     .expect("fixture pod")
+}
+
+/// The same pod as an earlier job of the same name left it: another owner,
+/// being deleted.
+pub fn earlier_jobs(mut p: Pod) -> Pod {
+    for o in p.metadata.owner_references.iter_mut().flatten() {
+        o.uid = format!("{}-earlier", o.uid);
+    }
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        Timestamp::now(),
+    ));
+    p
 }
 
 pub fn replica_pod(job: &str, replica: u32, attempt: u32, phase: &str) -> Pod {
