@@ -22,6 +22,21 @@ impl Chain {
     }
 }
 
+/// What a member says of itself when a coordinator (re)starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// The chain it last heard of, if it is in one.
+    pub chain: Option<Chain>,
+    /// Its state's version.
+    pub version: u64,
+}
+
+/// Epochs carry the coordinator's generation in their high 32 bits: a
+/// restarted coordinator starts a generation above every epoch a member
+/// reports, so members (which take only newer epochs) never again follow
+/// a coordinator of an earlier generation.
+const GENERATION: u64 = 1 << 32;
+
 /// What the book says to a change it was asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -42,6 +57,63 @@ impl ChainBook {
     pub fn new(shards: usize, replication: u32) -> Self {
         ChainBook {
             chains: vec![Chain::default(); shards],
+            replication,
+        }
+    }
+
+    /// The book of a coordinator that (re)starts, from what the members
+    /// that answered say (`views[shard][member]`, `None`: no answer).
+    ///
+    /// A shard whose members report a chain keeps the newest one reported:
+    /// its head holds every acknowledged push. A listed member that was
+    /// restarted meanwhile is taken out when it joins, as ever. A shard
+    /// none of whose members is in a chain (the whole job restarted) is
+    /// headed by the member with the newest state, never by whichever
+    /// joins first: the others then catch up from it.
+    pub fn rebuild(replication: u32, views: &[Vec<Option<MemberView>>]) -> Self {
+        let newest = views
+            .iter()
+            .flatten()
+            .flatten()
+            .filter_map(|v| v.chain.as_ref().map(|c| c.epoch))
+            .max();
+        // A fresh job (no member in a chain) keeps generation 0.
+        let base = newest.map_or(0, |e| (e / GENERATION + 1) * GENERATION);
+        let chains = views
+            .iter()
+            .map(|members| {
+                let answered = || {
+                    members
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(m, v)| Some((m as u32, v.as_ref()?)))
+                };
+                let reported = answered()
+                    .filter_map(|(_, v)| v.chain.as_ref())
+                    .filter(|c| !c.members.is_empty())
+                    .max_by_key(|c| c.epoch);
+                match reported {
+                    Some(c) => Chain {
+                        epoch: base + 1,
+                        members: c.members.clone(),
+                    },
+                    None => {
+                        match answered().max_by_key(|&(m, v)| (v.version, std::cmp::Reverse(m))) {
+                            Some((m, _)) => Chain {
+                                epoch: base + 1,
+                                members: vec![m],
+                            },
+                            None => Chain {
+                                epoch: base,
+                                members: Vec::new(),
+                            },
+                        }
+                    }
+                }
+            })
+            .collect();
+        ChainBook {
+            chains,
             replication,
         }
     }
@@ -172,6 +244,55 @@ mod tests {
             b.remove_for_head(0, 0, 3, 2),
             Some(Answer::Chain(chain(4, &[0, 1])))
         );
+    }
+
+    fn view(chain: Option<Chain>, version: u64) -> Option<MemberView> {
+        Some(MemberView { chain, version })
+    }
+
+    #[test]
+    fn a_restarted_coordinator_keeps_the_newest_chain_under_a_new_generation() {
+        let g = GENERATION;
+        let views = vec![
+            // Shard 0: member 1 heads at epoch 7; member 0 holds an older view.
+            vec![
+                view(Some(chain(5, &[0, 1])), 40),
+                view(Some(chain(7, &[1, 0])), 42),
+            ],
+            // Shard 1: member 0 restarted (in no chain) with a newer-looking
+            // checkpoint; member 1 is still in the chain and keeps heading it.
+            vec![view(None, 99), view(Some(chain(g + 3, &[1])), 50)],
+        ];
+        let mut b = ChainBook::rebuild(2, &views);
+        assert_eq!(b.chain(0), Some(&chain(2 * g + 1, &[1, 0])));
+        assert_eq!(b.chain(1), Some(&chain(2 * g + 1, &[1])));
+        // The restarted member catches up from the head; it does not head.
+        assert_eq!(b.join(1, 0), Some(chain(2 * g + 1, &[1])));
+        // A head of the old generation is told the new chain.
+        assert_eq!(
+            b.remove_for_head(0, 1, 7, 0),
+            Some(Answer::Stale(chain(2 * g + 1, &[1, 0])))
+        );
+    }
+
+    #[test]
+    fn a_job_that_restarts_whole_is_headed_by_the_member_with_the_newest_state() {
+        let views = vec![
+            vec![view(None, 40), view(None, 42), None],
+            vec![None, None, None],
+            vec![view(None, 0), view(None, 0), view(None, 0)],
+        ];
+        let mut b = ChainBook::rebuild(3, &views);
+        assert_eq!(b.chain(0), Some(&chain(1, &[1])));
+        assert_eq!(
+            b.chain(1),
+            Some(&chain(0, &[])),
+            "nobody answered: the first to join heads"
+        );
+        assert_eq!(b.chain(2), Some(&chain(1, &[0])), "a fresh job: member 0");
+        // Member 1 joins: listed, it is taken out and, the chain empty, heads again.
+        assert_eq!(b.join(0, 1), Some(chain(3, &[1])));
+        assert_eq!(b.join(0, 0), Some(chain(3, &[1])));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The coordinator's side of replication: it keeps the chain book and
 //! answers members' requests. Before it takes a suspect out, it asks the
 //! suspect itself, so that one member's bad link cannot cut out a healthy
-//! one.
+//! one. A coordinator that (re)starts answers nothing until it has rebuilt
+//! the book from what the members say of themselves (see
+//! [`ChainBook::rebuild`]), so that a restart never empties a chain.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -11,13 +13,19 @@ use distbelief_proto::v1::{ChainConfig, ChainRequest, ChainRequestKind, InfoRequ
 use tonic::Status;
 use tonic::transport::Channel;
 
-use crate::chains::{Answer, Chain, ChainBook};
+use crate::chains::{Answer, Chain, ChainBook, MemberView};
 
 /// How long a suspect has to answer the coordinator.
 const PROBE_DEADLINE: Duration = Duration::from_millis(500);
+/// How long a (re)starting coordinator waits for every member to say where
+/// it stands before it rebuilds the book from those that did.
+const REBUILD_PATIENCE: Duration = Duration::from_secs(10);
 
 pub struct ChainKeeper {
     book: Mutex<ChainBook>,
+    replication: u32,
+    /// Set once the book was rebuilt from the members.
+    rebuilt: tokio::sync::OnceCell<()>,
     /// Per shard, per member.
     members: Vec<Vec<ParameterServerClient<Channel>>>,
 }
@@ -46,8 +54,53 @@ impl ChainKeeper {
             .collect::<Result<Vec<_>, String>>()?;
         Ok(ChainKeeper {
             book: Mutex::new(ChainBook::new(shards, replication as u32)),
+            replication: replication as u32,
+            rebuilt: tokio::sync::OnceCell::new(),
             members,
         })
+    }
+
+    /// Asks every member where it stands, until all have answered or
+    /// [`REBUILD_PATIENCE`] has passed, and rebuilds the book from that.
+    async fn rebuild(&self) {
+        let deadline = tokio::time::Instant::now() + REBUILD_PATIENCE;
+        let mut views: Vec<Vec<Option<MemberView>>> =
+            self.members.iter().map(|m| vec![None; m.len()]).collect();
+        loop {
+            for (shard, members) in self.members.iter().enumerate() {
+                for (member, client) in members.iter().enumerate() {
+                    if views[shard][member].is_some() {
+                        continue;
+                    }
+                    let mut client = client.clone();
+                    if let Ok(Ok(info)) =
+                        tokio::time::timeout(PROBE_DEADLINE, client.info(InfoRequest {})).await
+                    {
+                        let info = info.into_inner();
+                        views[shard][member] = Some(MemberView {
+                            chain: info.chain.map(|c| Chain {
+                                epoch: c.epoch,
+                                members: c.members,
+                            }),
+                            version: info.version,
+                        });
+                    }
+                }
+            }
+            let all = views.iter().flatten().all(Option::is_some);
+            if all || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let silent = views.iter().flatten().filter(|v| v.is_none()).count();
+        let book = ChainBook::rebuild(self.replication, &views);
+        for shard in 0..views.len() as u32 {
+            if let Some(c) = book.chain(shard) {
+                tracing::info!(shard, epoch = c.epoch, members = ?c.members, silent, "chain rebuilt from the members");
+            }
+        }
+        *self.book() = book;
     }
 
     fn book(&self) -> std::sync::MutexGuard<'_, ChainBook> {
@@ -70,6 +123,7 @@ impl ChainKeeper {
     }
 
     pub async fn handle(&self, req: &ChainRequest) -> Result<ChainConfig, Status> {
+        self.rebuilt.get_or_init(|| self.rebuild()).await;
         let (shard, member, about) = (req.shard, req.member, req.about);
         let kind = ChainRequestKind::try_from(req.kind)
             .map_err(|_| Status::invalid_argument("unknown chain request"))?;

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::parameter_server_server::ParameterServer;
 use distbelief_proto::v1::{
-    CatchUpReply, CatchUpRequest, FetchRequest, GradientChunk, GradientEncoding, InfoRequest,
-    InstallReply, ParameterChunk, PushReply, ShardInfo, StateBytes, VectorCommands, VectorReply,
+    CatchUpReply, CatchUpRequest, ChainConfig, FetchRequest, GradientChunk, GradientEncoding,
+    InfoRequest, InstallReply, ParameterChunk, PushReply, ShardInfo, StateBytes, VectorCommands,
+    VectorReply,
 };
 use futures::Stream;
 use tokio::sync::Semaphore;
@@ -333,6 +334,8 @@ fn describe(s: &Shard, metrics: &PsMetrics) -> ShardInfo {
         restored_version: s.restored_version,
         shard_epoch: s.epoch(),
         highest_incarnation: s.highest_incarnation(),
+        // Filled in by `info`: the chain is the member's, not the shard's.
+        chain: None,
     }
 }
 
@@ -457,7 +460,17 @@ impl ParameterServer for ShardService {
         if let Ok(Ok(info)) = fresh {
             *last = info;
         }
-        let info = last.clone();
+        let mut info = last.clone();
+        drop(last);
+        info.chain = self
+            .chain
+            .as_ref()
+            .and_then(|m| m.chain())
+            .map(|c| ChainConfig {
+                shard: info.shard,
+                epoch: c.epoch,
+                members: c.members,
+            });
         Ok(Response::new(info))
     }
 

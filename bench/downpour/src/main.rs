@@ -5,6 +5,8 @@
 //!   (a) one process, no parameter server
 //!   (b) 1 shard × 1 replica     (c) 2 shards × 2 replicas     (d) 2 shards × 4 replicas
 //!   (e) (c) with every shard replicated twice (`parameterServers.replication: 2`)
+//!   (f, g, h) (c) with `nPush` 1, 2 and 4: Adagrad's examples to the target
+//!   should not depend on it
 
 mod micro;
 
@@ -37,7 +39,7 @@ struct Args {
     #[arg(long)]
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h"])]
     configs: Vec<String>,
 }
 
@@ -48,6 +50,7 @@ fn downpour(
     shards: u32,
     replicas: u32,
     replication: u32,
+    n_push: Option<u32>,
     dir: &Path,
 ) -> anyhow::Result<Value> {
     let text =
@@ -56,7 +59,13 @@ fn downpour(
     doc["spec"]["parameterServers"]["shards"] = shards.into();
     doc["spec"]["replicas"]["count"] = replicas.into();
     doc["spec"]["parameterServers"]["replication"] = replication.into();
-    let name = format!("bench-{shards}x{replicas}-r{replication}");
+    if let Some(n) = n_push {
+        doc["spec"]["algorithm"]["downpour"]["nPush"] = n.into();
+    }
+    let name = format!(
+        "bench-{shards}x{replicas}-r{replication}{}",
+        n_push.map_or(String::new(), |n| format!("-p{n}"))
+    );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
 
@@ -94,10 +103,13 @@ fn main() -> anyhow::Result<()> {
         let test = distbelief_model::data::load(&job.spec.data, false)?;
         let cap = job.spec.stop.max_seconds as f64;
         let chosen: Vec<_> = [
-            ("b_1x1", 1, 1, 1),
-            ("c_2x2", 2, 2, 1),
-            ("d_2x4", 2, 4, 1),
-            ("e_2x2_replicated", 2, 2, 2),
+            ("b_1x1", 1, 1, 1, None),
+            ("c_2x2", 2, 2, 1, None),
+            ("d_2x4", 2, 4, 1, None),
+            ("e_2x2_replicated", 2, 2, 2, None),
+            ("f_2x2_npush1", 2, 2, 1, Some(1)),
+            ("g_2x2_npush2", 2, 2, 1, Some(2)),
+            ("h_2x2_npush4", 2, 2, 1, Some(4)),
         ]
         .into_iter()
         .filter(|(key, ..)| args.configs.iter().any(|c| key.starts_with(c.as_str())))
@@ -117,10 +129,11 @@ fn main() -> anyhow::Result<()> {
                 job.spec.stop.eval_interval_seconds,
                 cap,
             ));
-            for (i, &(key, shards, replicas, replication)) in chosen.iter().enumerate() {
+            for (i, &(key, shards, replicas, replication, n_push)) in chosen.iter().enumerate() {
                 eprintln!(
-                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), {replication} member(s) per shard, round {round}",
-                    &key[..1]
+                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), {replication} member(s) per shard{}, round {round}",
+                    &key[..1],
+                    n_push.map_or(String::new(), |n| format!(", nPush {n}"))
                 );
                 summaries[i].push(downpour(
                     &exe,
@@ -128,6 +141,7 @@ fn main() -> anyhow::Result<()> {
                     shards,
                     replicas,
                     replication,
+                    n_push,
                     tmp.path(),
                 )?);
             }
@@ -156,6 +170,7 @@ fn main() -> anyhow::Result<()> {
         configs.insert("a_one_process".into(), a);
         let mut ratios = serde_json::Map::new();
         let mut eps_of = std::collections::BTreeMap::new();
+        let mut ett_of = std::collections::BTreeMap::new();
         for ((key, ..), summaries) in chosen.into_iter().zip(summaries) {
             let f = |k: &str| {
                 summaries
@@ -168,6 +183,7 @@ fn main() -> anyhow::Result<()> {
             eps_of.insert(key, eps);
             let ttt = opt("time_to_target_seconds");
             let ett = opt("examples_to_target");
+            ett_of.insert(key, ett);
             let ratio = |x: Option<f64>, a: Option<f64>| Some(x? / a?);
             ratios.insert(
                 key.into(),
@@ -193,6 +209,24 @@ fn main() -> anyhow::Result<()> {
             ratios.insert(
                 "replication_2_vs_1".into(),
                 json!({ "examples_per_second": e / c }),
+            );
+        }
+        // Adagrad's accumulator takes every mini-batch's square, so the
+        // examples to the target should not depend on nPush.
+        let by_push: Vec<f64> = ["f_2x2_npush1", "g_2x2_npush2", "h_2x2_npush4"]
+            .iter()
+            .filter_map(|k| ett_of.get(k).copied().flatten())
+            .collect();
+        if by_push.len() == 3 {
+            let (lo, hi) = by_push
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), &e| (lo.min(e), hi.max(e)));
+            ratios.insert(
+                "npush_1_2_4".into(),
+                json!({
+                    "examples_to_target": by_push,
+                    "largest_vs_smallest": hi / lo,
+                }),
             );
         }
         report["target_test_accuracy"] = json!(target);
