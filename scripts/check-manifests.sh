@@ -91,6 +91,8 @@ PY
 # Asserts on a render: EXPECT is a comma-separated list of facts to check.
 #   rbac=exact|exact+np   the ClusterRole holds exactly the verbs the operator
 #                         uses (+ networkpolicies patch)
+#   rbac=namespaced       watchNamespace=ml: a Role and RoleBinding in ml hold
+#                         them, the ClusterRole only the StorageClass read
 #   np=true|false         DISTBELIEF_NETWORK_POLICY and the operator's NetworkPolicy
 #   crd=plain|keep|none   the CRD as in files/crd.yaml, with the keep annotation, or absent
 #   jobimage=IMAGE        DISTBELIEF_IMAGE
@@ -124,22 +126,46 @@ RULES = {
     ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-    ("storage.k8s.io", "storageclasses"): {"list"},
 }
-if "rbac" in expect:
-    want = dict(RULES)
-    if expect["rbac"] == "exact+np":
-        want[("networking.k8s.io", "networkpolicies")] = {"create", "patch"}
+CLUSTER_RULES = {("storage.k8s.io", "storageclasses"): {"list", "watch"}}
+
+def verbs(obj):
     got = {}
-    for rule in one("ClusterRole").get("rules", []):
+    for rule in obj.get("rules", []):
         for g in rule.get("apiGroups", []):
             for r in rule.get("resources", []):
                 got.setdefault((g, r), set()).update(rule.get("verbs", []))
+    return got
+
+def exactly(what, got, want):
     for key in sorted(set(want) | set(got)):
         if want.get(key) != got.get(key):
-            errors.append(f"ClusterRole {key[0] or 'core'}/{key[1]}: verbs {sorted(got.get(key, []))}, expected {sorted(want.get(key, []))}")
-    lease = [r for role in by_kind.get("Role", []) for r in role.get("rules", [])]
-    if lease != [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]:
+            errors.append(f"{what} {key[0] or 'core'}/{key[1]}: verbs {sorted(got.get(key, []))}, expected {sorted(want.get(key, []))}")
+
+LEASE = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
+if "rbac" in expect:
+    # exact|exact+np: one ClusterRole with every rule; namespaced: a Role in
+    # the watched namespace with the job rules, a ClusterRole with only the
+    # cluster-scoped read.
+    want = dict(RULES)
+    if expect["rbac"] == "exact+np":
+        want[("networking.k8s.io", "networkpolicies")] = {"create", "patch"}
+    roles = by_kind.get("Role", [])
+    if expect["rbac"] == "namespaced":
+        exactly("ClusterRole", verbs(one("ClusterRole")), CLUSTER_RULES)
+        jobs = [r for r in roles if r["metadata"].get("namespace") == "ml"]
+        if len(jobs) != 1:
+            errors.append(f"expected one Role in the watched namespace ml, found {len(jobs)}")
+        else:
+            exactly("Role ml", verbs(jobs[0]), want)
+        bindings = [b for b in by_kind.get("RoleBinding", []) if b["metadata"].get("namespace") == "ml"]
+        if len(bindings) != 1 or bindings[0]["roleRef"]["kind"] != "Role":
+            errors.append(f"expected one RoleBinding to the Role in ml: {bindings}")
+        roles = [r for r in roles if r["metadata"].get("namespace") != "ml"]
+    else:
+        exactly("ClusterRole", verbs(one("ClusterRole")), {**want, **CLUSTER_RULES})
+    lease = [r for role in roles for r in role.get("rules", [])]
+    if lease != LEASE:
         errors.append(f"leader-election Role rules: {lease}")
 
 deploy = one("Deployment")
@@ -189,8 +215,8 @@ check "default render: exact RBAC, no network policy, CRD kept on uninstall, job
   assert_render "$tmp/default.yaml" rbac=exact,np=false,crd=keep,jobimage=distbelief:0.1.0
 check "all-options render: RBAC + networkpolicies patch, --network-policy on, operator NetworkPolicy" \
   assert_render "$tmp/all-on.yaml" rbac=exact+np,np=true,crd=keep
-check "crds.keep=false render: CRD without the keep annotation; jobImage passed on" \
-  assert_render "$tmp/variant.yaml" crd=plain,jobimage=example.org/distbelief:9.9
+check "crds.keep=false/watchNamespace render: CRD without the keep annotation; jobImage passed on; namespaced RBAC" \
+  assert_render "$tmp/variant.yaml" crd=plain,jobimage=example.org/distbelief:9.9,rbac=namespaced
 check "crds.install=false render: no CRD" assert_render "$tmp/no-crd.yaml" crd=none
 # Two operators without a leader would both reconcile every job: the chart refuses.
 refuses_leaderless() {

@@ -1038,3 +1038,151 @@ async fn kit_a_failed_partition_pod_restarts_its_replica_as_a_unit() {
     assert_eq!(all.len(), 3, "the failed pod keeps its logs: {all:?}");
     println!("kit_partitions: replica 1 restarted as a unit of 2 pods, replicaRestarts 1");
 }
+
+#[tokio::test]
+async fn kit_a_replica_pod_refused_by_a_quota_is_reported_then_created_once_it_fits() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    let Some(kit) = kit::kit("kit_quota").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-quota").await;
+    // Room for the two shards and the coordinator, none for a replica.
+    let quotas: Api<ResourceQuota> = Api::namespaced(kit.client.clone(), &ns);
+    let quota = |pods: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "small"}, "spec": {"hard": {"pods": pods}},
+        })
+    };
+    quotas
+        .patch(
+            "small",
+            &PatchParams::apply("kit-test"),
+            &Patch::Apply(quota("3")),
+        )
+        .await
+        .expect("quota created");
+    // The quota admits nothing until its controller has counted.
+    wait_for(Duration::from_secs(30), "the quota's status", || async {
+        let q = quotas.get("small").await.ok()?;
+        q.status?.hard?.contains_key("pods").then_some(())
+    })
+    .await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    create_job(&kit, &ns, &example_job("fm")).await;
+    servers_ready(&kit, &ns, "fm", 2).await;
+
+    let refused = wait_for(
+        Duration::from_secs(60),
+        "a PodCreationRefused condition",
+        || async {
+            let st = status(&kit, &ns, "fm").await;
+            st["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "PodCreationRefused" && c["status"] == "True")
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(refused["reason"], "Forbidden", "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeded quota: small"),
+        "{refused}"
+    );
+    let events: Api<Event> = Api::namespaced(kit.client.clone(), &ns);
+    let note = wait_for(
+        Duration::from_secs(30),
+        "a PodCreationRefused event",
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("PodCreationRefused"))?
+                .note
+        },
+    )
+    .await;
+    assert!(
+        note.contains("(Forbidden)") && note.contains("exceeded quota: small"),
+        "{note}"
+    );
+    // The operator asks again every second (the kit's backoff); over five
+    // seconds of refusals no budget is used and no attempt moves.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let st = status(&kit, &ns, "fm").await;
+    assert_eq!(st["replicaRestarts"], 0, "{st}");
+    assert_eq!(st["replicaReschedules"], 0, "{st}");
+    let states = st["replicas"].as_array().expect("replica states");
+    assert_eq!(states.len(), 2, "{st}");
+    let mut refusals = 0;
+    for r in states {
+        assert_eq!(r["attempt"], 0, "{r}");
+        refusals += r["creationRefused"]["refusals"].as_u64().unwrap_or(0);
+    }
+    assert!(refusals >= 4, "asked again with backoff: {st}");
+    assert!(
+        pod_names(&kit, &ns, "distbelief.dev/role=replica")
+            .await
+            .is_empty()
+    );
+
+    // Raised: the same attempts are created, and the condition clears.
+    quotas
+        .patch(
+            "small",
+            &PatchParams::apply("kit-test"),
+            &Patch::Apply(quota("10")),
+        )
+        .await
+        .expect("quota raised");
+    let raised = Instant::now();
+    let mut replicas = wait_for(Duration::from_secs(60), "two replica pods", || async {
+        let n = pod_names(&kit, &ns, "distbelief.dev/role=replica").await;
+        (n.len() == 2).then_some(n)
+    })
+    .await;
+    let took = raised.elapsed();
+    replicas.sort();
+    assert_eq!(replicas, ["fm-replica-0-0", "fm-replica-1-0"]);
+    for r in &replicas {
+        make_ready(&kit, &ns, r).await;
+    }
+    let st = wait_for(Duration::from_secs(30), "phase Running", || async {
+        let st = status(&kit, &ns, "fm").await;
+        (st["phase"] == "Running").then_some(st)
+    })
+    .await;
+    let cleared = st["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodCreationRefused")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (cleared["status"].as_str(), cleared["reason"].as_str()),
+        (Some("False"), Some("PodsCreated")),
+        "{st}"
+    );
+    assert_eq!(st["replicaRestarts"], 0, "{st}");
+    assert_eq!(st["replicaReschedules"], 0, "{st}");
+    assert!(
+        st["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r.get("creationRefused").is_none()),
+        "{st}"
+    );
+    println!(
+        "kit_quota: {refusals} refusals over the wait, 0 restarts, 0 reschedules; replicas created {:.1} s after the quota was raised",
+        took.as_secs_f64()
+    );
+}

@@ -321,3 +321,49 @@ fn each_validation_failure_is_reported_with_its_message() {
         }
     }
 }
+
+/// (period, timeout, failures) of a container's liveness probe, and whether
+/// a startup probe guards it.
+fn liveness(c: &k8s_openapi::api::core::v1::Container) -> (i32, i32, i32, bool) {
+    let p = c.liveness_probe.as_ref().expect("a liveness probe");
+    assert!(
+        p.initial_delay_seconds.is_none(),
+        "the startup probe waits instead"
+    );
+    (
+        p.period_seconds.unwrap(),
+        p.timeout_seconds.unwrap(),
+        p.failure_threshold.unwrap(),
+        c.startup_probe.is_some(),
+    )
+}
+
+#[test]
+fn an_unreplicated_shard_survives_a_hiccup_that_a_replicated_member_does_not() {
+    let cfg = common::config();
+    let mut job = common::job("fmnist");
+    let shard = |job: &distbelief_api::DistBeliefJob| {
+        let t = children::target(job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+        let c = children::children(&t).expect("children");
+        let pod = c.ps_stateful_set.spec.unwrap().template.spec.unwrap();
+        let coordinator = c.coordinator_pod.unwrap().spec.unwrap();
+        let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
+        (
+            liveness(&pod.containers[0]),
+            liveness(&coordinator.containers[0]),
+            liveness(&replica.spec.unwrap().containers[0]),
+        )
+    };
+    let (ps, coordinator, replica) = shard(&job);
+    // Killed only after 30 s without an answer: a 3 s hiccup is survived.
+    assert_eq!(ps, (5, 3, 6, true));
+    assert_eq!(coordinator, (5, 3, 3, true));
+    assert_eq!(replica, (1, 1, 3, true));
+    job.spec.parameter_servers.replication = 2;
+    let (member, _, _) = shard(&job);
+    assert_eq!(
+        member,
+        (1, 1, 3, true),
+        "the chain goes on without a member"
+    );
+}

@@ -57,6 +57,73 @@ pub(super) fn tcp_ready(port: &str) -> Probe {
     }
 }
 
+/// How often /healthz is asked, how long an answer may take, and how many
+/// misses in a row fail the probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Timing {
+    pub period: i32,
+    pub timeout: i32,
+    pub failures: i32,
+}
+
+/// Until /healthz first answers (the process starts and binds its metrics
+/// port, which it does before restoring a checkpoint or loading data) the
+/// liveness probe waits; a process that has not answered within a minute
+/// does not start.
+pub(super) const STARTUP: Timing = Timing {
+    period: 1,
+    timeout: 1,
+    failures: 60,
+};
+
+/// Restarting an unreplicated shard loses every push since its last
+/// checkpoint (30 s apart by default) and stalls every replica while it
+/// restores; surviving a hiccup loses nothing, since replicas retry their
+/// pushes. So it is killed only after 30 s without an answer: a CPU-throttled
+/// or I/O-stalled node (a checkpoint's fsync) recovers well within that. The
+/// heartbeat behind /healthz already allows 60 s for a long step.
+pub(super) const UNREPLICATED_SHARD: Timing = Timing {
+    period: 5,
+    timeout: 3,
+    failures: 6,
+};
+
+/// A replicated shard's member, or a replica, is lost cheaply: the chain
+/// goes on without the member and no acknowledged push is lost, and a
+/// replica loses at most its unpushed steps. A frozen one holds its chain
+/// or its data back, so it goes within about 3 s.
+pub(super) const FAST: Timing = Timing {
+    period: 1,
+    timeout: 1,
+    failures: 3,
+};
+
+/// Shards and replicas train on without the coordinator for a while, and a
+/// restarted coordinator starts its tracking again: 15 s.
+pub(super) const COORDINATOR: Timing = Timing {
+    period: 5,
+    timeout: 3,
+    failures: 3,
+};
+
+/// /healthz fails once the role's main loop has stopped beating, and a
+/// frozen process does not answer at all. A stuck process ignores SIGTERM,
+/// so the grace before SIGKILL is short.
+fn healthz(t: Timing) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/healthz".into()),
+            port: IntOrString::String("metrics".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(t.period),
+        timeout_seconds: Some(t.timeout),
+        failure_threshold: Some(t.failures),
+        termination_grace_period_seconds: Some(2),
+        ..Default::default()
+    }
+}
+
 fn port(name: &str, number: u16) -> ContainerPort {
     ContainerPort {
         name: Some(name.into()),
@@ -66,6 +133,14 @@ fn port(name: &str, number: u16) -> ContainerPort {
 }
 
 impl Target<'_> {
+    pub(super) fn liveness(&self, role: &str) -> Timing {
+        match role {
+            "ps" if self.job.spec.parameter_servers.replication <= 1 => UNREPLICATED_SHARD,
+            "coordinator" => COORDINATOR,
+            _ => FAST,
+        }
+    }
+
     /// The container every role runs. `role` is also the subcommand, except
     /// that a replica runs `worker`.
     pub(super) fn container(
@@ -106,25 +181,8 @@ impl Target<'_> {
                 ..Default::default()
             }),
             resources,
-            // /healthz fails once the role's main loop has stopped beating,
-            // and a frozen process does not answer at all: either way it is
-            // restarted (or, for a replica, fails and is replaced by the
-            // operator) within about 3 s of its last answer, as the local
-            // runtime does. A stuck process ignores SIGTERM, so the grace
-            // before SIGKILL is short.
-            liveness_probe: Some(Probe {
-                http_get: Some(HTTPGetAction {
-                    path: Some("/healthz".into()),
-                    port: IntOrString::String("metrics".into()),
-                    ..Default::default()
-                }),
-                initial_delay_seconds: Some(10),
-                period_seconds: Some(1),
-                timeout_seconds: Some(1),
-                failure_threshold: Some(3),
-                termination_grace_period_seconds: Some(2),
-                ..Default::default()
-            }),
+            startup_probe: Some(healthz(STARTUP)),
+            liveness_probe: Some(healthz(self.liveness(role))),
             ..Default::default()
         }
     }
