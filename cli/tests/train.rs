@@ -790,3 +790,34 @@ fn a_resumed_run_loses_no_acknowledged_push_and_goes_on_learning() {
 fn a_resumed_run_whose_replica_had_restarted_loses_nothing() {
     stop_and_resume("resume-restarted", true);
 }
+
+/// A resumed run whose job file changes a field that fixes the shards'
+/// layout is refused, with the message the API server gives for the same
+/// change, before anything starts.
+#[test]
+fn a_resume_that_changes_the_layout_is_refused_with_the_api_servers_message() {
+    let yaml = job("resume-changed");
+    let mut first = Run::start_with(yaml.clone(), &[]);
+    first.wait_for_log(
+        "logs/worker-0.log",
+        "parameters fetched; training",
+        Duration::from_secs(60),
+    );
+    first.interrupt(Duration::from_secs(30));
+    let changed = yaml.replace(
+        "parameterServers: {shards: 2, maxRestarts: 2}",
+        "parameterServers: {shards: 2, replication: 2, maxRestarts: 2}",
+    );
+    let mut second = Run::resume(&first, changed, &[]);
+    let status = second.child.wait().expect("wait");
+    assert!(!status.success());
+    let err = second.stderr();
+    assert!(
+        err.contains("spec.parameterServers.replication cannot change after the job is created"),
+        "{err}"
+    );
+    assert!(
+        !second.run_dir().join("checkpoints/member-0").exists(),
+        "nothing started"
+    );
+}

@@ -89,6 +89,7 @@ impl Runtime {
         let logs = out.join("logs");
         std::fs::create_dir_all(&logs)
             .with_context(|| format!("cannot create {}", logs.display()))?;
+        keep_job_file(job, args, out)?;
         let checkpoints = match &job.spec.checkpoint.dir {
             Some(d) => PathBuf::from(d),
             None => {
@@ -674,6 +675,37 @@ impl Runtime {
             p.stop(grace);
         }
     }
+}
+
+/// The job file a run directory was made by, kept beside it.
+const JOB_FILE: &str = "job.yaml";
+
+/// Keeps the job file in the run directory; a resumed run first checks that
+/// the job changes none of the fields that fix the shards' layout and
+/// state, with the messages the API server gives for the same change.
+fn keep_job_file(job: &Job, args: &TrainArgs, out: &Path) -> anyhow::Result<()> {
+    let kept = out.join(JOB_FILE);
+    if args.resume && kept.exists() {
+        let before = distbelief_api::load_job(&kept.display().to_string()).with_context(|| {
+            format!(
+                "cannot read the job this run directory was made by ({})",
+                kept.display()
+            )
+        })?;
+        let changes = distbelief_api::admission::immutable_changes(&before.spec, &job.spec);
+        if !changes.is_empty() {
+            let list: Vec<String> = changes.into_iter().map(|(_, m)| m).collect();
+            bail!(
+                "{} changes what the run in {} cannot resume with: {}",
+                args.job,
+                out.display(),
+                list.join("; ")
+            );
+        }
+    }
+    let text =
+        std::fs::read_to_string(&args.job).with_context(|| format!("cannot read {}", args.job))?;
+    std::fs::write(&kept, text).with_context(|| format!("cannot write {}", kept.display()))
 }
 
 /// A restart budget and how to word a restart against it.
