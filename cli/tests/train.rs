@@ -185,24 +185,7 @@ impl Run {
             .status()
             .expect("kill");
         assert!(status.success());
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("wait") {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "distbelief train did not stop within {timeout:?} of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let mut out = String::new();
-        self.child
-            .stdout
-            .take()
-            .expect("stdout")
-            .read_to_string(&mut out)
-            .expect("read stdout");
+        let (status, out) = self.exit(timeout, "stop after SIGTERM");
         assert_eq!(status.code(), Some(130), "{}", self.stderr());
         let summary: serde_json::Value =
             serde_json::from_str(out.lines().last().expect("a summary line")).expect("JSON");
@@ -210,8 +193,8 @@ impl Run {
         summary
     }
 
-    /// Waits for the run to end and returns its last stdout line, parsed.
-    fn finish(&mut self, timeout: Duration) -> serde_json::Value {
+    /// Waits for the run to end; returns its exit status and stdout.
+    fn exit(&mut self, timeout: Duration, what: &str) -> (std::process::ExitStatus, String) {
         let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(s) = self.child.try_wait().expect("wait") {
@@ -219,7 +202,7 @@ impl Run {
             }
             assert!(
                 Instant::now() < deadline,
-                "distbelief train did not finish within {timeout:?}"
+                "distbelief train did not {what} within {timeout:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         };
@@ -230,6 +213,12 @@ impl Run {
             .expect("stdout")
             .read_to_string(&mut out)
             .expect("read stdout");
+        (status, out)
+    }
+
+    /// Waits for the run to end and returns its last stdout line, parsed.
+    fn finish(&mut self, timeout: Duration) -> serde_json::Value {
+        let (status, out) = self.exit(timeout, "finish");
         assert!(
             status.success(),
             "distbelief train failed ({status}); stdout:\n{out}"

@@ -8,9 +8,9 @@
 //! applied only as the push that makes exactly its version, once.
 
 use distbelief_proto::v1::GradientChunk;
-use distbelief_proto::v1::GradientEncoding;
-use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushId, PushOutcome};
-use distbelief_ps::{Shard, lineage::Stamp};
+use distbelief_ps::Shard;
+use distbelief_ps::shard::{PushAssembly, PushOutcome};
+use distbelief_ps_server::{chunk_header as header, chunk_payload as payload};
 
 use crate::checkpoint::RANGE;
 use crate::frames::{messages, options};
@@ -19,35 +19,6 @@ use crate::push::{shard, snapshot};
 /// The member's view: chain epoch 5, headed since epoch 3, not the head.
 const CHAIN_EPOCH: u64 = 5;
 const HEAD_SINCE: u64 = 3;
-
-/// The service's reading of a chunk (`ps-server`'s `header`).
-pub(crate) fn header(c: &GradientChunk) -> PushHeader {
-    PushHeader {
-        shard: c.shard,
-        id: PushId {
-            replica: c.replica,
-            incarnation: c.incarnation,
-            sequence: c.sequence,
-            base: Stamp::new(c.base_shard_epoch, c.base_version),
-            steps: c.steps.max(1),
-            fence: c.fence,
-            average: c.average,
-            grant: c.grant,
-        },
-    }
-}
-
-/// The service's reading of a chunk's values (`ps-server`'s `payload`).
-pub(crate) fn payload(c: &GradientChunk) -> Payload<'_> {
-    match c.encoding() {
-        GradientEncoding::Dense => Payload::Dense(&c.values),
-        GradientEncoding::ThresholdSigns => Payload::ThresholdSigns {
-            words: &c.values,
-            threshold: c.threshold,
-            length: c.length,
-        },
-    }
-}
 
 /// One forward: assembled, checked against the chain, applied in order.
 /// Returns the version it left the member at, or why it was refused.

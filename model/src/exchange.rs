@@ -3,7 +3,7 @@
 //! the worker) and the in-memory exchange (for tests and benchmarks) both
 //! deliver into a [`Mailbox`], so the matching and waiting live here once.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,8 +58,10 @@ pub const MAX_MESSAGE_VALUES: usize = 1 << 28;
 
 struct Pending {
     values: Vec<f32>,
-    /// Offsets of the chunks stored: a chunk delivered twice counts once.
-    chunks: BTreeSet<usize>,
+    /// The chunks stored, offset → length: a chunk delivered twice counts
+    /// once, and one that overlaps another is refused, so that `filled`
+    /// reaches the message's size only when every value has come.
+    chunks: BTreeMap<usize, usize>,
     filled: usize,
 }
 
@@ -188,7 +190,7 @@ impl Mailbox {
             .entry((from, tag))
             .or_insert_with(|| Pending {
                 values: vec![0.0; total],
-                chunks: BTreeSet::new(),
+                chunks: BTreeMap::new(),
                 filled: 0,
             });
         if pending.values.len() != total {
@@ -197,9 +199,20 @@ impl Mailbox {
                 pending.values.len()
             )));
         }
-        if !pending.chunks.insert(offset) {
+        if n == 0 || pending.chunks.get(&offset) == Some(&n) {
             return Ok(());
         }
+        let before = pending.chunks.range(..=offset).next_back();
+        let after = pending.chunks.range(offset..).next();
+        let overlaps = before.is_some_and(|(&at, &len)| at + len > offset)
+            || after.is_some_and(|(&at, _)| at < offset + n);
+        if overlaps {
+            return Err(Refusal::Malformed(format!(
+                "values {offset}..{} overlap a chunk already delivered",
+                offset + n
+            )));
+        }
+        pending.chunks.insert(offset, n);
         for (v, b) in pending.values[offset..offset + n]
             .iter_mut()
             .zip(le_bytes.chunks_exact(4))
@@ -334,6 +347,21 @@ mod tests {
         m.put(0, tag(1), 1, 4, &bytes(&[2.0, 3.0, 4.0])).unwrap();
         assert_eq!(m.take(0, tag(1)).unwrap(), [1.0, 2.0, 3.0, 4.0]);
         m.put(0, tag(3), 0, 4, &one).unwrap();
+    }
+
+    #[test]
+    fn overlapping_chunks_cannot_pass_for_a_whole_message() {
+        let m = Mailbox::new(Duration::from_millis(50));
+        m.put(1, TAG, 0, 4, &bytes(&[1.0, 2.0])).unwrap();
+        // Values 1..3 overlap 0..2: counted, they would fill 4 of 4 and
+        // leave value 3 unset.
+        assert!(matches!(
+            m.put(1, TAG, 1, 4, &bytes(&[2.0, 3.0])),
+            Err(Refusal::Malformed(_))
+        ));
+        assert!(matches!(m.take(1, TAG), Err(ExchangeError::Silent { .. })));
+        m.put(1, TAG, 2, 4, &bytes(&[3.0, 4.0])).unwrap();
+        assert_eq!(m.take(1, TAG).unwrap(), [1.0, 2.0, 3.0, 4.0]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 pub use error::ServeError;
 pub use metrics::PsMetrics;
 pub use replication::MemberOptions;
-pub use service::ShardService;
+pub use service::{ShardService, header as chunk_header, payload as chunk_payload};
 
 /// How to run one shard.
 #[derive(Debug, Clone)]

@@ -356,7 +356,8 @@ pub(crate) struct Route {
     pub forwarded_version: u64,
 }
 
-fn header(c: &GradientChunk) -> PushHeader {
+/// The push a chunk says it belongs to.
+pub fn header(c: &GradientChunk) -> PushHeader {
     PushHeader {
         shard: c.shard,
         id: PushId {
@@ -372,7 +373,8 @@ fn header(c: &GradientChunk) -> PushHeader {
     }
 }
 
-fn payload(c: &GradientChunk) -> Payload<'_> {
+/// A chunk's values, as its encoding says.
+pub fn payload(c: &GradientChunk) -> Payload<'_> {
     match c.encoding() {
         GradientEncoding::Dense => Payload::Dense(&c.values),
         GradientEncoding::ThresholdSigns => Payload::ThresholdSigns {
