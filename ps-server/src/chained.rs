@@ -196,7 +196,7 @@ impl ShardService {
             let _ = m.ask(ChainRequestKind::Poll, 0).await;
             chain = m.chain();
         }
-        let Some(chain) = chain.filter(|c| c.members.contains(&m.me)) else {
+        let Some(chain) = chain.filter(|c| m.joined() && c.members.contains(&m.me)) else {
             return Err(Status::failed_precondition(format!(
                 "member {} of shard {} is not in its chain",
                 m.me, m.shard
@@ -339,6 +339,7 @@ impl ShardService {
             fresh.average_weight = s.average_weight;
             fresh.sync = s.sync.clone();
             *s = fresh;
+            m.holds_the_state();
             if let Some(log) = &self.push_log
                 && let Err(e) = lock(log).write(&audit::install_line(from, s.stamp()))
             {

@@ -78,6 +78,10 @@ pub struct Membership {
     head_since: Mutex<u64>,
     /// One task per other member, sending it the head's pushes in order.
     forwarders: Mutex<HashMap<u32, mpsc::UnboundedSender<Job>>>,
+    /// This process holds the chain's state: it joined as head with its
+    /// own, or took the head's. Until then a chain that lists this member
+    /// lists the process it replaced, and this one serves nothing.
+    joined: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -123,6 +127,7 @@ impl Membership {
             chain: Mutex::new(None),
             head_since: Mutex::new(0),
             forwarders: Mutex::new(HashMap::new()),
+            joined: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -135,11 +140,20 @@ impl Membership {
     }
 
     pub fn is_head(&self) -> bool {
-        self.head() == Some(self.me)
+        self.joined() && self.head() == Some(self.me)
     }
 
     pub fn in_chain(&self) -> bool {
-        self.chain().is_some_and(|c| c.members.contains(&self.me))
+        self.joined() && self.chain().is_some_and(|c| c.members.contains(&self.me))
+    }
+
+    pub(crate) fn joined(&self) -> bool {
+        self.joined.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// This process now holds the chain's state (see `joined`).
+    pub fn holds_the_state(&self) {
+        self.joined.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Takes a newer chain; an answer that arrives after a newer one is
@@ -249,6 +263,8 @@ impl Membership {
             member = self.me,
             "leaving the chain to catch up again: {why}"
         );
+        self.joined
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         *self.chain.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
@@ -297,13 +313,16 @@ impl Membership {
     /// Sends a push the head applied to member `to`. Slow is not dead: a
     /// forward the member refused as busy, or did not answer in time, goes
     /// again while the member still answers `Info` (which never waits on
-    /// its lock), for up to [`SLOW_MEMBER_PATIENCE`]; a repeat of a forward
-    /// it applied is recognised and applied once.
+    /// its lock) and, after a second deadline, only if its version moved
+    /// meanwhile (a member waiting for a push that will never come is not
+    /// slow), for up to [`SLOW_MEMBER_PATIENCE`]. A repeat of a forward it
+    /// applied is recognised and applied once.
     pub async fn forward(&self, to: u32, chunks: Vec<GradientChunk>) -> Result<(), Status> {
         let Some((_, client)) = self.peers.get(to as usize) else {
             return Err(Status::internal(format!("no member {to}")));
         };
         let give_up = tokio::time::Instant::now() + SLOW_MEMBER_PATIENCE;
+        let mut seen: Option<u64> = None;
         loop {
             let mut c = client.clone();
             let sent =
@@ -322,9 +341,18 @@ impl Membership {
                 e.code(),
                 tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded
             );
-            if !slow || tokio::time::Instant::now() >= give_up || !self.answers(to).await {
+            if !slow || tokio::time::Instant::now() >= give_up {
                 return Err(e);
             }
+            let Some(version) = self.version_of(to).await else {
+                return Err(e);
+            };
+            let stuck = e.code() == tonic::Code::DeadlineExceeded
+                && seen.is_some_and(|before| version <= before);
+            if stuck {
+                return Err(e);
+            }
+            seen = Some(version);
             tracing::info!(
                 shard = self.shard,
                 member = to,
@@ -333,17 +361,16 @@ impl Membership {
         }
     }
 
-    /// Whether member `to` answers `Info` within [`ALIVE_DEADLINE`].
-    async fn answers(&self, to: u32) -> bool {
-        let Some((_, client)) = self.peers.get(to as usize) else {
-            return false;
-        };
+    /// Member `to`'s version, if it answers `Info` within [`ALIVE_DEADLINE`].
+    async fn version_of(&self, to: u32) -> Option<u64> {
+        let (_, client) = self.peers.get(to as usize)?;
         let mut c = client.clone();
-        matches!(
-            tokio::time::timeout(ALIVE_DEADLINE, c.info(distbelief_proto::v1::InfoRequest {}))
-                .await,
-            Ok(Ok(_))
-        )
+        let info =
+            tokio::time::timeout(ALIVE_DEADLINE, c.info(distbelief_proto::v1::InfoRequest {}));
+        match info.await {
+            Ok(Ok(i)) => Some(i.into_inner().version),
+            _ => None,
+        }
     }
 
     /// Sends this (head) member's state to member `to`.
@@ -395,6 +422,7 @@ impl Membership {
                 continue;
             };
             if head == self.me {
+                self.holds_the_state();
                 tracing::info!(
                     shard = self.shard,
                     member = self.me,

@@ -559,3 +559,33 @@ async fn a_restarted_coordinator_keeps_the_chain_and_a_restarted_member_catches_
     }
     assert_eq!((m.version(chain[0]).await, m.version(back).await), (4, 4));
 }
+
+/// A member process that dies and is back before anyone noticed finds
+/// itself listed in the chain, as the process it replaced. It is not that
+/// process: it serves nothing and refuses forwards until it has joined and
+/// caught up, so the head takes it out at once and acknowledges the push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_before_anyone_noticed_catches_up_and_stalls_nothing() {
+    let mut m = Members::start().await;
+    let (_, chain) = m.chain_of(2).await;
+    let n = m.job.layout.len();
+    let mut c = m.client();
+    for seq in 1..=3 {
+        push(&mut c, seq, n).await;
+    }
+    let back = chain[1];
+    m.kill(back);
+    m.restart(back).await;
+    let took = push(&mut c, 4, n).await;
+    assert!(took < Duration::from_secs(3), "push 4 took {took:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, now) = m.chain_of(2).await;
+        if now == chain && m.version(back).await == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member {back} never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(m.version(chain[0]).await, 4);
+}
