@@ -247,6 +247,17 @@ pub struct CoordinatorArgs {
     /// The PersistentVolumeClaim holding --output-dir, reported in status.
     #[arg(long, env = "DISTBELIEF_OUTPUT_CLAIM")]
     pub output_claim: Option<String>,
+    /// Save the tracker's state (seconds, examples, evaluations, races) in
+    /// this file, and go on from it when it is there at start.
+    #[arg(long, env = "DISTBELIEF_STATE_FILE")]
+    pub state_file: Option<PathBuf>,
+    /// On Kubernetes: save the tracker's state in this ConfigMap (made by
+    /// the operator), and go on from it when it holds one at start.
+    #[arg(long, env = "DISTBELIEF_STATE_CONFIGMAP")]
+    pub state_configmap: Option<String>,
+    /// On Kubernetes: the job's uid; a state saved for another job is ignored.
+    #[arg(long, env = "DISTBELIEF_JOB_UID")]
+    pub job_uid: Option<String>,
 }
 
 #[derive(Args)]

@@ -166,6 +166,22 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             }),
             None => None,
         };
+        use distbelief_coordinator::persist::StateStore;
+        let state = match (&a.state_file, &a.state_configmap, &publish) {
+            (Some(_), Some(_), _) => {
+                anyhow::bail!("give --state-file or --state-configmap, not both")
+            }
+            (Some(f), None, _) => Some(StateStore::File(f.clone())),
+            (None, Some(name), Some(target)) => Some(StateStore::ConfigMap(
+                distbelief_coordinator::kubernetes::StateTarget {
+                    client: target.client.clone(),
+                    namespace: target.namespace.clone(),
+                    name: name.clone(),
+                },
+            )),
+            (None, Some(_), None) => anyhow::bail!("--state-configmap needs --publish-status"),
+            (None, None, _) => None,
+        };
         let opts = distbelief_coordinator::CoordinatorOptions {
             shards: a.shards.clone(),
             rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
@@ -179,6 +195,8 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
                     volume_claim_name: a.output_claim.clone(),
                 }),
             heartbeat: Default::default(),
+            state,
+            job_uid: a.job_uid.clone().unwrap_or_default(),
         };
         let registry = registry("coordinator", None)?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;

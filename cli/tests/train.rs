@@ -554,11 +554,11 @@ fn a_frozen_shard_is_detected_within_5_s_and_replaced() {
 }
 
 /// The chaos of issue 12: 2 shards, 3 replicas, a replica killed every 10 s
-/// and a shard process killed or frozen every 20 s, within 3 minutes. The
-/// replicas are slowed, and learn slowly, so that the run outlasts several
-/// faults (here about 45 s to the target; at 0.01 it took under 20 s, and
-/// no shard fault came).
-fn chaos_run(name: &str, replication: u32) -> serde_json::Value {
+/// and a shard process killed or frozen every 20 s, within 3 minutes, and
+/// `more` chaos beside. The replicas are slowed, and learn slowly, so that
+/// the run outlasts several faults (here about 45 s to the target; at 0.01
+/// it took under 20 s, and no shard fault came).
+fn chaos_run(name: &str, replication: u32, more: &str) -> serde_json::Value {
     // The two chaos runs take a minute each; side by side on 2 cores they
     // would crowd each other past their bound.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -578,7 +578,8 @@ spec:
   faults: {{slowReplicas: [{{replica: 0, factor: 100}}, {{replica: 1, factor: 100}}, {{replica: 2, factor: 100}}]}}
 "
     );
-    let mut run = Run::start_with(yaml, &["--chaos", "replica=10s,shard=20s,for=170s,seed=5"]);
+    let chaos = format!("replica=10s,shard=20s,for=170s,seed=5{more}");
+    let mut run = Run::start_with(yaml, &["--chaos", &chaos]);
     let s = run.finish(Duration::from_secs(180));
     assert_eq!(s["outcome"], "finished", "{s}");
     assert_eq!(s["stop_reason"], "target_reached", "{s}");
@@ -602,13 +603,34 @@ spec:
         Some(chaos["shards_killed"].as_u64().unwrap() + chaos["shards_frozen"].as_u64().unwrap()),
         "{s}"
     );
-    assert_eq!(s["unresponsive_killed"], chaos["shards_frozen"], "{s}");
+    let n = |k: &str| chaos[k].as_u64().unwrap_or_else(|| panic!("no {k}: {s}"));
+    assert_eq!(
+        s["unresponsive_killed"].as_u64(),
+        Some(n("shards_frozen") + n("coordinator_frozen")),
+        "{s}"
+    );
+    assert_eq!(
+        s["coordinator_restarts"].as_u64(),
+        Some(n("coordinator_killed") + n("coordinator_frozen")),
+        "{s}"
+    );
+    assert_eq!(s["progress_regressions"], 0, "{s}");
     s
 }
 
 #[test]
-fn chaos_with_replication_2_loses_no_acknowledged_push_and_applies_none_twice() {
-    let s = chaos_run("chaos-r2", 2);
+fn chaos_with_replication_2_and_a_killed_and_frozen_coordinator_loses_no_acknowledged_push_and_applies_none_twice()
+ {
+    // The coordinator too: killed at 10 s and 20 s, frozen at 30 s.
+    let s = chaos_run("chaos-r2", 2, ",coordinator=10s");
+    assert!(
+        s["chaos"]["coordinator_killed"].as_u64().unwrap() >= 2,
+        "{s}"
+    );
+    assert!(
+        s["chaos"]["coordinator_frozen"].as_u64().unwrap() >= 1,
+        "{s}"
+    );
     let (acknowledged, applied, lost, duplicated) = audit(&s);
     assert!(acknowledged > 0, "{s}");
     assert_eq!((lost, duplicated), (0, 0), "{s}");
@@ -620,7 +642,7 @@ fn chaos_with_replication_2_loses_no_acknowledged_push_and_applies_none_twice() 
 /// figure is printed, not judged; nothing may be applied twice.
 #[test]
 fn the_same_chaos_without_replication_shows_what_replication_saves() {
-    let s = chaos_run("chaos-r1", 1);
+    let s = chaos_run("chaos-r1", 1, "");
     let (acknowledged, _, lost, duplicated) = audit(&s);
     assert!(acknowledged > 0, "{s}");
     assert_eq!(duplicated, 0, "{s}");

@@ -54,7 +54,10 @@ impl Evaluator {
                 let t = shared.tracker();
                 (t.has_started(), t.is_done(), t.limit_reached(shared.now()))
             };
-            if done {
+            // A coordinator restored after the job finished but before its
+            // model was saved evaluates once more, to save it.
+            let unsaved = shared.output.is_some() && *shared.saved() == Saved::Pending;
+            if done && !unsaved {
                 return;
             }
             if started {

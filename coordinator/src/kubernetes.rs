@@ -2,14 +2,15 @@
 //! `status.progress`, with server-side apply under its own field manager;
 //! its ServiceAccount may patch that one job's status and nothing else.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use distbelief_api::{DistBeliefJob, Progress};
+use distbelief_proto::v1::{JobStatus, TrackerState};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::Shared;
+use crate::persist::LoadError;
 use crate::publish::progress;
 
 pub const FIELD_MANAGER: &str = "distbelief-coordinator";
@@ -46,29 +47,96 @@ pub async fn apply(target: &StatusTarget, progress: &Progress) -> Result<(), kub
     .map(|_| ())
 }
 
-/// Publishes every `every` while progress changes, and the final progress
-/// until it lands: the operator finishes the job when it reads `done`.
-pub(crate) async fn publish_loop(shared: Arc<Shared>, target: StatusTarget, every: Duration) {
-    let mut last: Option<Progress> = None;
-    loop {
-        tokio::time::sleep(every).await;
-        let p = {
-            let now = shared.now();
-            let status = shared.status(now);
-            let mut p = progress(&status, &shared.shards());
-            if let crate::output::Saved::Written(m) = &*shared.saved() {
-                p.model = Some(m.clone());
-            }
-            p
-        };
-        if last.as_ref() == Some(&p) {
-            continue;
+/// Publishes progress when it changes, and the final progress until it
+/// lands: the operator finishes the job when it reads `done`.
+pub(crate) struct Publisher {
+    target: StatusTarget,
+    last: Option<Progress>,
+    last_try: Option<std::time::Instant>,
+}
+
+impl Publisher {
+    pub fn new(target: StatusTarget) -> Self {
+        tracing::info!(job = ?target, "writing progress to the job's status");
+        Publisher {
+            target,
+            last: None,
+            last_try: None,
         }
-        match apply(&target, &p).await {
-            Ok(()) => last = Some(p),
+    }
+
+    /// Whether `every` has passed since the last try.
+    pub fn due(&self, every: std::time::Duration) -> bool {
+        self.last_try.is_none_or(|t| t.elapsed() >= every)
+    }
+
+    pub async fn publish(&mut self, shared: &Shared, status: &JobStatus) {
+        let mut p = progress(status, &shared.shards());
+        if let crate::output::Saved::Written(m) = &*shared.saved() {
+            p.model = Some(m.clone());
+        }
+        if self.last.as_ref() == Some(&p) {
+            return;
+        }
+        self.last_try = Some(std::time::Instant::now());
+        match apply(&self.target, &p).await {
+            Ok(()) => self.last = Some(p),
             Err(e) => {
-                tracing::warn!(job = ?target, "cannot write progress to status, will retry: {e}")
+                tracing::warn!(job = ?self.target, "cannot write progress to status, will retry: {e}")
             }
         }
     }
+}
+
+/// The ConfigMap the operator makes for the job's tracker state; the
+/// coordinator may read and patch that one object.
+#[derive(Clone)]
+pub struct StateTarget {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Debug for StateTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "configmap {}/{}", self.namespace, self.name)
+    }
+}
+
+/// The key under `binaryData` that holds the encoded `TrackerState`.
+pub const STATE_KEY: &str = "tracker.pb";
+
+pub(crate) async fn load_state(t: &StateTarget) -> Result<Option<TrackerState>, LoadError> {
+    let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), &t.namespace);
+    // Not found is worth waiting for too: the operator makes the ConfigMap
+    // before the coordinator pod, but a job recreated under the same name
+    // may still see the old one go.
+    let cm = api
+        .get(&t.name)
+        .await
+        .map_err(|e| LoadError::Unavailable(format!("{t:?}: {e}")))?;
+    match cm.binary_data.as_ref().and_then(|d| d.get(STATE_KEY)) {
+        None => Ok(None),
+        Some(bytes) => crate::persist::decode(&bytes.0)
+            .map(Some)
+            .map_err(|e| LoadError::Invalid(format!("{t:?}: {e}"))),
+    }
+}
+
+pub(crate) async fn save_state(t: &StateTarget, bytes: Vec<u8>) -> Result<(), String> {
+    let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), &t.namespace);
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": t.name},
+        "binaryData": {STATE_KEY: ByteString(bytes)},
+    });
+    api.patch(
+        &t.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| format!("{t:?}: {e}"))
 }

@@ -10,6 +10,7 @@ pub mod kubernetes;
 pub mod lbfgs;
 mod metrics;
 pub mod output;
+pub mod persist;
 pub mod portions;
 pub mod publish;
 pub mod sandblaster;
@@ -46,6 +47,8 @@ pub enum CoordinatorError {
     Transport(#[from] tonic::transport::Error),
     #[error("replication: {0}")]
     Chains(String),
+    #[error("{0}")]
+    State(String),
 }
 
 impl CoordinatorError {
@@ -57,6 +60,7 @@ impl CoordinatorError {
             CoordinatorError::Metrics(_) => "metrics",
             CoordinatorError::Transport(_) => "transport",
             CoordinatorError::Chains(_) => "chains",
+            CoordinatorError::State(_) => "state",
         }
     }
 }
@@ -74,6 +78,11 @@ pub struct CoordinatorOptions {
     pub output: Option<output::OutputTarget>,
     /// Beaten while the job's tracker can be locked.
     pub heartbeat: distbelief_net::Heartbeat,
+    /// Where the tracker's state is saved and, at start, restored from.
+    pub state: Option<persist::StateStore>,
+    /// On Kubernetes, the job's uid: a state saved for another job of the
+    /// same name is not restored.
+    pub job_uid: String,
 }
 
 impl CoordinatorOptions {
@@ -87,6 +96,8 @@ impl CoordinatorOptions {
             publish: None,
             output: None,
             heartbeat: Default::default(),
+            state: None,
+            job_uid: String::new(),
         }
     }
 }
@@ -96,6 +107,14 @@ struct Shared {
     /// Each shard's version and restore, from the last evaluation.
     shards: Mutex<Vec<ShardProgress>>,
     clock: Instant,
+    /// Seconds on the clock when this coordinator started: a restored one
+    /// continues the saved state's clock, so its times stay comparable.
+    clock_base: f64,
+    #[cfg(feature = "kubernetes")]
+    publish: Option<kubernetes::StatusTarget>,
+    /// With a state store: the status of the last state saved, which is all
+    /// anyone is shown, so that a restart never takes back what was shown.
+    shown: Mutex<Option<JobStatus>>,
     output: Option<output::OutputTarget>,
     saved: Mutex<Saved>,
     /// Set when the job runs Sandblaster.
@@ -108,7 +127,7 @@ struct Shared {
 
 impl Shared {
     fn now(&self) -> f64 {
-        self.clock.elapsed().as_secs_f64()
+        self.clock_base + self.clock.elapsed().as_secs_f64()
     }
     fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
         self.tracker.lock().unwrap_or_else(|p| p.into_inner())
@@ -119,7 +138,24 @@ impl Shared {
     /// The tracker's status, except that a job with an output is done only
     /// once its model is saved: whoever stops the shards waits for `done`.
     fn status(&self, now: f64) -> JobStatus {
-        let mut s = self.tracker().status(now);
+        let s = self.tracker().status(now);
+        self.finish_status(s)
+    }
+    /// What the Status call answers: the last saved status when the state
+    /// is kept, else the tracker's now.
+    fn shown(&self, now: f64) -> JobStatus {
+        let shown = self.shown.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        shown.unwrap_or_else(|| self.status(now))
+    }
+    /// The tracker's state to save and the status it shows, from one look.
+    fn state_and_status(&self, now: f64) -> (distbelief_proto::v1::TrackerState, JobStatus) {
+        let (state, status) = {
+            let t = self.tracker();
+            (t.save(now), t.status(now))
+        };
+        (state, self.finish_status(status))
+    }
+    fn finish_status(&self, mut s: JobStatus) -> JobStatus {
         if self.output.is_some() && *self.saved() == Saved::Pending {
             s.done = false;
         }
@@ -157,7 +193,7 @@ impl Coordinator for Service {
 
     async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
         let now = self.shared.now();
-        Ok(Response::new(self.shared.status(now)))
+        Ok(Response::new(self.shared.shown(now)))
     }
 
     async fn next_portion(
@@ -222,17 +258,43 @@ pub async fn serve(
         "coordinator serving"
     );
     let every = Duration::from_secs_f64(job.spec.stop.eval_interval_seconds);
+    let mut tracker = Tracker::new(
+        job.spec.stop.clone(),
+        job.downpour.warm_start_steps,
+        training_examples,
+    )
+    .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds));
+    let mut clock_base = 0.0;
+    let mut shown = None;
+    if let Some(store) = &opts.state {
+        if let Some(saved) = store
+            .load_patiently(&opts.job_uid)
+            .await
+            .map_err(CoordinatorError::State)?
+        {
+            tracker.restore(&saved).map_err(|e| {
+                CoordinatorError::State(format!("the saved tracker state ({store:?}): {e}"))
+            })?;
+            clock_base = saved.at;
+            let s = tracker.status(saved.at);
+            shown = Some(s.clone());
+            tracing::info!(
+                seconds = format!("{:.1}", s.train_seconds),
+                examples = s.examples,
+                evaluations = s.curve.len(),
+                done = tracker.is_done(),
+                "restored the tracker a previous coordinator saved"
+            );
+        }
+    }
     let shared = Arc::new(Shared {
-        tracker: Mutex::new(
-            Tracker::new(
-                job.spec.stop.clone(),
-                job.downpour.warm_start_steps,
-                training_examples,
-            )
-            .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds)),
-        ),
+        tracker: Mutex::new(tracker),
         shards: Mutex::new(Vec::new()),
         clock: Instant::now(),
+        clock_base,
+        #[cfg(feature = "kubernetes")]
+        publish: opts.publish.clone(),
+        shown: Mutex::new(shown),
         output: opts.output.clone(),
         saved: Mutex::new(Saved::Pending),
         portions: job
@@ -259,12 +321,24 @@ pub async fn serve(
         _ => None,
     };
     #[cfg(feature = "kubernetes")]
-    let publisher = opts.publish.clone().map(|target| {
-        tracing::info!(job = ?target, "writing progress to the job's status");
-        tokio::spawn(kubernetes::publish_loop(
+    let publishing = opts.publish.is_some();
+    #[cfg(not(feature = "kubernetes"))]
+    let publishing = false;
+    // Saved often enough that a restart loses little; published at most
+    // every 5 s, so that the API server is not written to on every tick.
+    let keeper = (opts.state.is_some() || publishing).then(|| {
+        let save_every = if publishing {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_millis(250)
+        };
+        let publish_every = Duration::from_secs(5).min(every.max(Duration::from_secs(1)));
+        tokio::spawn(persist::keep(
             shared.clone(),
-            target,
-            Duration::from_secs(5).min(every.max(Duration::from_secs(1))),
+            opts.state.clone(),
+            opts.job_uid.clone(),
+            save_every,
+            publish_every,
         ))
     });
     let beating = {
@@ -299,9 +373,8 @@ pub async fn serve(
     if let Some(d) = driver {
         d.abort();
     }
-    #[cfg(feature = "kubernetes")]
-    if let Some(p) = publisher {
-        p.abort();
+    if let Some(k) = keeper {
+        k.abort();
     }
     Ok(result?)
 }

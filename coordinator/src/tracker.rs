@@ -13,6 +13,7 @@ use distbelief_proto::v1::{
 use backup::Race;
 
 mod backup;
+mod state;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -28,6 +29,15 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    pub const ALL: [StopReason; 6] = [
+        StopReason::TargetReached,
+        StopReason::MaxEpochs,
+        StopReason::MaxSeconds,
+        StopReason::Converged,
+        StopReason::LineSearchFailed,
+        StopReason::MaxIterations,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::TargetReached => "target_reached",

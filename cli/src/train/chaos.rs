@@ -1,6 +1,7 @@
 //! Chaos mode of the local runtime (`distbelief train JOB --chaos SPEC`):
-//! for a bounded time, SIGKILL a random replica every so often and SIGKILL
-//! or SIGSTOP (freeze) a random shard every so often. The runtime then has to
+//! for a bounded time, SIGKILL a random replica every so often, SIGKILL
+//! or SIGSTOP (freeze) a random shard every so often, and kill or freeze the
+//! coordinator every so often (kill, kill, freeze, in turn). The runtime then has to
 //! notice (a frozen shard answers nothing), restart what died, and at the
 //! end the audit says whether any acknowledged push was lost or applied
 //! twice. This file only decides what to break and when; the runtime does it.
@@ -21,6 +22,7 @@ pub enum ShardFaults {
 pub struct ChaosSpec {
     pub replica_every: Option<Duration>,
     pub shard_every: Option<Duration>,
+    pub coordinator_every: Option<Duration>,
     /// Faults stop after this long; the job then runs on to its end.
     pub duration: Duration,
     pub shard_faults: ShardFaults,
@@ -56,11 +58,12 @@ fn duration(key: &str, v: &str) -> Result<Duration, String> {
 impl std::str::FromStr for ChaosSpec {
     type Err = String;
 
-    /// `replica=10s,shard=20s,for=3m[,shard-fault=kill|freeze|both][,seed=N]`.
+    /// `replica=10s,shard=20s,coordinator=30s,for=3m[,shard-fault=kill|freeze|both][,seed=N]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = ChaosSpec {
             replica_every: None,
             shard_every: None,
+            coordinator_every: None,
             duration: Duration::ZERO,
             shard_faults: ShardFaults::Both,
             seed: 1,
@@ -72,6 +75,7 @@ impl std::str::FromStr for ChaosSpec {
             match key {
                 "replica" => spec.replica_every = Some(duration(key, value)?),
                 "shard" => spec.shard_every = Some(duration(key, value)?),
+                "coordinator" => spec.coordinator_every = Some(duration(key, value)?),
                 "for" => spec.duration = duration(key, value)?,
                 "shard-fault" => {
                     spec.shard_faults = match value {
@@ -88,13 +92,18 @@ impl std::str::FromStr for ChaosSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown key {key:?}: use replica, shard, for, shard-fault, seed"
+                        "unknown key {key:?}: use replica, shard, coordinator, for, shard-fault, seed"
                     ));
                 }
             }
         }
-        if spec.replica_every.is_none() && spec.shard_every.is_none() {
-            return Err("say what to break: replica=DURATION, shard=DURATION or both".into());
+        if spec.replica_every.is_none()
+            && spec.shard_every.is_none()
+            && spec.coordinator_every.is_none()
+        {
+            return Err(
+                "say what to break: replica=DURATION, shard=DURATION, coordinator=DURATION".into(),
+            );
         }
         if spec.duration.is_zero() {
             return Err("say how long: for=DURATION (at most 1 hour)".into());
@@ -108,6 +117,8 @@ pub enum Fault {
     KillReplica(u32),
     KillShard(u32),
     FreezeShard(u32),
+    KillCoordinator,
+    FreezeCoordinator,
 }
 
 /// What chaos did, for the summary.
@@ -116,6 +127,8 @@ pub struct ChaosSummary {
     pub replicas_killed: u32,
     pub shards_killed: u32,
     pub shards_frozen: u32,
+    pub coordinator_killed: u32,
+    pub coordinator_frozen: u32,
     pub seconds: f64,
 }
 
@@ -124,6 +137,7 @@ pub struct Chaos {
     started: Instant,
     next_replica: Option<Instant>,
     next_shard: Option<Instant>,
+    next_coordinator: Option<Instant>,
     rng: u64,
     pub done: ChaosSummary,
 }
@@ -133,6 +147,7 @@ impl Chaos {
         Chaos {
             next_replica: spec.replica_every.map(|d| now + d),
             next_shard: spec.shard_every.map(|d| now + d),
+            next_coordinator: spec.coordinator_every.map(|d| now + d),
             // xorshift needs a non-zero state.
             rng: spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             started: now,
@@ -188,6 +203,20 @@ impl Chaos {
                 faults.push(Fault::KillShard(shard));
             }
         }
+        if let (Some(at), Some(every)) = (self.next_coordinator, self.spec.coordinator_every)
+            && now >= at
+        {
+            self.next_coordinator = Some(now + every);
+            // Kill, kill, freeze: a short chaos period still has both kinds.
+            let d = &mut self.done;
+            if (d.coordinator_killed + d.coordinator_frozen) % 3 == 2 {
+                d.coordinator_frozen += 1;
+                faults.push(Fault::FreezeCoordinator);
+            } else {
+                d.coordinator_killed += 1;
+                faults.push(Fault::KillCoordinator);
+            }
+        }
         self.done.seconds = now
             .duration_since(self.started)
             .min(self.spec.duration)
@@ -212,6 +241,7 @@ mod tests {
         assert_eq!(s.shard_faults, ShardFaults::Freeze);
         for (bad, says) in [
             ("for=10s", "say what to break"),
+            ("coordinator=1x,for=10s", "unit"),
             ("replica=10s", "say how long"),
             ("replica=10x,for=1m", "unit"),
             ("replica=0s,for=1m", "more than 0"),
@@ -243,6 +273,7 @@ mod tests {
                         assert!(i < 2);
                         shard_faults += 1;
                     }
+                    f => panic!("{f:?} was not asked for"),
                 }
             }
         }
@@ -250,5 +281,21 @@ mod tests {
         assert_eq!((replica_kills, shard_faults), (5, 2));
         assert_eq!(c.done.replicas_killed, 5);
         assert_eq!(c.done.shards_killed + c.done.shards_frozen, 2);
+    }
+
+    #[test]
+    fn the_coordinator_is_killed_twice_then_frozen() {
+        let spec: ChaosSpec = "coordinator=5s,for=31s".parse().unwrap();
+        let t0 = Instant::now();
+        let mut c = Chaos::new(spec, t0);
+        let faults: Vec<Fault> = (0..=60)
+            .flat_map(|s| c.due(t0 + Duration::from_secs(s), 3, 2))
+            .collect();
+        use Fault::{FreezeCoordinator as F, KillCoordinator as K};
+        assert_eq!(faults, [K, K, F, K, K, F]);
+        assert_eq!(
+            (c.done.coordinator_killed, c.done.coordinator_frozen),
+            (4, 2)
+        );
     }
 }

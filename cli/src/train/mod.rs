@@ -36,8 +36,14 @@ const COORDINATOR_PATIENCE: Duration = Duration::from_secs(30);
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 const SILENT_LIMIT: Duration = Duration::from_secs(3);
-/// The coordinator cannot be restarted locally: a silent one ends the run.
+/// A coordinator silent this long is killed and restarted. It is given more
+/// than a shard: it may be saving the model or evaluating a large test set.
 const COORDINATOR_SILENT_LIMIT: Duration = Duration::from_secs(5);
+/// Coordinator restarts a run may use (the job spec has no budget for it:
+/// on Kubernetes the kubelet restarts its pod for as long as it takes).
+const COORDINATOR_MAX_RESTARTS: u32 = 10;
+/// The coordinator's saved tracker state, in the run directory.
+const TRACKER_STATE: &str = "tracker.pb";
 
 pub fn main(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let job = distbelief_api::load_job(&args.job)?;
@@ -71,6 +77,10 @@ struct Runtime {
     coordinator_port: u16,
     replica_restarts: u32,
     shard_restarts: u32,
+    coordinator_restarts: u32,
+    /// Statuses whose examples or training seconds were below an earlier
+    /// one's: a restarted coordinator that lost progress.
+    progress_regressions: u32,
     interrupted: Arc<AtomicBool>,
     status_client: CoordinatorClient<tonic::transport::Channel>,
     rt: tokio::runtime::Runtime,
@@ -199,6 +209,13 @@ impl Runtime {
             ]);
             shards.push(p);
         }
+        // A restarted coordinator goes on from the state its predecessor
+        // saved; so does a resumed run's.
+        let tracker_state = out.join(TRACKER_STATE);
+        if !args.resume && tracker_state.exists() {
+            std::fs::remove_file(&tracker_state)
+                .with_context(|| format!("cannot remove the old {}", tracker_state.display()))?;
+        }
         let mut a = vec!["coordinator".to_string()];
         a.extend(common(metrics_addr()?));
         a.extend([
@@ -208,6 +225,8 @@ impl Runtime {
             shard_addrs.join(","),
             "--output-dir".into(),
             out.display().to_string(),
+            "--state-file".into(),
+            tracker_state.display().to_string(),
         ]);
         let coordinator = Proc::new(Role::Coordinator, 0, a, &logs);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -284,6 +303,8 @@ impl Runtime {
             coordinator_port,
             replica_restarts: 0,
             shard_restarts: 0,
+            coordinator_restarts: 0,
+            progress_regressions: 0,
             interrupted,
             status_client,
             rt,
@@ -430,6 +451,15 @@ impl Runtime {
                 match self.status() {
                     Some(s) => {
                         last_answer = Instant::now();
+                        if let Some(last) = &last_status
+                            && (s.examples < last.examples || s.train_seconds < last.train_seconds)
+                        {
+                            self.progress_regressions += 1;
+                            eprintln!(
+                                "\ndistbelief: progress went back: examples {} -> {}, seconds {:.1} -> {:.1}",
+                                last.examples, s.examples, last.train_seconds, s.train_seconds
+                            );
+                        }
                         display.show(
                             &s,
                             self.live_replicas(),
@@ -489,6 +519,8 @@ impl Runtime {
         };
         let mut summary = Summary::new(&self.job, &status, run);
         summary.unresponsive_killed = self.unresponsive_killed;
+        summary.coordinator_restarts = self.coordinator_restarts;
+        summary.progress_regressions = self.progress_regressions;
         summary.chaos = self.chaos.as_ref().map(|c| c.done.clone());
         if let Some(dir) = &self.audit {
             match audit::read(dir, self.job.shards(), self.job.replication()) {
@@ -520,37 +552,36 @@ impl Runtime {
                 ),
                 chaos::Fault::KillShard(i) => (self.shards.get(i as usize), "SIGKILL"),
                 chaos::Fault::FreezeShard(i) => (self.shards.get(i as usize), "SIGSTOP"),
+                chaos::Fault::KillCoordinator => (Some(&self.coordinator), "SIGKILL"),
+                chaos::Fault::FreezeCoordinator => (Some(&self.coordinator), "SIGSTOP"),
             };
             let Some(p) = p.filter(|p| p.child.is_some()) else {
                 continue;
             };
             eprintln!("\ndistbelief: chaos: {what} to {}", p.label());
             match fault {
-                chaos::Fault::FreezeShard(_) => p.freeze(),
+                chaos::Fault::FreezeShard(_) | chaos::Fault::FreezeCoordinator => p.freeze(),
                 _ => p.kill(),
             }
         }
     }
 
-    /// Kills a shard or replica that has not answered its liveness probe for
-    /// SILENT_LIMIT (the supervisor then restarts it); fails the run if the
-    /// coordinator is the silent one.
+    /// Kills a process that has not answered its liveness probe for its
+    /// limit (SILENT_LIMIT, the coordinator's longer); the supervisor then
+    /// restarts it.
     fn probe_liveness(&mut self) -> anyhow::Result<()> {
-        if let Err(silent) = self.coordinator.probe(PROBE_TIMEOUT)
-            && silent > COORDINATOR_SILENT_LIMIT
-        {
-            bail!(
-                "the coordinator has not answered its liveness probe for {:.1} s (frozen or stuck); see {}",
-                silent.as_secs_f64(),
-                self.coordinator.log.display()
-            );
-        }
-        for p in self.shards.iter_mut().chain(self.replicas.iter_mut()) {
+        let coordinator = std::iter::once((&mut self.coordinator, COORDINATOR_SILENT_LIMIT));
+        let others = self
+            .shards
+            .iter_mut()
+            .chain(self.replicas.iter_mut())
+            .map(|p| (p, SILENT_LIMIT));
+        for (p, limit) in coordinator.chain(others) {
             if p.child.is_none() {
                 continue;
             }
             if let Err(silent) = p.probe(PROBE_TIMEOUT)
-                && silent > SILENT_LIMIT
+                && silent > limit
             {
                 eprintln!(
                     "\ndistbelief: {} has not answered its liveness probe for {:.1} s (frozen or stuck); killing it so that it restarts",
@@ -579,15 +610,18 @@ impl Runtime {
 
     /// Restarts dead processes within their budgets.
     fn supervise(&mut self) -> anyhow::Result<()> {
+        let mut restarted = false;
         if let Some(status) = self.coordinator.exited() {
-            bail!(
-                "the coordinator exited ({status}); last lines of {}:\n{}",
-                self.coordinator.log.display(),
-                self.coordinator.log_tail(15)
-            );
+            let budget = Budget {
+                used: &mut self.coordinator_restarts,
+                max: COORDINATOR_MAX_RESTARTS,
+                kind: "coordinator",
+                how: "restarting it; it goes on from the progress it saved",
+            };
+            restart(&mut self.coordinator, &self.exe, status, budget)?;
+            restarted = true;
         }
         let spec = &self.job.spec;
-        let mut restarted = false;
         for p in &mut self.shards {
             if let Some(status) = p.exited() {
                 let budget = Budget {

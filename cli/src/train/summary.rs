@@ -49,6 +49,10 @@ pub struct Summary {
     pub examples_per_second: f64,
     pub replica_restarts: u32,
     pub shard_restarts: u32,
+    pub coordinator_restarts: u32,
+    /// Statuses that showed fewer examples or training seconds than an
+    /// earlier one (a restarted coordinator that lost progress): 0 expected.
+    pub progress_regressions: u32,
     pub staleness: StalenessSummary,
     /// Bytes of gradient values pushed per training example, as they travelled.
     pub push_bytes_per_example: f64,
@@ -133,6 +137,8 @@ impl Summary {
             examples_per_second: s.examples_per_second,
             replica_restarts,
             shard_restarts,
+            coordinator_restarts: 0,
+            progress_regressions: 0,
             staleness: StalenessSummary {
                 p50: st.p50,
                 p99: st.p99,

@@ -230,3 +230,93 @@ fn other_partitions_follow_partition_0_and_are_not_counted() {
     t.finish(StopReason::MaxEpochs, 1.0);
     assert_eq!(t.on_report(&part1(3, 5), 1.1).action(), Action::Stop);
 }
+
+/// A tracker restored from `t`'s saved state through its encoding, as a
+/// restarted coordinator gets it.
+fn restarted(t: &Tracker, now: f64) -> Tracker {
+    use prost::Message;
+    let bytes = t.save(now).encode_to_vec();
+    let state = distbelief_proto::v1::TrackerState::decode(bytes.as_slice()).expect("decodes");
+    let mut fresh = Tracker::new(t.stop.clone(), 0, t.training_examples as usize)
+        .with_backup_window(t.backup_window);
+    fresh.restore(&state).expect("restores");
+    fresh
+}
+
+#[test]
+fn a_restarted_coordinator_goes_on_from_the_saved_progress_without_counting_twice() {
+    let mut t = Tracker::new(stop(None), 5, 1000);
+    t.on_report(&report(0, 1, 30), 1.0);
+    t.on_report(&report(0, 2, 10), 2.0);
+    t.on_report(&report(1, 1, 20), 3.0);
+    t.on_eval(4.0, 0.6, 1.1);
+    let before = t.status(4.0);
+    // The coordinator dies at 4.0; the new one's clock continues from there.
+    let mut r = restarted(&t, 4.0);
+    let after = r.status(4.0);
+    assert_eq!(after.examples, before.examples);
+    assert_eq!(after.steps, before.steps);
+    assert_eq!(after.train_seconds, before.train_seconds);
+    assert_eq!(after.curve, before.curve);
+    assert_eq!(after.best_test_accuracy, Some(0.6));
+    assert!(after.warm_start_done);
+    // The same processes go on with their own cumulative counts, and a new
+    // process of replica 1 adds to what the earlier ones did.
+    r.on_report(&report(0, 2, 15), 5.0);
+    r.on_report(&report(1, 2, 4), 5.5);
+    let s = r.status(6.0);
+    assert_eq!(s.replicas[0].steps, 45);
+    assert_eq!(s.replicas[1].steps, 24);
+    assert_eq!(s.replicas[1].incarnations, 2);
+    assert!((s.train_seconds - 5.0).abs() < 1e-9, "{}", s.train_seconds);
+    // An older process of replica 0 is still told to stop.
+    assert_eq!(r.on_report(&report(0, 1, 31), 6.0).action(), Action::Stop);
+}
+
+#[test]
+fn a_race_survives_a_restart_and_is_decided_as_it_would_have_been() {
+    let mut t = Tracker::new(stop(None), 0, 100_000).with_backup_window(10.0);
+    t.on_report(&report(0, 1, 100), 1.0);
+    t.on_report(&report(0, 1, 120), 5.0);
+    t.on_report(&backup(0, 2, 1, 0), 6.0);
+    t.on_report(&backup(0, 2, 1, 40), 15.0);
+    let mut r = restarted(&t, 15.5);
+    assert_eq!(r.status(15.5), t.status(15.5));
+    for x in [&mut t, &mut r] {
+        assert_eq!(x.on_report(&report(0, 1, 130), 16.5).fence, 1);
+        let kept = x.on_report(&backup(0, 2, 1, 60), 17.0);
+        assert_eq!((kept.action(), kept.fence), (Action::Train, 2));
+        assert_eq!(x.on_report(&report(0, 1, 131), 17.5).action(), Action::Stop);
+    }
+    assert_eq!(r.status(18.0), t.status(18.0));
+}
+
+#[test]
+fn a_finished_job_stays_finished_and_a_saved_state_with_nonsense_is_refused() {
+    let mut t = Tracker::new(stop(Some(0.8)), 0, 1000);
+    t.on_report(&report(0, 1, 10), 1.0);
+    t.on_eval(2.0, 0.85, 0.4);
+    let r = restarted(&t, 3.0);
+    assert!(r.is_done());
+    assert_eq!(r.status(9.0).stop_reason, "target_reached");
+    assert_eq!(r.status(9.0).train_seconds, 1.0);
+    // Resumed with a later target, the job trains on towards it.
+    let mut later = t.clone();
+    later.stop.target_test_accuracy = Some(0.9);
+    let mut r = restarted(&later, 3.0);
+    assert!(!r.is_done());
+    assert_eq!(r.status(3.0).time_to_target_seconds, None);
+    r.on_eval(4.0, 0.91, 0.3);
+    assert_eq!(r.status(5.0).stop_reason, "target_reached");
+
+    let fresh = || Tracker::new(stop(None), 0, 1000);
+    let mut state = t.save(3.0);
+    state.stop_reason = "bored".into();
+    assert!(fresh().restore(&state).unwrap_err().contains("bored"));
+    let mut state = t.save(3.0);
+    state.started = Some(f64::NAN);
+    assert!(fresh().restore(&state).is_err());
+    let mut state = t.save(3.0);
+    state.replicas.push(state.replicas[0].clone());
+    assert!(fresh().restore(&state).unwrap_err().contains("twice"));
+}
