@@ -119,7 +119,7 @@ RULES = {
     ("distbelief.dev", "distbeliefjobs/finalizers"): {"update"},
     ("", "pods"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"create", "patch"},
-    ("", "configmaps"): {"create", "patch"},
+    ("", "configmaps"): {"create", "patch", "get"},
     ("", "serviceaccounts"): {"create", "patch"},
     ("apps", "statefulsets"): {"list", "watch", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"create", "patch", "delete"},

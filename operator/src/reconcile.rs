@@ -343,6 +343,7 @@ async fn apply_children(
     c: &children::Children,
 ) -> Result<(), Error> {
     apply(ctx, namespace, &c.config_map).await?;
+    apply(ctx, namespace, &c.tracker_state).await?;
     apply(ctx, namespace, &c.service_account).await?;
     apply(ctx, namespace, &c.role).await?;
     apply(ctx, namespace, &c.role_binding).await?;

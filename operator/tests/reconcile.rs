@@ -222,6 +222,7 @@ fn path(kind: &str, name: &str) -> String {
 fn children_applied(job: &str) -> Vec<String> {
     [
         ("configmaps", format!("{job}-job")),
+        ("configmaps", format!("{job}-tracker")),
         ("serviceaccounts", format!("{job}-coordinator")),
         ("roles", format!("{job}-coordinator")),
         ("rolebindings", format!("{job}-coordinator")),

@@ -96,6 +96,8 @@ pub enum BuildError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Children {
     pub config_map: ConfigMap,
+    /// Where the coordinator saves its tracker state; it only patches it.
+    pub tracker_state: ConfigMap,
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
@@ -134,16 +136,32 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
         metadata: t.metadata(&coordinator, "coordinator"),
         ..Default::default()
     };
-    // The coordinator writes status.progress; this is all it may do.
+    // Made empty here, so that the coordinator needs no right to create
+    // objects; the job owns it, so it goes with the job.
+    let tracker_state = ConfigMap {
+        metadata: t.metadata(&t.tracker_state_name(), "coordinator"),
+        ..Default::default()
+    };
+    // The coordinator writes status.progress and its saved tracker state;
+    // this is all it may do.
     let role = Role {
         metadata: t.metadata(&coordinator, "coordinator"),
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec![distbelief_api::API_GROUP.into()]),
-            resources: Some(vec!["distbeliefjobs/status".into()]),
-            resource_names: Some(vec![t.name.clone()]),
-            verbs: vec!["patch".into()],
-            non_resource_urls: None,
-        }]),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec![distbelief_api::API_GROUP.into()]),
+                resources: Some(vec!["distbeliefjobs/status".into()]),
+                resource_names: Some(vec![t.name.clone()]),
+                verbs: vec!["patch".into()],
+                non_resource_urls: None,
+            },
+            PolicyRule {
+                api_groups: Some(vec!["".into()]),
+                resources: Some(vec!["configmaps".into()]),
+                resource_names: Some(vec![t.tracker_state_name()]),
+                verbs: vec!["get".into(), "patch".into()],
+                non_resource_urls: None,
+            },
+        ]),
     };
     let role_binding = RoleBinding {
         metadata: t.metadata(&coordinator, "coordinator"),
@@ -163,6 +181,7 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
     let (coordinator_service, coordinator_pod) = servers::coordinator(t);
     Ok(Children {
         config_map,
+        tracker_state,
         service_account,
         role,
         role_binding,

@@ -192,6 +192,11 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
         env("DISTBELIEF_LISTEN", format!("0.0.0.0:{COORDINATOR_PORT}")),
         env("DISTBELIEF_SHARDS", t.shard_addresses()),
         env("DISTBELIEF_PUBLISH_STATUS", t.name.clone()),
+        env("DISTBELIEF_STATE_CONFIGMAP", t.tracker_state_name()),
+        env(
+            "DISTBELIEF_JOB_UID",
+            kube::Resource::meta(t.job).uid.clone().unwrap_or_default(),
+        ),
         env_field("POD_NAMESPACE", "metadata.namespace"),
     ];
     let claim = t.job.spec.output.volume_claim_name.as_ref();

@@ -147,6 +147,10 @@ impl Target<'_> {
         format!("{}-job", self.name)
     }
 
+    pub(super) fn tracker_state_name(&self) -> String {
+        format!("{}-tracker", self.name)
+    }
+
     /// Shard addresses in shard order (with replication, every member of
     /// shard 0, then of shard 1, ...): the StatefulSet's stable pod names
     /// under its headless Service.
