@@ -18,6 +18,7 @@ mod job;
 mod partition;
 mod push;
 pub mod seeds;
+mod tracker;
 
 pub use audit::audit_logs;
 pub use chain::chain_forward;
@@ -26,6 +27,7 @@ pub use data::{csv, gzip, idx};
 pub use job::job_file;
 pub use partition::partition_exchange;
 pub use push::{push, vector_commands};
+pub use tracker::tracker_state;
 
 /// A target's body.
 pub type Target = fn(&[u8]);
@@ -43,4 +45,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("chain_forward", chain_forward),
     ("partition_exchange", partition_exchange),
     ("audit_logs", audit_logs),
+    ("tracker_state", tracker_state),
 ];

@@ -207,7 +207,42 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         "replicated",
         [member0, member1, acks].join("\0").into_bytes(),
     );
+    add(
+        "tracker_state",
+        "racing.pb",
+        tracker_state().encode_to_vec(),
+    );
     out
+}
+
+/// A tracker two replicas reported to, with a backup racing replica 1's
+/// straggler and two evaluations.
+fn tracker_state() -> distbelief_proto::v1::TrackerState {
+    use distbelief_proto::v1::ProgressReport;
+    let stop = distbelief_api::StopSpec {
+        target_test_accuracy: Some(0.9),
+        max_epochs: 3.0,
+        max_seconds: 600,
+        eval_interval_seconds: 1.0,
+    };
+    let mut t = distbelief_coordinator::Tracker::new(stop, 0, 60_000).with_backup_window(5.0);
+    let report = |replica, incarnation, steps, backup_of| ProgressReport {
+        replica,
+        incarnation,
+        steps,
+        examples: steps * 32,
+        loss: 0.7,
+        examples_per_second: 900.0,
+        backup_of,
+        ..ProgressReport::default()
+    };
+    t.on_report(&report(0, 1, 40, 0), 1.0);
+    t.on_report(&report(1, 1, 10, 0), 1.5);
+    t.on_eval(2.0, 0.61, 1.2);
+    t.on_report(&report(1, 2, 0, 1), 2.5);
+    t.on_report(&report(1, 2, 4, 1), 3.0);
+    t.on_eval(3.5, 0.7, 0.9);
+    t.save(3.5)
 }
 
 fn idx(dims: &[u32], payload: &[u8]) -> Vec<u8> {

@@ -599,7 +599,7 @@ PY
 # output claim must show no acknowledged push lost and none applied twice.
 replicated_audit=""
 replicated() {
-  local name=fashion-mnist-replicated uid frozen=""
+  local name=fashion-mnist-replicated uid cuid watcher frozen=""
   python3 - "$EXAMPLE" "$work/replicated.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
 import sys
 src, dst, name = sys.argv[1:]
@@ -626,19 +626,69 @@ PY
   job_wait "$name" "$STEP_TIMEOUT" "phase Running with step > 0" t_training || return 1
   [ "$(pods "$name" distbelief.dev/role=ps | grep -c pod/)" -eq 4 ] || { echo "$name: expected 4 shard pods"; return 1; }
   uid=$(jp "pod/$name-ps-0" '{.metadata.uid}')
-  log "$name: step $J_STEP; deleting pod $name-ps-0 (member 0 of shard 0)"
-  "${KUBECTL[@]}" delete pod -n "$JOB_NS" "$name-ps-0" --wait=false >/dev/null || return 1
+  cuid=$(jp "pod/$name-coordinator" '{.metadata.uid}')
+  progress_watch "$name" "$work/replicated-progress.tsv" &
+  watcher=$!
+  log "$name: step $J_STEP; deleting pod $name-ps-0 (member 0 of shard 0) and the coordinator's pod"
+  "${KUBECTL[@]}" delete pod -n "$JOB_NS" "$name-ps-0" "$name-coordinator" --wait=false >/dev/null || { kill "$watcher"; return 1; }
   if [ "$mode" = kit ]; then
     freeze_until_restarted "$name-ps-3" || return 1
     frozen=1
   fi
-  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || { kill "$watcher"; return 1; }
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" 2>/dev/null
   log "$name: final phase $J_PHASE, testAccuracy $J_ACC"
   [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
   ge "$J_ACC" 0.8 || { echo "$name: testAccuracy $J_ACC < 0.8"; return 1; }
+  [ "$(jp "pod/$name-coordinator" '{.metadata.uid}')" != "$cuid" ] 2>/dev/null || log "$name: coordinator pod already cleaned up"
+  progress_never_went_back "$name" "$work/replicated-progress.tsv" || return 1
   [ "$(jp "pod/$name-ps-0" '{.metadata.uid}')" != "$uid" ] 2>/dev/null || log "$name: pod ps-0 already cleaned up"
   [ -n "$frozen" ] || log "$name: no member frozen (only on the kit are the pods' processes on this machine)"
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+}
+
+# progress_watch NAME FILE: every 0.5 s, appends the job's coordinator pod
+# uid, status.progress.examples and .trainSeconds to FILE (run in the
+# background; the caller stops it by its PID).
+progress_watch() {
+  local name=$1 file=$2 line
+  : >"$file"
+  while :; do
+    line=$(jp "dbj/$name" '{.status.progress.examples}|{.status.progress.trainSeconds}')
+    printf '%s|%s|%s\n' "$SECONDS" "$(jp "pod/$name-coordinator" '{.metadata.uid}')" "$line" >>"$file"
+    sleep 0.5
+  done
+}
+
+# Checks a progress_watch FILE: once published, examples and trainSeconds
+# never decrease and never vanish, and more than one coordinator published.
+progress_never_went_back() {
+  local name=$1 file=$2 out
+  out=$(python3 - "$file" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("|") for l in open(sys.argv[1]) if l.count("|") == 3]
+last, seen, coordinators, polls = None, False, set(), 0
+for t, uid, ex, secs in rows:
+    if uid:
+        coordinators.add(uid)
+    if not ex and not secs:
+        if seen:
+            sys.exit(f"at {t} s status.progress vanished (after examples {last[0]}, {last[1]} s)")
+        continue
+    polls += 1
+    cur = (int(ex or 0), float(secs or 0))
+    if last and (cur[0] < last[0] or cur[1] < last[1]):
+        sys.exit(f"at {t} s progress went back: examples {last[0]} -> {cur[0]}, trainSeconds {last[1]} -> {cur[1]}")
+    last, seen = cur, True
+if polls < 10:
+    sys.exit(f"only {polls} polls saw progress")
+if len(coordinators) < 2:
+    sys.exit(f"only one coordinator pod was seen ({coordinators}): was it replaced?")
+print(f"{polls} polls over {len(coordinators)} coordinator pods: examples and trainSeconds never went back (last {last[0]} examples, {last[1]:.1f} s)")
+PY
+) || { echo "$name: $out"; return 1; }
+  log "$name: $out"
 }
 
 # The host PID of the distbelief process in pod $1 (kit: its containers run
@@ -993,7 +1043,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
     step "$MODEL_PARALLEL (smaller): a replica of 2 partition pods trading activations reaches Succeeded" model_parallel
-    step "fashion-mnist-replicated (2 members per shard): a member pod of shard 0 is deleted and one of shard 1 frozen mid-run (restarted by its liveness probe within 5 s); the job reaches Succeeded" replicated
+    step "fashion-mnist-replicated (2 members per shard): a member pod of shard 0 and the coordinator's pod are deleted and a member of shard 1 frozen mid-run (restarted by its liveness probe within 5 s); the job reaches Succeeded and status.progress never goes back" replicated
     if [ -n "$replicated_audit" ]; then
       step "fashion-mnist-replicated: its push logs on the output claim show 0 acknowledged pushes lost and 0 applied twice" replicated_pushes
     else
