@@ -211,8 +211,8 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.parameterServers.shards",
-        "self.parameterServers.shards >= 1",
-        MSG_AT_LEAST_1,
+        "self.parameterServers.shards >= 1 && self.parameterServers.shards <= 4096",
+        "must be between 1 and 4096",
     ),
     spec(
         "spec.parameterServers.replication",
@@ -226,8 +226,8 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.replicas.count",
-        "self.replicas.count >= 1",
-        MSG_AT_LEAST_1,
+        "self.replicas.count >= 1 && self.replicas.count <= 4096",
+        "must be between 1 and 4096",
     ),
     spec(
         "spec.replicas.partitions",

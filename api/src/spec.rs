@@ -480,8 +480,8 @@ impl Default for AdagradSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParameterServerSpec {
-    /// Number of shards; the parameter vector is split into this many
-    /// contiguous ranges of near-equal size. Default: 1.
+    /// Number of shards, 1 to 4096; the parameter vector is split into this
+    /// many contiguous ranges of near-equal size. Default: 1.
     #[serde(default = "one")]
     pub shards: u32,
     /// Member processes per shard, 1 to 3. With 2 or 3 every shard is held by
@@ -515,7 +515,7 @@ impl Default for ParameterServerSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReplicaSpec {
-    /// Number of replicas; each trains on its own disjoint part of the training data. Default: 1.
+    /// Number of replicas, 1 to 4096; each trains on its own disjoint part of the training data. Default: 1.
     #[serde(default = "one")]
     pub count: u32,
     /// Replica restarts allowed over the whole job before it fails. A replica

@@ -67,6 +67,10 @@ pub const MAX_HISTORY: u32 = 64;
 pub const MAX_PARTITIONS: u32 = 16;
 /// Member processes a shard may have.
 pub const MAX_REPLICATION: u32 = 3;
+/// Shards and replicas a job may have: far beyond any cluster's use, and a
+/// bound on what a job file alone makes every process allocate per shard.
+pub const MAX_SHARDS: u32 = 4096;
+pub const MAX_REPLICAS: u32 = 4096;
 
 /// Checks every rule and returns all broken ones together.
 pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
@@ -184,7 +188,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         Some(Layout::from_model(&s.model))
     };
     let shards = s.parameter_servers.shards;
-    if shards == 0 {
+    if !(1..=MAX_SHARDS).contains(&shards) {
         fail("spec.parameterServers.shards", None);
     } else if u128::from(shards) > parameters {
         fail(
@@ -208,7 +212,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
             Some(admission::MSG_REPLICATION_ALGORITHM.to_string()),
         );
     }
-    if s.replicas.count == 0 {
+    if !(1..=MAX_REPLICAS).contains(&s.replicas.count) {
         fail("spec.replicas.count", None);
     }
     let partitions = s.replicas.partitions;

@@ -276,7 +276,9 @@ pub fn parse_csv(path: &str, bytes: Vec<u8>, scale: f32) -> Result<Dataset, Data
         for f in fields {
             let v: f32 = f
                 .parse()
-                .map_err(|_| bad(format!("feature {f:?} is not a number")))?;
+                .ok()
+                .filter(|v: &f32| v.is_finite())
+                .ok_or_else(|| bad(format!("feature {f:?} is not a finite number")))?;
             d.features.push(v * scale);
         }
         let dim = d.features.len() - start;
@@ -379,6 +381,15 @@ mod tests {
         assert!(e.contains("d.csv:2") && e.contains("\"x\""), "{e}");
         std::fs::write(&p, "1,2,4\n0,8\n").unwrap();
         assert!(read_csv(p.to_str().unwrap(), 1.0).is_err());
+        // A NaN or an infinity would poison every parameter it touches.
+        for bad in ["NaN", "inf", "-infinity", "1e39"] {
+            std::fs::write(&p, format!("1,2,4\n0,{bad},8\n")).unwrap();
+            let e = read_csv(p.to_str().unwrap(), 1.0).unwrap_err().to_string();
+            assert!(
+                e.contains("d.csv:2") && e.contains("not a finite number"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -282,7 +282,7 @@ fn each_validation_failure_is_reported_with_its_message() {
             "spec rule",
             |j| j.spec.replicas.count = 0,
             "spec.replicas.count",
-            "at least 1",
+            "between 1 and 4096",
         ),
         (
             "empty image",

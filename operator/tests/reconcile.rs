@@ -669,7 +669,7 @@ async fn a_malformed_job_is_marked_failed_and_does_not_wedge_the_controller() {
         failed["message"]
             .as_str()
             .unwrap()
-            .contains("spec.replicas.count: must be at least 1"),
+            .contains("spec.replicas.count: must be between 1 and 4096"),
         "{failed}"
     );
 

@@ -400,11 +400,25 @@ const RULES: &[Rule] = &[
         "shards at least 1",
         |j| j.spec.parameter_servers.shards = 0,
         "spec.parameterServers.shards",
-        "at least 1",
+        "between 1 and 4096",
+    ),
+    (
+        "shards at most 4096",
+        |j| j.spec.parameter_servers.shards = 4097,
+        "spec.parameterServers.shards",
+        "between 1 and 4096",
     ),
     (
         "no empty shard",
-        |j| j.spec.parameter_servers.shards = 784 * 16 + 16 + 16 * 10 + 10 + 1,
+        |j| {
+            // 784·1 + 1 + 1·2 + 2 = 789 parameters for 790 shards.
+            j.spec.model.hidden = vec![DenseLayer {
+                units: 1,
+                activation: Default::default(),
+            }];
+            j.spec.model.output.units = 2;
+            j.spec.parameter_servers.shards = 790;
+        },
         "spec.parameterServers.shards",
         "empty",
     ),
@@ -412,7 +426,13 @@ const RULES: &[Rule] = &[
         "replicas at least 1",
         |j| j.spec.replicas.count = 0,
         "spec.replicas.count",
-        "at least 1",
+        "between 1 and 4096",
+    ),
+    (
+        "replicas at most 4096",
+        |j| j.spec.replicas.count = 4097,
+        "spec.replicas.count",
+        "between 1 and 4096",
     ),
     (
         "targetTestAccuracy in (0, 1]",
@@ -767,9 +787,8 @@ fn boundary_values_are_accepted() {
         ("targetTestAccuracy 1", |j| {
             j.spec.stop.target_test_accuracy = Some(1.0)
         }),
-        ("shards equal to parameters", |j| {
-            j.spec.parameter_servers.shards = 784 * 16 + 16 + 16 * 10 + 10
-        }),
+        ("shards 4096", |j| j.spec.parameter_servers.shards = 4096),
+        ("replicas 4096", |j| j.spec.replicas.count = 4096),
         ("no hidden layers", |j| j.spec.model.hidden.clear()),
         ("fractional maxEpochs", |j| j.spec.stop.max_epochs = 0.25),
         ("csv with both files", |j| {
@@ -804,8 +823,10 @@ fn boundary_values_are_accepted() {
         }
     }
     let mut raw = minimal_resource();
-    raw.spec.parameter_servers.shards = len as u32;
-    assert_eq!(validate(&raw).unwrap().shards(), len);
+    raw.spec.parameter_servers.shards = 4096;
+    let job = validate(&raw).unwrap();
+    assert_eq!(job.layout.len(), len);
+    assert_eq!(job.shard_ranges().len(), 4096);
 }
 
 #[test]

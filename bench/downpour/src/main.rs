@@ -7,6 +7,8 @@
 //!   (e) (c) with every shard replicated twice (`parameterServers.replication: 2`)
 //!   (f, g, h) (c) with `nPush` 1, 2 and 4: Adagrad's examples to the target
 //!   should not depend on it
+//!   (i) (f) with 4 times the batch: nPush 4's gradients are taken at the
+//!   same parameters, so (h) is a 4-times batch, and (i) shows what that costs
 
 mod micro;
 
@@ -39,7 +41,7 @@ struct Args {
     #[arg(long)]
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i"])]
     configs: Vec<String>,
 }
 
@@ -51,6 +53,7 @@ fn downpour(
     replicas: u32,
     replication: u32,
     n_push: Option<u32>,
+    batch_factor: u32,
     dir: &Path,
 ) -> anyhow::Result<Value> {
     let text =
@@ -62,8 +65,11 @@ fn downpour(
     if let Some(n) = n_push {
         doc["spec"]["algorithm"]["downpour"]["nPush"] = n.into();
     }
+    let downpour = &mut doc["spec"]["algorithm"]["downpour"];
+    let batch = downpour["batchSize"].as_u64().unwrap_or(128) * u64::from(batch_factor);
+    downpour["batchSize"] = batch.into();
     let name = format!(
-        "bench-{shards}x{replicas}-r{replication}{}",
+        "bench-{shards}x{replicas}-r{replication}{}-b{batch}",
         n_push.map_or(String::new(), |n| format!("-p{n}"))
     );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
@@ -103,13 +109,14 @@ fn main() -> anyhow::Result<()> {
         let test = distbelief_model::data::load(&job.spec.data, false)?;
         let cap = job.spec.stop.max_seconds as f64;
         let chosen: Vec<_> = [
-            ("b_1x1", 1, 1, 1, None),
-            ("c_2x2", 2, 2, 1, None),
-            ("d_2x4", 2, 4, 1, None),
-            ("e_2x2_replicated", 2, 2, 2, None),
-            ("f_2x2_npush1", 2, 2, 1, Some(1)),
-            ("g_2x2_npush2", 2, 2, 1, Some(2)),
-            ("h_2x2_npush4", 2, 2, 1, Some(4)),
+            ("b_1x1", 1, 1, 1, None, 1),
+            ("c_2x2", 2, 2, 1, None, 1),
+            ("d_2x4", 2, 4, 1, None, 1),
+            ("e_2x2_replicated", 2, 2, 2, None, 1),
+            ("f_2x2_npush1", 2, 2, 1, Some(1), 1),
+            ("g_2x2_npush2", 2, 2, 1, Some(2), 1),
+            ("h_2x2_npush4", 2, 2, 1, Some(4), 1),
+            ("i_2x2_npush1_batch4x", 2, 2, 1, Some(1), 4),
         ]
         .into_iter()
         .filter(|(key, ..)| args.configs.iter().any(|c| key.starts_with(c.as_str())))
@@ -129,11 +136,18 @@ fn main() -> anyhow::Result<()> {
                 job.spec.stop.eval_interval_seconds,
                 cap,
             ));
-            for (i, &(key, shards, replicas, replication, n_push)) in chosen.iter().enumerate() {
+            for (i, &(key, shards, replicas, replication, n_push, batch_factor)) in
+                chosen.iter().enumerate()
+            {
                 eprintln!(
-                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), {replication} member(s) per shard{}, round {round}",
+                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), {replication} member(s) per shard{}{}, round {round}",
                     &key[..1],
-                    n_push.map_or(String::new(), |n| format!(", nPush {n}"))
+                    n_push.map_or(String::new(), |n| format!(", nPush {n}")),
+                    if batch_factor > 1 {
+                        format!(", batch × {batch_factor}")
+                    } else {
+                        String::new()
+                    }
                 );
                 summaries[i].push(downpour(
                     &exe,
@@ -142,6 +156,7 @@ fn main() -> anyhow::Result<()> {
                     replicas,
                     replication,
                     n_push,
+                    batch_factor,
                     tmp.path(),
                 )?);
             }
@@ -227,6 +242,17 @@ fn main() -> anyhow::Result<()> {
                     "examples_to_target": by_push,
                     "largest_vs_smallest": hi / lo,
                 }),
+            );
+        }
+        // nPush 4 against nPush 1 with a 4-times batch: both take 4
+        // mini-batches' gradients at the same parameters per update.
+        if let (Some(Some(h)), Some(Some(i))) = (
+            ett_of.get("h_2x2_npush4"),
+            ett_of.get("i_2x2_npush1_batch4x"),
+        ) {
+            ratios.insert(
+                "npush4_vs_batch4x".into(),
+                json!({ "examples_to_target": h / i }),
             );
         }
         report["target_test_accuracy"] = json!(target);
