@@ -264,29 +264,17 @@ pub async fn serve(
         training_examples,
     )
     .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds));
-    let mut clock_base = 0.0;
-    let mut shown = None;
-    if let Some(store) = &opts.state {
-        if let Some(saved) = store
-            .load_patiently(&opts.job_uid)
+    let (clock_base, shown) = match &opts.state {
+        Some(store) => persist::restore(store, &opts.job_uid, &mut tracker)
             .await
             .map_err(CoordinatorError::State)?
-        {
-            tracker.restore(&saved).map_err(|e| {
-                CoordinatorError::State(format!("the saved tracker state ({store:?}): {e}"))
-            })?;
-            clock_base = saved.at;
-            let s = tracker.status(saved.at);
-            shown = Some(s.clone());
-            tracing::info!(
-                seconds = format!("{:.1}", s.train_seconds),
-                examples = s.examples,
-                evaluations = s.curve.len(),
-                done = tracker.is_done(),
-                "restored the tracker a previous coordinator saved"
-            );
-        }
-    }
+            .map_or((0.0, None), |(at, mut status)| {
+                // A finished job's model is saved again before it is done.
+                status.done &= opts.output.is_none();
+                (at, Some(status))
+            }),
+        None => (0.0, None),
+    };
     let shared = Arc::new(Shared {
         tracker: Mutex::new(tracker),
         shards: Mutex::new(Vec::new()),

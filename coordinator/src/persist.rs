@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distbelief_proto::v1::TrackerState;
+use distbelief_proto::v1::{JobStatus, TrackerState};
 use prost::Message;
 
-use crate::Shared;
+use crate::{Shared, Tracker};
 
 /// Larger saved states are refused rather than read: a ConfigMap holds at
 /// most 1 MiB, and the saved curve is thinned to stay well under it.
@@ -128,6 +128,30 @@ impl StateStore {
             }
         }
     }
+}
+
+/// Restores `tracker` from what `store` holds, if anything: the saved
+/// clock, which the coordinator's continues from, and the status then.
+pub(crate) async fn restore(
+    store: &StateStore,
+    job_uid: &str,
+    tracker: &mut Tracker,
+) -> Result<Option<(f64, JobStatus)>, String> {
+    let Some(saved) = store.load_patiently(job_uid).await? else {
+        return Ok(None);
+    };
+    tracker
+        .restore(&saved)
+        .map_err(|e| format!("the saved tracker state ({store:?}): {e}"))?;
+    let status = tracker.status(saved.at);
+    tracing::info!(
+        seconds = format!("{:.1}", status.train_seconds),
+        examples = status.examples,
+        evaluations = status.curve.len(),
+        done = tracker.is_done(),
+        "restored the tracker a previous coordinator saved"
+    );
+    Ok(Some((saved.at, status)))
 }
 
 /// Saves the tracker's state every `save_every` and, at most every

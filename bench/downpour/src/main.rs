@@ -45,17 +45,43 @@ struct Args {
     configs: Vec<String>,
 }
 
-/// Runs `distbelief train` on `job` with the given layout; returns its summary.
-fn downpour(
-    exe: &Path,
-    job_file: &str,
+/// One Downpour configuration of the example job.
+struct Setup {
+    key: &'static str,
     shards: u32,
     replicas: u32,
     replication: u32,
     n_push: Option<u32>,
+    /// The job's batch size times this.
     batch_factor: u32,
-    dir: &Path,
-) -> anyhow::Result<Value> {
+}
+
+const fn setup(
+    key: &'static str,
+    (shards, replicas, replication): (u32, u32, u32),
+    n_push: Option<u32>,
+    batch_factor: u32,
+) -> Setup {
+    Setup {
+        key,
+        shards,
+        replicas,
+        replication,
+        n_push,
+        batch_factor,
+    }
+}
+
+/// Runs `distbelief train` on `job` set up as `c`; returns its summary.
+fn downpour(exe: &Path, job_file: &str, c: &Setup, dir: &Path) -> anyhow::Result<Value> {
+    let &Setup {
+        shards,
+        replicas,
+        replication,
+        n_push,
+        batch_factor,
+        ..
+    } = c;
     let text =
         std::fs::read_to_string(job_file).with_context(|| format!("cannot read {job_file}"))?;
     let mut doc: serde_norway::Value = serde_norway::from_str(&text)?;
@@ -109,17 +135,17 @@ fn main() -> anyhow::Result<()> {
         let test = distbelief_model::data::load(&job.spec.data, false)?;
         let cap = job.spec.stop.max_seconds as f64;
         let chosen: Vec<_> = [
-            ("b_1x1", 1, 1, 1, None, 1),
-            ("c_2x2", 2, 2, 1, None, 1),
-            ("d_2x4", 2, 4, 1, None, 1),
-            ("e_2x2_replicated", 2, 2, 2, None, 1),
-            ("f_2x2_npush1", 2, 2, 1, Some(1), 1),
-            ("g_2x2_npush2", 2, 2, 1, Some(2), 1),
-            ("h_2x2_npush4", 2, 2, 1, Some(4), 1),
-            ("i_2x2_npush1_batch4x", 2, 2, 1, Some(1), 4),
+            setup("b_1x1", (1, 1, 1), None, 1),
+            setup("c_2x2", (2, 2, 1), None, 1),
+            setup("d_2x4", (2, 4, 1), None, 1),
+            setup("e_2x2_replicated", (2, 2, 2), None, 1),
+            setup("f_2x2_npush1", (2, 2, 1), Some(1), 1),
+            setup("g_2x2_npush2", (2, 2, 1), Some(2), 1),
+            setup("h_2x2_npush4", (2, 2, 1), Some(4), 1),
+            setup("i_2x2_npush1_batch4x", (2, 2, 1), Some(1), 4),
         ]
         .into_iter()
-        .filter(|(key, ..)| args.configs.iter().any(|c| key.starts_with(c.as_str())))
+        .filter(|s| args.configs.iter().any(|c| s.key.starts_with(c.as_str())))
         .collect();
         let tmp = tempfile::tempdir()?;
         // Rounds run every configuration once, so a slow spell on the shared
@@ -136,29 +162,21 @@ fn main() -> anyhow::Result<()> {
                 job.spec.stop.eval_interval_seconds,
                 cap,
             ));
-            for (i, &(key, shards, replicas, replication, n_push, batch_factor)) in
-                chosen.iter().enumerate()
-            {
+            for (i, c) in chosen.iter().enumerate() {
                 eprintln!(
-                    "bench: ({}) {shards} shard(s) × {replicas} replica(s), {replication} member(s) per shard{}{}, round {round}",
-                    &key[..1],
-                    n_push.map_or(String::new(), |n| format!(", nPush {n}")),
-                    if batch_factor > 1 {
-                        format!(", batch × {batch_factor}")
+                    "bench: ({}) {} shard(s) × {} replica(s), {} member(s) per shard{}{}, round {round}",
+                    &c.key[..1],
+                    c.shards,
+                    c.replicas,
+                    c.replication,
+                    c.n_push.map_or(String::new(), |n| format!(", nPush {n}")),
+                    if c.batch_factor > 1 {
+                        format!(", batch × {}", c.batch_factor)
                     } else {
                         String::new()
                     }
                 );
-                summaries[i].push(downpour(
-                    &exe,
-                    &args.job,
-                    shards,
-                    replicas,
-                    replication,
-                    n_push,
-                    batch_factor,
-                    tmp.path(),
-                )?);
+                summaries[i].push(downpour(&exe, &args.job, c, tmp.path())?);
             }
         }
         let a = config(
@@ -186,7 +204,7 @@ fn main() -> anyhow::Result<()> {
         let mut ratios = serde_json::Map::new();
         let mut eps_of = std::collections::BTreeMap::new();
         let mut ett_of = std::collections::BTreeMap::new();
-        for ((key, ..), summaries) in chosen.into_iter().zip(summaries) {
+        for (Setup { key, .. }, summaries) in chosen.into_iter().zip(summaries) {
             let f = |k: &str| {
                 summaries
                     .iter()
