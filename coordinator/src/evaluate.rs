@@ -103,6 +103,8 @@ impl Evaluator {
         if status.done {
             let version = self.shared.shards().iter().map(|s| s.version).sum();
             self.save(&params, accuracy, version, &status).await;
+            // Whoever waits for `done` learns it now, not a tick later.
+            self.shared.save_now.notify_one();
         }
         params
     }
@@ -184,6 +186,7 @@ impl Evaluator {
                 tracing::error!("no model saved: {why}");
                 *self.shared.saved() = Saved::Failed;
             }
+            self.shared.save_now.notify_one();
         }
     }
 

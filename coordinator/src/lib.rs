@@ -121,6 +121,8 @@ struct Shared {
     portions: Option<Arc<sandblaster::Portions>>,
     /// Wakes the evaluator before its next tick (a stop was requested).
     wake: tokio::sync::Notify,
+    /// Saves (and shows) the state before the next tick: the job is done.
+    save_now: tokio::sync::Notify,
     /// Replication: the shards' chains.
     chains: Option<keeper::ChainKeeper>,
 }
@@ -290,6 +292,7 @@ pub async fn serve(
             .as_ref()
             .map(|sb| Arc::new(sandblaster::Portions::new(sb, training_examples))),
         wake: tokio::sync::Notify::new(),
+        save_now: tokio::sync::Notify::new(),
         chains: match job.replication() {
             1 => None,
             r => Some(

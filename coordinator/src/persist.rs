@@ -173,7 +173,10 @@ pub(crate) async fn keep(
         .clone()
         .map(crate::kubernetes::Publisher::new);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shared.save_now.notified() => {}
+        }
         let now = shared.now();
         let (mut state, status) = shared.state_and_status(now);
         state.job_uid.clone_from(&job_uid);
