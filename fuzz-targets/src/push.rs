@@ -154,10 +154,18 @@ pub fn push(data: &[u8]) {
     let state = Arc::new(RwLock::new(s));
     let svc = ShardService::new(state.clone(), metrics(), None, None);
     let before = snapshot(&read(&state));
+    let refused_before = read(&state).pushes_refused;
     let first = send(&svc, &state, exchange, data);
     let after = snapshot(&read(&state));
     match first {
-        None => assert_eq!(after, before, "a refused push changes nothing"),
+        None => {
+            assert_eq!(after, before, "a refused push changes nothing");
+            assert_eq!(
+                read(&state).pushes_refused,
+                refused_before + 1,
+                "a refused push is counted once"
+            );
+        }
         Some(false) => assert_eq!(after, before, "a push not applied changes nothing"),
         _ => assert!(after.version <= before.version + 1, "one push, one version"),
     }

@@ -91,6 +91,20 @@ impl ShardService {
         tokio::task::block_in_place(|| self.state.read().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// A push stream that broke off: one that does not decode (or is too
+    /// large) is counted as refused like any malformed push, and answered
+    /// with tonic's own status; a peer that went away is not counted.
+    fn unreadable(&self, s: Status) -> Status {
+        use tonic::Code;
+        if matches!(
+            s.code(),
+            Code::Internal | Code::InvalidArgument | Code::OutOfRange | Code::ResourceExhausted
+        ) {
+            self.refuse_unassembled(PsError::Undecodable(s.message().to_string()));
+        }
+        s
+    }
+
     /// A push refused before it reached the shard still counts as refused there.
     fn refuse_unassembled(&self, e: PsError) -> Status {
         tokio::task::block_in_place(|| {
@@ -156,7 +170,7 @@ impl ShardService {
         let mut kept = Vec::new();
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
-            while let Some(chunk) = stream.message().await? {
+            while let Some(chunk) = stream.message().await.map_err(|s| self.unreadable(s))? {
                 let added = assembly.add(
                     header(&chunk),
                     chunk.offset,

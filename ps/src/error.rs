@@ -30,6 +30,10 @@ pub enum PsError {
     InconsistentHeader(&'static str),
     #[error("push carried no chunks")]
     EmptyPush,
+    #[error("push stream does not decode: {0}")]
+    Undecodable(String),
+    #[error("key {0:#x} appears twice in one push")]
+    DuplicateKey(u64),
     #[error("replica {replica} incarnation {incarnation} has been replaced by a newer process")]
     Superseded { replica: u32, incarnation: u64 },
     #[error("push claims {0} summed mini-batches; at most {max} are allowed", max = distbelief_api::MAX_PUSH_STEPS)]
@@ -64,6 +68,8 @@ impl PsError {
             PsError::Malformed(_) => "malformed",
             PsError::InconsistentHeader(_) => "inconsistent_header",
             PsError::EmptyPush => "empty_push",
+            PsError::Undecodable(_) => "undecodable",
+            PsError::DuplicateKey(_) => "duplicate_key",
             PsError::Superseded { .. } => "superseded",
             PsError::TooManySteps(_) => "too_many_steps",
             PsError::NoSuchVector { .. } => "no_such_vector",

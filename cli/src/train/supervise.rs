@@ -1,0 +1,235 @@
+//! Supervision of the local runtime's processes: chaos faults, liveness
+//! probes, restarts within budgets, and the orderly stop.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::Runtime;
+use super::chaos;
+use super::procs::Proc;
+
+/// Liveness probes: how often, how long each may take, and how long a shard
+/// or replica may go without answering before it is killed and restarted
+/// (a frozen or stuck process is thereby replaced within 5 s).
+pub(super) const PROBE_EVERY: Duration = Duration::from_millis(500);
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+const SILENT_LIMIT: Duration = Duration::from_secs(3);
+/// A coordinator silent this long is killed and restarted. It is given more
+/// than a shard: it may be saving the model or evaluating a large test set.
+const COORDINATOR_SILENT_LIMIT: Duration = Duration::from_secs(5);
+/// Coordinator restarts a run may use (the job spec has no budget for it:
+/// on Kubernetes the kubelet restarts its pod for as long as it takes).
+const COORDINATOR_MAX_RESTARTS: u32 = 10;
+impl Runtime {
+    /// Carries out the chaos faults that are due.
+    pub(super) fn inject_chaos(&mut self) {
+        let Some(chaos) = self.chaos.as_mut() else {
+            return;
+        };
+        // With replication a shard fault hits one member process.
+        let faults = chaos.due(Instant::now(), self.job.replicas(), self.shards.len());
+        for fault in faults {
+            let (p, what) = match fault {
+                chaos::Fault::KillReplica(r) => (
+                    self.replicas
+                        .iter()
+                        .find(|p| p.index == r && p.child.is_some()),
+                    "SIGKILL",
+                ),
+                chaos::Fault::KillShard(i) => (self.shards.get(i as usize), "SIGKILL"),
+                chaos::Fault::FreezeShard(i) => (self.shards.get(i as usize), "SIGSTOP"),
+                chaos::Fault::KillCoordinator => (Some(&self.coordinator), "SIGKILL"),
+                chaos::Fault::FreezeCoordinator => (Some(&self.coordinator), "SIGSTOP"),
+            };
+            let Some(p) = p.filter(|p| p.child.is_some()) else {
+                continue;
+            };
+            eprintln!("\ndistbelief: chaos: {what} to {}", p.label());
+            match fault {
+                chaos::Fault::FreezeShard(_) | chaos::Fault::FreezeCoordinator => p.freeze(),
+                _ => p.kill(),
+            }
+        }
+    }
+
+    /// Kills a process that has not answered its liveness probe for its
+    /// limit (SILENT_LIMIT, the coordinator's longer); the supervisor then
+    /// restarts it.
+    pub(super) fn probe_liveness(&mut self) -> anyhow::Result<()> {
+        let coordinator = std::iter::once((&mut self.coordinator, COORDINATOR_SILENT_LIMIT));
+        let others = self
+            .shards
+            .iter_mut()
+            .chain(self.replicas.iter_mut())
+            .map(|p| (p, SILENT_LIMIT));
+        for (p, limit) in coordinator.chain(others) {
+            if p.child.is_none() {
+                continue;
+            }
+            if let Err(silent) = p.probe(PROBE_TIMEOUT)
+                && silent > limit
+            {
+                eprintln!(
+                    "\ndistbelief: {} has not answered its liveness probe for {:.1} s (frozen or stuck); killing it so that it restarts",
+                    p.label(),
+                    silent.as_secs_f64()
+                );
+                p.kill();
+                // Answering is judged afresh from the restart.
+                p.answered = Instant::now();
+                self.unresponsive_killed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replicas with a live process (for a partitioned replica, any partition).
+    pub(super) fn live_replicas(&self) -> usize {
+        let live: std::collections::BTreeSet<u32> = self
+            .replicas
+            .iter()
+            .filter(|p| p.child.is_some())
+            .map(|p| p.index)
+            .collect();
+        live.len()
+    }
+
+    /// Restarts dead processes within their budgets.
+    pub(super) fn supervise(&mut self) -> anyhow::Result<()> {
+        let mut restarted = false;
+        if let Some(status) = self.coordinator.exited() {
+            let budget = Budget {
+                used: &mut self.coordinator_restarts,
+                max: COORDINATOR_MAX_RESTARTS,
+                kind: "coordinator",
+                how: "restarting it; it goes on from the progress it saved",
+            };
+            restart(&mut self.coordinator, &self.exe, status, budget)?;
+            restarted = true;
+        }
+        let spec = &self.job.spec;
+        for p in &mut self.shards {
+            if let Some(status) = p.exited() {
+                let budget = Budget {
+                    used: &mut self.shard_restarts,
+                    max: spec.parameter_servers.max_restarts,
+                    kind: "shard",
+                    how: match p.member {
+                        None => "restarting it from its checkpoint",
+                        Some(_) => "restarting it; it catches up from its chain before it serves",
+                    },
+                };
+                restart(p, &self.exe, status, budget)?;
+                restarted = true;
+            }
+        }
+        for r in 0..self.job.replicas() as u32 {
+            // A replica's partitions live and restart together: one that
+            // failed takes the others down, and the unit counts once.
+            let mut unit: Vec<&mut Proc> =
+                self.replicas.iter_mut().filter(|p| p.index == r).collect();
+            let mut failed = None;
+            for p in unit.iter_mut() {
+                if let Some(status) = p.exited()
+                    && !status.success()
+                    && failed.is_none()
+                {
+                    failed = Some((status, p.label(), p.log.clone(), p.log_tail(15)));
+                }
+            }
+            let Some((status, label, log, tail)) = failed else {
+                // Exit 0 is "stopped by the coordinator": the job is done.
+                continue;
+            };
+            for p in unit.iter_mut() {
+                p.stop(Duration::from_secs(2));
+            }
+            let what = if unit.len() > 1 {
+                format!(
+                    "{label} (its replica's {} partitions restart together)",
+                    unit.len()
+                )
+            } else {
+                label
+            };
+            if status.code() == Some(distbelief_api::EXIT_SERVERS_UNAVAILABLE) {
+                // The replica waited too long for shards or coordinator:
+                // their fault, not its own, so no budget is used.
+                eprintln!(
+                    "\ndistbelief: {what} gave up waiting for the job's servers; starting it again"
+                );
+            } else {
+                let used = &mut self.replica_restarts;
+                let max = spec.replicas.max_restarts;
+                if *used >= max {
+                    bail!(
+                        "{what} exited ({status}) and the replica restart budget ({max}) is used up; last lines of {}:\n{tail}",
+                        log.display()
+                    );
+                }
+                *used += 1;
+                eprintln!("\ndistbelief: {what} exited ({status}); restarting it");
+            }
+            for p in unit.iter_mut() {
+                self.incarnations.note(p.next_incarnation())?;
+                p.spawn(&self.exe)
+                    .with_context(|| format!("cannot restart {}", p.label()))?;
+            }
+            restarted = true;
+        }
+        if restarted {
+            self.write_process_table();
+        }
+        Ok(())
+    }
+
+    /// Replicas first, then the coordinator, then the shards (which write a
+    /// final checkpoint on SIGTERM).
+    pub(super) fn stop_all(&mut self) {
+        let grace = Duration::from_secs(5);
+        for p in &mut self.replicas {
+            p.stop(grace);
+        }
+        self.coordinator.stop(grace);
+        for p in &mut self.shards {
+            p.stop(grace);
+        }
+    }
+}
+
+/// A restart budget and how to word a restart against it.
+struct Budget<'a> {
+    used: &'a mut u32,
+    max: u32,
+    kind: &'static str,
+    how: &'static str,
+}
+
+/// Restarts `p` if its budget allows, or fails the job saying why.
+fn restart(
+    p: &mut Proc,
+    exe: &Path,
+    status: std::process::ExitStatus,
+    budget: Budget,
+) -> anyhow::Result<()> {
+    if *budget.used >= budget.max {
+        bail!(
+            "{} exited ({status}) and the {} restart budget ({}) is used up; last lines of {}:\n{}",
+            p.label(),
+            budget.kind,
+            budget.max,
+            p.log.display(),
+            p.log_tail(15)
+        );
+    }
+    *budget.used += 1;
+    eprintln!(
+        "\ndistbelief: {} exited ({status}); {}",
+        p.label(),
+        budget.how
+    );
+    p.spawn(exe)
+        .with_context(|| format!("cannot restart {}", p.label()))
+}
