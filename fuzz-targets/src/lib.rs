@@ -18,6 +18,7 @@ mod job;
 mod partition;
 mod push;
 pub mod seeds;
+mod table;
 mod tracker;
 
 pub use audit::audit_logs;
@@ -27,6 +28,7 @@ pub use data::{csv, gzip, idx};
 pub use job::job_file;
 pub use partition::partition_exchange;
 pub use push::{push, vector_commands};
+pub use table::table_state;
 pub use tracker::tracker_state;
 
 /// A target's body.
@@ -46,4 +48,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("partition_exchange", partition_exchange),
     ("audit_logs", audit_logs),
     ("tracker_state", tracker_state),
+    ("table_state", table_state),
 ];

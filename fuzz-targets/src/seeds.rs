@@ -212,7 +212,23 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         "racing.pb",
         tracker_state().encode_to_vec(),
     );
+    for o in [1u8, 4 | 8 | 2] {
+        add("table_state", &format!("table-{o}.bin"), table_state(o));
+    }
     out
+}
+
+/// A table (options byte `o`, as the target reads it) that took pushes of
+/// several keys, some evicted or pending if its options say so.
+fn table_state(o: u8) -> Vec<u8> {
+    let mut t = distbelief_ps::table::Table::new(crate::table::config(o));
+    for key in 0..12u64 {
+        for _ in 0..=(key % 3) {
+            t.apply(&[key], &[0.25, -0.5, 1.0, 0.0], None, 1)
+                .expect("a valid push");
+        }
+    }
+    [vec![o], distbelief_ps::table::encode(&t)].concat()
 }
 
 /// A tracker two replicas reported to, with a backup racing replica 1's

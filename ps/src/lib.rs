@@ -8,6 +8,7 @@ pub mod checkpoint;
 mod error;
 pub mod lineage;
 pub mod shard;
+pub mod table;
 pub mod vectors;
 
 pub use error::PsError;

@@ -1,0 +1,372 @@
+//! A keyed (sparse) embedding table's core: rows of `dim` values by 64-bit
+//! key, created on a key's first push with values derived from (seed, table,
+//! key), updated per row by SGD or Adagrad, and optionally bounded by a
+//! capacity (the least-used row goes first) and an admission count.
+//!
+//! A fetch never changes the table: a key without a row answers the values
+//! its row would start with, so fetches need only a read lock, and every
+//! process, restore and replay agrees on a row it never stored.
+
+use std::collections::{BTreeSet, HashMap};
+
+use distbelief_model::optimizer::{adagrad, adagrad_mean, adagrad_summed, sgd};
+
+use crate::error::PsError;
+
+/// How a row is updated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowUpdate {
+    Sgd {
+        learning_rate: f32,
+    },
+    /// Adagrad with one accumulator per value, or with one per row
+    /// (`row_wise`: the mean of the row's squared gradients, a `dim`-th of
+    /// the memory).
+    Adagrad {
+        learning_rate: f32,
+        initial_accumulator: f32,
+        epsilon: f32,
+        row_wise: bool,
+    },
+}
+
+impl RowUpdate {
+    /// Accumulator values a row keeps.
+    fn accumulators(&self, dim: usize) -> usize {
+        match *self {
+            RowUpdate::Sgd { .. } => 0,
+            RowUpdate::Adagrad { row_wise: true, .. } => 1,
+            RowUpdate::Adagrad { .. } => dim,
+        }
+    }
+}
+
+/// A table as the job describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableConfig {
+    /// The table's index in the job: part of every row's initial values.
+    pub id: u32,
+    pub dim: usize,
+    pub seed: u64,
+    /// Initial values are uniform in [-init_scale, init_scale].
+    pub init_scale: f32,
+    pub update: RowUpdate,
+    /// Rows kept at most; None keeps every row.
+    pub capacity: Option<usize>,
+    /// Pushes a key needs before it gets a row; the pushes before are
+    /// counted and dropped. 1 admits on the first push.
+    pub min_count: u32,
+}
+
+/// Keys still counting towards admission that a table tracks at most: past
+/// this, a new key's pushes are dropped uncounted until room is made.
+pub const MAX_PENDING: usize = 1 << 20;
+
+/// What happened to the table, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub created: u64,
+    pub evicted: u64,
+    /// Row updates dropped because their key was not admitted yet.
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    values: Vec<f32>,
+    accum: Vec<f32>,
+    uses: u64,
+    /// The table's clock at the row's last update.
+    last: u64,
+}
+
+impl Row {
+    /// Where the row stands in the eviction order: fewest uses first, then
+    /// the longest unused.
+    fn rank(&self, key: u64) -> (u64, u64, u64) {
+        (self.uses, self.last, key)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    config: TableConfig,
+    rows: HashMap<u64, Row>,
+    /// Every row by its rank: the first is evicted next.
+    order: BTreeSet<(u64, u64, u64)>,
+    /// Pushes so far of keys not admitted yet.
+    pending: HashMap<u64, u32>,
+    /// Advances on every update, so that ties in use break by age.
+    clock: u64,
+    stats: TableStats,
+}
+
+/// A key from a categorical field's value: FNV-1a over the field and the
+/// value, then a 64-bit finalizer, so that every process and platform gets
+/// the same key.
+pub fn key_of(field: u32, value: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in field.to_le_bytes().iter().chain(value) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(h)
+}
+
+/// The shard that holds `key`'s rows, of `shards`.
+pub fn shard_of(key: u64, shards: u32) -> u32 {
+    // Keys are already mixed; mixing again keeps the shard independent of
+    // which bits key_of happened to spread best.
+    (mix(key ^ 0x5851_f42d_4c95_7f2d) % u64::from(shards.max(1))) as u32
+}
+
+/// splitmix64's finalizer.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The values a row of `key` starts with.
+pub fn initial_row(config: &TableConfig, key: u64, out: &mut [f32]) {
+    let mut state = mix(config.seed ^ mix(u64::from(config.id) ^ mix(key)));
+    for v in out.iter_mut() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        // 24 random bits: an exact f32 in [0, 1).
+        let unit = (mix(state) >> 40) as f32 / (1u32 << 24) as f32;
+        *v = (2.0 * unit - 1.0) * config.init_scale;
+    }
+}
+
+impl Table {
+    pub fn new(config: TableConfig) -> Self {
+        Table {
+            config,
+            rows: HashMap::new(),
+            order: BTreeSet::new(),
+            pending: HashMap::new(),
+            clock: 0,
+            stats: TableStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &TableConfig {
+        &self.config
+    }
+
+    pub fn dim(&self) -> usize {
+        self.config.dim
+    }
+
+    /// Rows stored.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn stats(&self) -> TableStats {
+        self.stats
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.rows.contains_key(&key)
+    }
+
+    /// The rows of `keys`, `dim` values each, into `out`: stored rows as
+    /// they are, the others as they would start.
+    pub fn fetch(&self, keys: &[u64], out: &mut [f32]) -> Result<(), PsError> {
+        let dim = self.config.dim;
+        if out.len() != keys.len() * dim {
+            return Err(PsError::WrongLength {
+                got: out.len(),
+                start: 0,
+                end: keys.len() * dim,
+            });
+        }
+        for (key, row) in keys.iter().zip(out.chunks_exact_mut(dim)) {
+            match self.rows.get(key) {
+                Some(r) => row.copy_from_slice(&r.values),
+                None => initial_row(&self.config, *key, row),
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one push: for each of `keys` (distinct), the sum of `steps`
+    /// mini-batches' gradients for its row, `dim` values each, and for
+    /// Adagrad optionally the sums of their squares. Checked whole before
+    /// anything changes, so a refused push leaves the table as it was.
+    /// Returns how many rows were updated.
+    pub fn apply(
+        &mut self,
+        keys: &[u64],
+        grads: &[f32],
+        squares: Option<&[f32]>,
+        steps: u32,
+    ) -> Result<usize, PsError> {
+        self.check(keys, grads, squares)?;
+        let dim = self.config.dim;
+        let mut updated = 0;
+        for (i, &key) in keys.iter().enumerate() {
+            let g = &grads[i * dim..(i + 1) * dim];
+            let sq = squares.map(|s| &s[i * dim..(i + 1) * dim]);
+            if !self.admit(key) {
+                self.stats.refused += 1;
+                continue;
+            }
+            self.clock += 1;
+            let (update, clock) = (self.config.update, self.clock);
+            let row = self.rows.get_mut(&key).expect("admitted rows exist");
+            self.order.remove(&row.rank(key));
+            update_row(update, row, g, sq, steps);
+            row.uses += 1;
+            row.last = clock;
+            self.order.insert(row.rank(key));
+            updated += 1;
+        }
+        Ok(updated)
+    }
+
+    fn check(&self, keys: &[u64], grads: &[f32], squares: Option<&[f32]>) -> Result<(), PsError> {
+        let want = keys.len() * self.config.dim;
+        for got in std::iter::once(grads.len()).chain(squares.map(<[f32]>::len)) {
+            if got != want {
+                return Err(PsError::WrongLength {
+                    got,
+                    start: 0,
+                    end: want,
+                });
+            }
+        }
+        if let Some((index, &value)) = grads.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(PsError::NotFinite { index, value });
+        }
+        if let Some((index, &value)) = squares
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !v.is_finite() || **v < 0.0)
+        {
+            return Err(PsError::BadSquare { index, value });
+        }
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        if let Some(&key) = keys.iter().find(|&&k| !seen.insert(k)) {
+            return Err(PsError::DuplicateKey(key));
+        }
+        Ok(())
+    }
+
+    /// Whether `key` has a row now, making one if its count allows (and
+    /// room, evicting the least-used row).
+    fn admit(&mut self, key: u64) -> bool {
+        if self.rows.contains_key(&key) {
+            return true;
+        }
+        if self.config.min_count > 1 {
+            if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&key) {
+                return false;
+            }
+            let count = self.pending.entry(key).or_insert(0);
+            *count += 1;
+            if *count < self.config.min_count {
+                return false;
+            }
+            self.pending.remove(&key);
+        }
+        if let Some(cap) = self.config.capacity {
+            while self.rows.len() >= cap.max(1) {
+                self.evict_one();
+            }
+        }
+        let dim = self.config.dim;
+        let mut values = vec![0.0; dim];
+        initial_row(&self.config, key, &mut values);
+        let accum = match self.config.update {
+            RowUpdate::Adagrad {
+                initial_accumulator,
+                ..
+            } => vec![initial_accumulator; self.config.update.accumulators(dim)],
+            RowUpdate::Sgd { .. } => Vec::new(),
+        };
+        let row = Row {
+            values,
+            accum,
+            uses: 0,
+            last: self.clock,
+        };
+        self.order.insert(row.rank(key));
+        self.rows.insert(key, row);
+        self.stats.created += 1;
+        true
+    }
+
+    fn evict_one(&mut self) {
+        if let Some((_, _, key)) = self.order.pop_first() {
+            self.rows.remove(&key);
+            self.stats.evicted += 1;
+        }
+    }
+
+    /// The key evicted next, if the table is full and a new key comes.
+    pub fn next_eviction(&self) -> Option<u64> {
+        self.order.first().map(|&(_, _, key)| key)
+    }
+}
+
+fn update_row(update: RowUpdate, row: &mut Row, g: &[f32], sq: Option<&[f32]>, steps: u32) {
+    match update {
+        RowUpdate::Sgd { learning_rate } => sgd(&mut row.values, g, learning_rate),
+        RowUpdate::Adagrad {
+            learning_rate,
+            epsilon,
+            row_wise: false,
+            ..
+        } => match sq {
+            Some(sq) => adagrad_summed(
+                &mut row.values,
+                &mut row.accum,
+                g,
+                sq,
+                learning_rate,
+                epsilon,
+            ),
+            None if steps <= 1 => {
+                adagrad(&mut row.values, &mut row.accum, g, learning_rate, epsilon)
+            }
+            None => adagrad_mean(
+                &mut row.values,
+                &mut row.accum,
+                g,
+                learning_rate,
+                epsilon,
+                steps,
+            ),
+        },
+        RowUpdate::Adagrad {
+            learning_rate,
+            epsilon,
+            row_wise: true,
+            ..
+        } => {
+            // The row's one accumulator takes the mean of what per-value
+            // accumulators would each have taken.
+            let dim = g.len().max(1) as f32;
+            let added = match sq {
+                Some(sq) => sq.iter().sum::<f32>(),
+                None => g.iter().map(|v| v * v).sum::<f32>() / steps.max(1) as f32,
+            } / dim;
+            row.accum[0] += added;
+            let step = learning_rate / (row.accum[0].sqrt() + epsilon);
+            sgd(&mut row.values, g, step);
+        }
+    }
+}
+
+mod encode;
+pub use encode::{decode, encode};
+
+#[cfg(test)]
+mod tests;

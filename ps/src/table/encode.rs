@@ -1,0 +1,182 @@
+//! A table's state as bytes, for checkpoints and catch-ups: every row with
+//! its use count and age (so the eviction order comes back exactly), the
+//! keys still counting towards admission, the clock and the counters,
+//! closed by a CRC32. Sizes are checked against the bytes there before
+//! anything is allocated.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::{MAX_PENDING, Row, Table, TableConfig, TableStats};
+use crate::error::PsError;
+
+const MAGIC: &[u8; 8] = b"DBTABLE1";
+
+/// The table as bytes; rows in eviction order, pending keys by key.
+pub fn encode(t: &Table) -> Vec<u8> {
+    let dim = t.config.dim;
+    let width = t.config.update.accumulators(dim);
+    let mut b = Vec::with_capacity(64 + t.rows.len() * (24 + 4 * (dim + width)));
+    b.extend_from_slice(MAGIC);
+    for v in [t.config.id, dim as u32, width as u32] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [
+        t.clock,
+        t.stats.created,
+        t.stats.evicted,
+        t.stats.refused,
+        t.rows.len() as u64,
+    ] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    for &(uses, last, key) in &t.order {
+        let row = &t.rows[&key];
+        for v in [key, uses, last] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in row.values.iter().chain(&row.accum) {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let mut pending: Vec<(&u64, &u32)> = t.pending.iter().collect();
+    pending.sort_unstable();
+    b.extend_from_slice(&(pending.len() as u64).to_le_bytes());
+    for (key, count) in pending {
+        b.extend_from_slice(&key.to_le_bytes());
+        b.extend_from_slice(&count.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or("truncated")?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn f32s(&mut self, n: usize) -> Result<Vec<f32>, String> {
+        let raw = self.take(n.checked_mul(4).ok_or("too large")?)?;
+        let v: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        match v.iter().find(|x| !x.is_finite()) {
+            Some(x) => Err(format!("a stored value is {x}")),
+            None => Ok(v),
+        }
+    }
+    /// Refuses a count of items of `size` bytes that the rest cannot hold.
+    fn count(&mut self, size: usize) -> Result<usize, String> {
+        let n = self.u64()?;
+        let left = (self.bytes.len() - self.at) as u64;
+        match n.checked_mul(size as u64) {
+            Some(need) if need <= left => Ok(n as usize),
+            _ => Err(format!(
+                "claims {n} entries of {size} bytes; {left} bytes are left"
+            )),
+        }
+    }
+}
+
+/// A table of `config` from `bytes`; `source` names them in errors.
+pub fn decode(bytes: &[u8], config: &TableConfig, source: &str) -> Result<Table, PsError> {
+    read(bytes, config).map_err(|message| PsError::Checkpoint {
+        path: source.to_string(),
+        message: format!("table {}: {message}", config.id),
+    })
+}
+
+fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
+    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+        return Err("truncated".into());
+    };
+    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+        return Err("checksum mismatch".into());
+    }
+    let mut r = Reader { bytes: body, at: 0 };
+    if r.take(8)? != MAGIC {
+        return Err("not a table state".into());
+    }
+    let dim = config.dim;
+    let width = config.update.accumulators(dim);
+    let (id, got_dim, got_width) = (r.u32()?, r.u32()? as usize, r.u32()? as usize);
+    if (id, got_dim, got_width) != (config.id, dim, width) {
+        return Err(format!(
+            "holds table {id} with rows of {got_dim} and {got_width} accumulators; this job's has {dim} and {width}"
+        ));
+    }
+    let clock = r.u64()?;
+    let stats = TableStats {
+        created: r.u64()?,
+        evicted: r.u64()?,
+        refused: r.u64()?,
+    };
+    let n = r.count(24 + 4 * (dim + width))?;
+    if let Some(cap) = config.capacity.filter(|&c| n > c) {
+        return Err(format!("holds {n} rows; the capacity is {cap}"));
+    }
+    let mut t = Table {
+        config: config.clone(),
+        rows: HashMap::with_capacity(n),
+        order: BTreeSet::new(),
+        pending: HashMap::new(),
+        clock,
+        stats,
+    };
+    for _ in 0..n {
+        let (key, uses, last) = (r.u64()?, r.u64()?, r.u64()?);
+        let row = Row {
+            values: r.f32s(dim)?,
+            accum: r.f32s(width)?,
+            uses,
+            last,
+        };
+        if last > clock {
+            return Err(format!("row {key:#x} was used after the table's clock"));
+        }
+        t.order.insert(row.rank(key));
+        if t.rows.insert(key, row).is_some() {
+            return Err(format!("row {key:#x} is stored twice"));
+        }
+    }
+    let pending = r.count(12)?;
+    if pending > MAX_PENDING {
+        return Err(format!(
+            "{pending} keys pending admission; at most {MAX_PENDING}"
+        ));
+    }
+    for _ in 0..pending {
+        let (key, count) = (r.u64()?, r.u32()?);
+        if t.rows.contains_key(&key) || t.pending.insert(key, count).is_some() {
+            return Err(format!(
+                "key {key:#x} is pending twice, or pending and stored"
+            ));
+        }
+    }
+    if r.at != body.len() {
+        return Err(format!("{} bytes after the end", body.len() - r.at));
+    }
+    Ok(t)
+}
