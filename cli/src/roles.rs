@@ -155,7 +155,7 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
     runtime()?.block_on(async {
         let publish = match &a.publish_status {
-            Some(name) => Some(distbelief_coordinator::kubernetes::StatusTarget {
+            Some(name) => Some(distbelief_coordinator::kubernetes::Target {
                 client: kube::Client::try_default()
                     .await
                     .context("--publish-status needs a Kubernetes client configuration")?,
@@ -172,13 +172,7 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("give --state-file or --state-configmap, not both")
             }
             (Some(f), None, _) => Some(StateStore::File(f.clone())),
-            (None, Some(name), Some(target)) => Some(StateStore::ConfigMap(
-                distbelief_coordinator::kubernetes::StateTarget {
-                    client: target.client.clone(),
-                    namespace: target.namespace.clone(),
-                    name: name.clone(),
-                },
-            )),
+            (None, Some(name), Some(target)) => Some(StateStore::ConfigMap(target.sibling(name))),
             (None, Some(_), None) => anyhow::bail!("--state-configmap needs --publish-status"),
             (None, None, _) => None,
         };

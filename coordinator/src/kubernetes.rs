@@ -15,22 +15,34 @@ use crate::publish::progress;
 
 pub const FIELD_MANAGER: &str = "distbelief-coordinator";
 
-/// Where to publish: the job's name and namespace, and a client for its API server.
+/// An object in the job's namespace (the job, whose status the coordinator
+/// publishes; the ConfigMap the operator makes for its tracker state), and
+/// a client for their API server.
 #[derive(Clone)]
-pub struct StatusTarget {
+pub struct Target {
     pub client: kube::Client,
     pub namespace: String,
     pub name: String,
 }
 
-impl std::fmt::Debug for StatusTarget {
+impl Target {
+    /// Another object of the same namespace, through the same client.
+    pub fn sibling(&self, name: &str) -> Target {
+        Target {
+            name: name.to_string(),
+            ..self.clone()
+        }
+    }
+}
+
+impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
 
 /// Applies `progress` to the job's status.
-pub async fn apply(target: &StatusTarget, progress: &Progress) -> Result<(), kube::Error> {
+pub async fn apply(target: &Target, progress: &Progress) -> Result<(), kube::Error> {
     let api: Api<DistBeliefJob> = Api::namespaced(target.client.clone(), &target.namespace);
     let patch = json!({
         "apiVersion": distbelief_api::API_VERSION,
@@ -50,13 +62,13 @@ pub async fn apply(target: &StatusTarget, progress: &Progress) -> Result<(), kub
 /// Publishes progress when it changes, and the final progress until it
 /// lands: the operator finishes the job when it reads `done`.
 pub(crate) struct Publisher {
-    target: StatusTarget,
+    target: Target,
     last: Option<Progress>,
     last_try: Option<std::time::Instant>,
 }
 
 impl Publisher {
-    pub fn new(target: StatusTarget) -> Self {
+    pub fn new(target: Target) -> Self {
         tracing::info!(job = ?target, "writing progress to the job's status");
         Publisher {
             target,
@@ -88,25 +100,10 @@ impl Publisher {
     }
 }
 
-/// The ConfigMap the operator makes for the job's tracker state; the
-/// coordinator may read and patch that one object.
-#[derive(Clone)]
-pub struct StateTarget {
-    pub client: kube::Client,
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Debug for StateTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "configmap {}/{}", self.namespace, self.name)
-    }
-}
-
 /// The key under `binaryData` that holds the encoded `TrackerState`.
 pub const STATE_KEY: &str = "tracker.pb";
 
-pub(crate) async fn load_state(t: &StateTarget) -> Result<Option<TrackerState>, LoadError> {
+pub(crate) async fn load_state(t: &Target) -> Result<Option<TrackerState>, LoadError> {
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), &t.namespace);
     // Not found is worth waiting for too: the operator makes the ConfigMap
     // before the coordinator pod, but a job recreated under the same name
@@ -114,16 +111,16 @@ pub(crate) async fn load_state(t: &StateTarget) -> Result<Option<TrackerState>, 
     let cm = api
         .get(&t.name)
         .await
-        .map_err(|e| LoadError::Unavailable(format!("{t:?}: {e}")))?;
+        .map_err(|e| LoadError::Unavailable(format!("configmap {t:?}: {e}")))?;
     match cm.binary_data.as_ref().and_then(|d| d.get(STATE_KEY)) {
         None => Ok(None),
         Some(bytes) => crate::persist::decode(&bytes.0)
             .map(Some)
-            .map_err(|e| LoadError::Invalid(format!("{t:?}: {e}"))),
+            .map_err(|e| LoadError::Invalid(format!("configmap {t:?}: {e}"))),
     }
 }
 
-pub(crate) async fn save_state(t: &StateTarget, bytes: Vec<u8>) -> Result<(), String> {
+pub(crate) async fn save_state(t: &Target, bytes: Vec<u8>) -> Result<(), String> {
     let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), &t.namespace);
     let patch = json!({
         "apiVersion": "v1",
@@ -138,5 +135,5 @@ pub(crate) async fn save_state(t: &StateTarget, bytes: Vec<u8>) -> Result<(), St
     )
     .await
     .map(|_| ())
-    .map_err(|e| format!("{t:?}: {e}"))
+    .map_err(|e| format!("configmap {t:?}: {e}"))
 }

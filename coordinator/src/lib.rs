@@ -73,7 +73,7 @@ pub struct CoordinatorOptions {
     pub rpc_timeout: Duration,
     /// On Kubernetes: the job whose status.progress this coordinator writes.
     #[cfg(feature = "kubernetes")]
-    pub publish: Option<kubernetes::StatusTarget>,
+    pub publish: Option<kubernetes::Target>,
     /// Where the finished job's model goes; None keeps no model.
     pub output: Option<output::OutputTarget>,
     /// Beaten while the job's tracker can be locked.
@@ -111,7 +111,7 @@ struct Shared {
     /// continues the saved state's clock, so its times stay comparable.
     clock_base: f64,
     #[cfg(feature = "kubernetes")]
-    publish: Option<kubernetes::StatusTarget>,
+    publish: Option<kubernetes::Target>,
     /// With a state store: the status of the last state saved, which is all
     /// anyone is shown, so that a restart never takes back what was shown.
     shown: Mutex<Option<JobStatus>>,

@@ -28,7 +28,7 @@ pub enum StateStore {
     /// A file, replaced whole on every save (written beside it, then renamed).
     File(PathBuf),
     #[cfg(feature = "kubernetes")]
-    ConfigMap(crate::kubernetes::StateTarget),
+    ConfigMap(crate::kubernetes::Target),
 }
 
 /// Decodes a saved state, refusing one too large to have been saved.

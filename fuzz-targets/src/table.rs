@@ -1,19 +1,19 @@
 //! A keyed table's state as a checkpoint or a catch-up carries it.
 
-use distbelief_ps::table::{RowUpdate, Table, TableConfig, decode, encode};
+use distbelief_model::Optimizer;
+use distbelief_ps::table::{Table, TableConfig, decode, encode};
 
 use crate::frames::options;
 
 /// The table the options byte picks: its update rule, and whether it has a
 /// capacity and an admission count.
 pub(crate) fn config(o: u8) -> TableConfig {
-    let update = match o % 3 {
-        0 => RowUpdate::Sgd { learning_rate: 0.1 },
-        r => RowUpdate::Adagrad {
+    let optimizer = match o % 3 {
+        0 => Optimizer::Sgd { learning_rate: 0.1 },
+        _ => Optimizer::Adagrad {
             learning_rate: 0.1,
             initial_accumulator: 0.1,
             epsilon: 1e-8,
-            row_wise: r == 2,
         },
     };
     TableConfig {
@@ -21,7 +21,8 @@ pub(crate) fn config(o: u8) -> TableConfig {
         dim: 4,
         seed: 5,
         init_scale: 0.01,
-        update,
+        optimizer,
+        row_wise: o % 3 == 2,
         capacity: (o & 4 != 0).then_some(8),
         min_count: if o & 8 != 0 { 2 } else { 1 },
     }

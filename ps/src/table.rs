@@ -9,37 +9,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use distbelief_model::optimizer::{adagrad, adagrad_mean, adagrad_summed, sgd};
+use distbelief_model::Optimizer;
+use distbelief_model::optimizer::sgd;
 
 use crate::error::PsError;
-
-/// How a row is updated.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RowUpdate {
-    Sgd {
-        learning_rate: f32,
-    },
-    /// Adagrad with one accumulator per value, or with one per row
-    /// (`row_wise`: the mean of the row's squared gradients, a `dim`-th of
-    /// the memory).
-    Adagrad {
-        learning_rate: f32,
-        initial_accumulator: f32,
-        epsilon: f32,
-        row_wise: bool,
-    },
-}
-
-impl RowUpdate {
-    /// Accumulator values a row keeps.
-    fn accumulators(&self, dim: usize) -> usize {
-        match *self {
-            RowUpdate::Sgd { .. } => 0,
-            RowUpdate::Adagrad { row_wise: true, .. } => 1,
-            RowUpdate::Adagrad { .. } => dim,
-        }
-    }
-}
 
 /// A table as the job describes it.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,7 +23,11 @@ pub struct TableConfig {
     pub seed: u64,
     /// Initial values are uniform in [-init_scale, init_scale].
     pub init_scale: f32,
-    pub update: RowUpdate,
+    /// The rule each row is updated by, as dense ranges are.
+    pub optimizer: Optimizer,
+    /// Adagrad with one accumulator per row instead of one per value: the
+    /// mean of the row's squared gradients, in a `dim`-th of the memory.
+    pub row_wise: bool,
     /// Rows kept at most; None keeps every row.
     pub capacity: Option<usize>,
     /// Pushes a key needs before it gets a row; the pushes before are
@@ -61,6 +38,17 @@ pub struct TableConfig {
 /// Keys still counting towards admission that a table tracks at most: past
 /// this, a new key's pushes are dropped uncounted until room is made.
 pub const MAX_PENDING: usize = 1 << 20;
+
+impl TableConfig {
+    /// Accumulator values a row keeps.
+    fn accumulators(&self) -> usize {
+        match (self.optimizer, self.row_wise) {
+            (Optimizer::Sgd { .. }, _) => 0,
+            (Optimizer::Adagrad { .. }, true) => 1,
+            (Optimizer::Adagrad { .. }, false) => self.dim,
+        }
+    }
+}
 
 /// What happened to the table, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -218,10 +206,10 @@ impl Table {
                 continue;
             }
             self.clock += 1;
-            let (update, clock) = (self.config.update, self.clock);
+            let (config, clock) = (&self.config, self.clock);
             let row = self.rows.get_mut(&key).expect("admitted rows exist");
             self.order.remove(&row.rank(key));
-            update_row(update, row, g, sq, steps);
+            update_row(config, row, g, sq, steps);
             row.uses += 1;
             row.last = clock;
             self.order.insert(row.rank(key));
@@ -284,12 +272,12 @@ impl Table {
         let dim = self.config.dim;
         let mut values = vec![0.0; dim];
         initial_row(&self.config, key, &mut values);
-        let accum = match self.config.update {
-            RowUpdate::Adagrad {
+        let accum = match self.config.optimizer {
+            Optimizer::Adagrad {
                 initial_accumulator,
                 ..
-            } => vec![initial_accumulator; self.config.update.accumulators(dim)],
-            RowUpdate::Sgd { .. } => Vec::new(),
+            } => vec![initial_accumulator; self.config.accumulators()],
+            Optimizer::Sgd { .. } => Vec::new(),
         };
         let row = Row {
             values,
@@ -316,41 +304,13 @@ impl Table {
     }
 }
 
-fn update_row(update: RowUpdate, row: &mut Row, g: &[f32], sq: Option<&[f32]>, steps: u32) {
-    match update {
-        RowUpdate::Sgd { learning_rate } => sgd(&mut row.values, g, learning_rate),
-        RowUpdate::Adagrad {
+fn update_row(config: &TableConfig, row: &mut Row, g: &[f32], sq: Option<&[f32]>, steps: u32) {
+    match config.optimizer {
+        Optimizer::Adagrad {
             learning_rate,
             epsilon,
-            row_wise: false,
             ..
-        } => match sq {
-            Some(sq) => adagrad_summed(
-                &mut row.values,
-                &mut row.accum,
-                g,
-                sq,
-                learning_rate,
-                epsilon,
-            ),
-            None if steps <= 1 => {
-                adagrad(&mut row.values, &mut row.accum, g, learning_rate, epsilon)
-            }
-            None => adagrad_mean(
-                &mut row.values,
-                &mut row.accum,
-                g,
-                learning_rate,
-                epsilon,
-                steps,
-            ),
-        },
-        RowUpdate::Adagrad {
-            learning_rate,
-            epsilon,
-            row_wise: true,
-            ..
-        } => {
+        } if config.row_wise => {
             // The row's one accumulator takes the mean of what per-value
             // accumulators would each have taken.
             let dim = g.len().max(1) as f32;
@@ -359,9 +319,13 @@ fn update_row(update: RowUpdate, row: &mut Row, g: &[f32], sq: Option<&[f32]>, s
                 None => g.iter().map(|v| v * v).sum::<f32>() / steps.max(1) as f32,
             } / dim;
             row.accum[0] += added;
-            let step = learning_rate / (row.accum[0].sqrt() + epsilon);
-            sgd(&mut row.values, g, step);
+            sgd(
+                &mut row.values,
+                g,
+                learning_rate / (row.accum[0].sqrt() + epsilon),
+            );
         }
+        o => o.apply_push(&mut row.values, &mut row.accum, g, sq, steps),
     }
 }
 

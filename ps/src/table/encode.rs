@@ -14,7 +14,7 @@ const MAGIC: &[u8; 8] = b"DBTABLE1";
 /// The table as bytes; rows in eviction order, pending keys by key.
 pub fn encode(t: &Table) -> Vec<u8> {
     let dim = t.config.dim;
-    let width = t.config.update.accumulators(dim);
+    let width = t.config.accumulators();
     let mut b = Vec::with_capacity(64 + t.rows.len() * (24 + 4 * (dim + width)));
     b.extend_from_slice(MAGIC);
     for v in [t.config.id, dim as u32, width as u32] {
@@ -120,7 +120,7 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
         return Err("not a table state".into());
     }
     let dim = config.dim;
-    let width = config.update.accumulators(dim);
+    let width = config.accumulators();
     let (id, got_dim, got_width) = (r.u32()?, r.u32()? as usize, r.u32()? as usize);
     if (id, got_dim, got_width) != (config.id, dim, width) {
         return Err(format!(

@@ -1,23 +1,24 @@
 use super::*;
+use distbelief_model::optimizer::adagrad;
 
-fn config(update: RowUpdate) -> TableConfig {
+fn config(optimizer: Optimizer) -> TableConfig {
     TableConfig {
         id: 3,
         dim: 4,
         seed: 7,
         init_scale: 0.05,
-        update,
+        optimizer,
+        row_wise: false,
         capacity: None,
         min_count: 1,
     }
 }
 
-const SGD: RowUpdate = RowUpdate::Sgd { learning_rate: 0.5 };
-const ADAGRAD: RowUpdate = RowUpdate::Adagrad {
+const SGD: Optimizer = Optimizer::Sgd { learning_rate: 0.5 };
+const ADAGRAD: Optimizer = Optimizer::Adagrad {
     learning_rate: 0.1,
     initial_accumulator: 0.1,
     epsilon: 1e-8,
-    row_wise: false,
 };
 
 fn fetched(t: &Table, keys: &[u64]) -> Vec<f32> {
@@ -100,13 +101,15 @@ fn adagrad_rows_follow_the_dense_rule_and_row_wise_keeps_one_accumulator() {
     }
     assert_eq!(fetched(&t, &[9]), p);
 
-    let row_wise = RowUpdate::Adagrad {
-        learning_rate: 0.1,
-        initial_accumulator: 0.1,
-        epsilon: 0.0,
+    let row_wise = TableConfig {
         row_wise: true,
+        ..config(Optimizer::Adagrad {
+            learning_rate: 0.1,
+            initial_accumulator: 0.1,
+            epsilon: 0.0,
+        })
     };
-    let mut t = Table::new(config(row_wise));
+    let mut t = Table::new(row_wise);
     let p0 = fetched(&t, &[9]);
     let g = [0.2, 0.4, 0.0, 0.0];
     t.apply(&[9], &g, None, 1).unwrap();
