@@ -266,17 +266,21 @@ pub async fn serve(
         training_examples,
     )
     .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds));
+    // With a store, only saved progress is shown, from the start on.
     let (clock_base, shown) = match &opts.state {
-        Some(store) => persist::restore(store, &opts.job_uid, &mut tracker)
-            .await
-            .map_err(CoordinatorError::State)?
-            .map_or((0.0, None), |(at, mut status)| {
-                // A finished job's model is saved again before it is done.
-                status.done &= opts.output.is_none();
-                (at, Some(status))
-            }),
+        Some(store) => {
+            let at = persist::restore(store, &opts.job_uid, &mut tracker)
+                .await
+                .map_err(CoordinatorError::State)?
+                .unwrap_or(0.0);
+            let mut status = tracker.status(at);
+            // A finished job's model is saved again before it is done.
+            status.done &= opts.output.is_none();
+            (at, Some(status))
+        }
         None => (0.0, None),
     };
+    let generation = tracker.generation();
     let shared = Arc::new(Shared {
         tracker: Mutex::new(tracker),
         shards: Mutex::new(Vec::new()),
@@ -287,10 +291,13 @@ pub async fn serve(
         shown: Mutex::new(shown),
         output: opts.output.clone(),
         saved: Mutex::new(Saved::Pending),
-        portions: job
-            .sandblaster
-            .as_ref()
-            .map(|sb| Arc::new(sandblaster::Portions::new(sb, training_examples))),
+        portions: job.sandblaster.as_ref().map(|sb| {
+            Arc::new(sandblaster::Portions::new(
+                sb,
+                training_examples,
+                generation,
+            ))
+        }),
         wake: tokio::sync::Notify::new(),
         save_now: tokio::sync::Notify::new(),
         chains: match job.replication() {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distbelief_proto::v1::{JobStatus, TrackerState};
+use distbelief_proto::v1::TrackerState;
 use prost::Message;
 
 use crate::{Shared, Tracker};
@@ -130,13 +130,13 @@ impl StateStore {
     }
 }
 
-/// Restores `tracker` from what `store` holds, if anything: the saved
-/// clock, which the coordinator's continues from, and the status then.
+/// Restores `tracker` from what `store` holds, if anything; the saved
+/// clock, which the coordinator's continues from.
 pub(crate) async fn restore(
     store: &StateStore,
     job_uid: &str,
     tracker: &mut Tracker,
-) -> Result<Option<(f64, JobStatus)>, String> {
+) -> Result<Option<f64>, String> {
     let Some(saved) = store.load_patiently(job_uid).await? else {
         return Ok(None);
     };
@@ -149,9 +149,10 @@ pub(crate) async fn restore(
         examples = status.examples,
         evaluations = status.curve.len(),
         done = tracker.is_done(),
+        generation = tracker.generation(),
         "restored the tracker a previous coordinator saved"
     );
-    Ok(Some((saved.at, status)))
+    Ok(Some(saved.at))
 }
 
 /// Saves the tracker's state every `save_every` and, at most every
@@ -182,8 +183,14 @@ pub(crate) async fn keep(
         state.job_uid.clone_from(&job_uid);
         if let Some(store) = &store {
             if let Err(e) = store.save(&state).await {
-                tracing::warn!("cannot save the tracker state, will retry: {e}");
-                continue;
+                // The end is shown all the same: a job must not hang on a
+                // full disk or a deleted ConfigMap. Only then may a restart
+                // show less than was shown.
+                if !status.done {
+                    tracing::warn!("cannot save the tracker state, will retry: {e}");
+                    continue;
+                }
+                tracing::error!("cannot save the final tracker state; showing it unsaved: {e}");
             }
             *shared.shown.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.clone());
         }

@@ -67,11 +67,14 @@ pub struct Portions {
 
 impl Portions {
     /// For a batch of `examples` examples in portions of the spec's size.
-    pub fn new(spec: &SandblasterSpec, examples: usize) -> Self {
+    /// Grants are numbered from `generation` · 2⁴⁰ + 1: the shards refuse a
+    /// grant below one they have taken as a retry, so a restarted
+    /// coordinator's must be above every earlier coordinator's.
+    pub fn new(spec: &SandblasterSpec, examples: usize, generation: u64) -> Self {
         let size = spec.portion_size.max(1) as usize;
         Portions {
             round: Mutex::new(Round {
-                next_grant: 1,
+                next_grant: (generation << 40) + 1,
                 objective: f64::NAN,
                 gradient_norm: f64::NAN,
                 ..Round::default()
@@ -408,7 +411,7 @@ mod tests {
     fn portions() -> Portions {
         let spec: SandblasterSpec =
             serde_json::from_str(r#"{"portionSize": 10, "backupAfter": 1.0}"#).expect("spec");
-        Portions::new(&spec, 30)
+        Portions::new(&spec, 30, 0)
     }
 
     fn commit(

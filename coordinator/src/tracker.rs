@@ -115,6 +115,8 @@ pub struct Tracker {
     staleness: StalenessHistogram,
     push_bytes: u64,
     updates: u64,
+    /// Coordinators before this one that saved the state it restored.
+    generation: u64,
     done: Option<(StopReason, f64)>,
     /// A stop asked for by the algorithm (Sandblaster's L-BFGS), applied
     /// like a limit: with one last evaluation and the model saved.
@@ -139,6 +141,7 @@ impl Tracker {
             staleness: StalenessHistogram::default(),
             push_bytes: 0,
             updates: 0,
+            generation: 0,
             done: None,
         }
     }
@@ -146,6 +149,12 @@ impl Tracker {
     pub fn with_backup_window(mut self, seconds: f64) -> Self {
         self.backup_window = seconds;
         self
+    }
+
+    /// 0 for a coordinator that restored nothing; one more than the saving
+    /// coordinator's for one that did.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn is_done(&self) -> bool {

@@ -212,7 +212,7 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         "racing.pb",
         tracker_state().encode_to_vec(),
     );
-    for o in [1u8, 4 | 8 | 2] {
+    for o in [1u8, 4 | 8 | 2, 16 | 8 | 1] {
         add("table_state", &format!("table-{o}.bin"), table_state(o));
     }
     out

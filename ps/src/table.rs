@@ -36,7 +36,7 @@ pub struct TableConfig {
 }
 
 /// Keys still counting towards admission that a table tracks at most: past
-/// this, a new key's pushes are dropped uncounted until room is made.
+/// this, the key first seen longest ago is forgotten to make room.
 pub const MAX_PENDING: usize = 1 << 20;
 
 impl TableConfig {
@@ -83,8 +83,8 @@ pub struct Table {
     /// Every row by its rank: the first is evicted next.
     order: BTreeSet<(u64, u64, u64)>,
     /// Pushes so far of keys not admitted yet.
-    pending: HashMap<u64, u32>,
-    /// Advances on every update, so that ties in use break by age.
+    pending: Pending,
+    /// Advances on every row a push names, so that ties in use break by age.
     clock: u64,
     stats: TableStats,
 }
@@ -132,7 +132,7 @@ impl Table {
             config,
             rows: HashMap::new(),
             order: BTreeSet::new(),
-            pending: HashMap::new(),
+            pending: Pending::default(),
             clock: 0,
             stats: TableStats::default(),
         }
@@ -201,16 +201,16 @@ impl Table {
         for (i, &key) in keys.iter().enumerate() {
             let g = &grads[i * dim..(i + 1) * dim];
             let sq = squares.map(|s| &s[i * dim..(i + 1) * dim]);
+            self.clock = self.clock.saturating_add(1);
             if !self.admit(key) {
                 self.stats.refused += 1;
                 continue;
             }
-            self.clock += 1;
             let (config, clock) = (&self.config, self.clock);
             let row = self.rows.get_mut(&key).expect("admitted rows exist");
             self.order.remove(&row.rank(key));
             update_row(config, row, g, sq, steps);
-            row.uses += 1;
+            row.uses = row.uses.saturating_add(1);
             row.last = clock;
             self.order.insert(row.rank(key));
             updated += 1;
@@ -254,15 +254,10 @@ impl Table {
             return true;
         }
         if self.config.min_count > 1 {
-            if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&key) {
+            if self.pending.bump(key, self.clock) < self.config.min_count {
                 return false;
             }
-            let count = self.pending.entry(key).or_insert(0);
-            *count += 1;
-            if *count < self.config.min_count {
-                return false;
-            }
-            self.pending.remove(&key);
+            self.pending.remove(key);
         }
         if let Some(cap) = self.config.capacity {
             while self.rows.len() >= cap.max(1) {
@@ -301,6 +296,50 @@ impl Table {
     /// The key evicted next, if the table is full and a new key comes.
     pub fn next_eviction(&self) -> Option<u64> {
         self.order.first().map(|&(_, _, key)| key)
+    }
+}
+
+/// Keys counting towards admission: their counts, and the order they were
+/// first seen in, so that a full set forgets the oldest.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Pending {
+    counts: HashMap<u64, (u32, u64)>,
+    /// (first seen, key)
+    order: BTreeSet<(u64, u64)>,
+}
+
+impl Pending {
+    /// Counts one more push of `key` at `now`; its count.
+    fn bump(&mut self, key: u64, now: u64) -> u32 {
+        if let Some((count, _)) = self.counts.get_mut(&key) {
+            *count = count.saturating_add(1);
+            return *count;
+        }
+        if self.counts.len() >= MAX_PENDING
+            && let Some((_, oldest)) = self.order.pop_first()
+        {
+            self.counts.remove(&oldest);
+        }
+        self.insert(key, 1, now);
+        1
+    }
+
+    fn insert(&mut self, key: u64, count: u32, since: u64) -> bool {
+        if self.counts.insert(key, (count, since)).is_some() {
+            return false;
+        }
+        self.order.insert((since, key));
+        true
+    }
+
+    fn remove(&mut self, key: u64) {
+        if let Some((_, since)) = self.counts.remove(&key) {
+            self.order.remove(&(since, key));
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.counts.len()
     }
 }
 

@@ -68,6 +68,10 @@ struct Runtime {
     replica_restarts: u32,
     shard_restarts: u32,
     coordinator_restarts: u32,
+    /// Coordinator restarts charged to its budget: those chaos did not cause.
+    coordinator_failures: u32,
+    /// Chaos killed or froze the coordinator: its restart is not charged.
+    coordinator_faulted: bool,
     /// Statuses whose examples or training seconds were below an earlier
     /// one's: a restarted coordinator that lost progress.
     progress_regressions: u32,
@@ -294,6 +298,8 @@ impl Runtime {
             replica_restarts: 0,
             shard_restarts: 0,
             coordinator_restarts: 0,
+            coordinator_failures: 0,
+            coordinator_faulted: false,
             progress_regressions: 0,
             interrupted,
             status_client,

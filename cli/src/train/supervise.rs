@@ -51,6 +51,12 @@ impl Runtime {
                 chaos::Fault::FreezeShard(_) | chaos::Fault::FreezeCoordinator => p.freeze(),
                 _ => p.kill(),
             }
+            if matches!(
+                fault,
+                chaos::Fault::KillCoordinator | chaos::Fault::FreezeCoordinator
+            ) {
+                self.coordinator_faulted = true;
+            }
         }
     }
 
@@ -100,13 +106,21 @@ impl Runtime {
     pub(super) fn supervise(&mut self) -> anyhow::Result<()> {
         let mut restarted = false;
         if let Some(status) = self.coordinator.exited() {
+            // Chaos bounds its faults by time, not by this budget.
+            let mut uncharged = 0;
+            let chaos = std::mem::take(&mut self.coordinator_faulted);
             let budget = Budget {
-                used: &mut self.coordinator_restarts,
+                used: if chaos {
+                    &mut uncharged
+                } else {
+                    &mut self.coordinator_failures
+                },
                 max: COORDINATOR_MAX_RESTARTS,
                 kind: "coordinator",
                 how: "restarting it; it goes on from the progress it saved",
             };
             restart(&mut self.coordinator, &self.exe, status, budget)?;
+            self.coordinator_restarts += 1;
             restarted = true;
         }
         let spec = &self.job.spec;

@@ -36,6 +36,9 @@ impl Tracker {
                 .map(|r| r.as_str().to_string())
                 .unwrap_or_default(),
             job_uid: String::new(),
+            generation: self.generation,
+            push_bytes: self.push_bytes,
+            updates: self.updates,
         }
     }
 
@@ -68,6 +71,9 @@ impl Tracker {
         self.best = s.best_test_accuracy;
         self.time_to_target = s.time_to_target_seconds;
         self.train_loss = s.train_loss;
+        self.generation = s.generation.saturating_add(1);
+        self.push_bytes = s.push_bytes;
+        self.updates = s.updates;
         self.stop_requested = stop_requested;
         self.done = None;
         // A stop that no longer holds under this job's rule (a resumed run

@@ -254,6 +254,8 @@ fn a_restarted_coordinator_goes_on_from_the_saved_progress_without_counting_twic
     // The coordinator dies at 4.0; the new one's clock continues from there.
     let mut r = restarted(&t, 4.0);
     let after = r.status(4.0);
+    assert_eq!((t.generation(), r.generation()), (0, 1));
+    assert_eq!(restarted(&r, 4.0).generation(), 2);
     assert_eq!(after.examples, before.examples);
     assert_eq!(after.steps, before.steps);
     assert_eq!(after.train_seconds, before.train_seconds);

@@ -6,12 +6,15 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{MAX_PENDING, Row, Table, TableConfig, TableStats};
+use super::{MAX_PENDING, Pending, Row, Table, TableConfig, TableStats};
 use crate::error::PsError;
 
 const MAGIC: &[u8; 8] = b"DBTABLE1";
+/// Bytes of a pending key: key, count, first seen.
+const PENDING_BYTES: usize = 20;
 
-/// The table as bytes; rows in eviction order, pending keys by key.
+/// The table as bytes; rows in eviction order, pending keys in the order
+/// they were first seen.
 pub fn encode(t: &Table) -> Vec<u8> {
     let dim = t.config.dim;
     let width = t.config.accumulators();
@@ -38,12 +41,12 @@ pub fn encode(t: &Table) -> Vec<u8> {
             b.extend_from_slice(&v.to_le_bytes());
         }
     }
-    let mut pending: Vec<(&u64, &u32)> = t.pending.iter().collect();
-    pending.sort_unstable();
-    b.extend_from_slice(&(pending.len() as u64).to_le_bytes());
-    for (key, count) in pending {
+    b.extend_from_slice(&(t.pending.len() as u64).to_le_bytes());
+    for &(since, key) in &t.pending.order {
+        let (count, _) = t.pending.counts[&key];
         b.extend_from_slice(&key.to_le_bytes());
         b.extend_from_slice(&count.to_le_bytes());
+        b.extend_from_slice(&since.to_le_bytes());
     }
     let crc = crc32fast::hash(&b);
     b.extend_from_slice(&crc.to_le_bytes());
@@ -134,14 +137,14 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
         refused: r.u64()?,
     };
     let n = r.count(24 + 4 * (dim + width))?;
-    if let Some(cap) = config.capacity.filter(|&c| n > c) {
+    if let Some(cap) = config.capacity.map(|c| c.max(1)).filter(|&c| n > c) {
         return Err(format!("holds {n} rows; the capacity is {cap}"));
     }
     let mut t = Table {
         config: config.clone(),
         rows: HashMap::with_capacity(n),
         order: BTreeSet::new(),
-        pending: HashMap::new(),
+        pending: Pending::default(),
         clock,
         stats,
     };
@@ -153,6 +156,9 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
             uses,
             last,
         };
+        if row.accum.iter().any(|a| *a < 0.0) {
+            return Err(format!("row {key:#x} has a negative accumulator"));
+        }
         if last > clock {
             return Err(format!("row {key:#x} was used after the table's clock"));
         }
@@ -161,15 +167,18 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
             return Err(format!("row {key:#x} is stored twice"));
         }
     }
-    let pending = r.count(12)?;
+    let pending = r.count(PENDING_BYTES)?;
     if pending > MAX_PENDING {
         return Err(format!(
             "{pending} keys pending admission; at most {MAX_PENDING}"
         ));
     }
     for _ in 0..pending {
-        let (key, count) = (r.u64()?, r.u32()?);
-        if t.rows.contains_key(&key) || t.pending.insert(key, count).is_some() {
+        let (key, count, since) = (r.u64()?, r.u32()?, r.u64()?);
+        if since > clock {
+            return Err(format!("key {key:#x} was seen after the table's clock"));
+        }
+        if t.rows.contains_key(&key) || !t.pending.insert(key, count, since) {
             return Err(format!(
                 "key {key:#x} is pending twice, or pending and stored"
             ));

@@ -211,7 +211,7 @@ fn a_restored_table_equals_the_saved_one_eviction_order_included() {
         }
     }
     assert!(
-        t.stats().evicted > 0 && !t.pending.is_empty(),
+        t.stats().evicted > 0 && t.pending.len() > 0,
         "{:?}",
         t.stats()
     );
@@ -258,4 +258,18 @@ fn a_damaged_or_foreign_table_state_is_refused_with_the_reason() {
         "{}",
         refused(&huge, t.config())
     );
+}
+
+#[test]
+fn a_full_set_of_pending_keys_forgets_the_oldest_so_new_keys_still_count() {
+    let mut p = Pending::default();
+    for key in 0..MAX_PENDING as u64 {
+        assert_eq!(p.bump(key, key), 1);
+    }
+    assert_eq!(p.bump(5, 99), 2, "a tracked key counts on");
+    // Full: a new key makes room by forgetting key 0, first seen longest ago.
+    assert_eq!(p.bump(u64::MAX, 1 << 30), 1);
+    assert_eq!(p.len(), MAX_PENDING);
+    assert!(!p.counts.contains_key(&0) && p.counts.contains_key(&1));
+    assert_eq!(p.bump(u64::MAX, 1 << 30), 2);
 }
