@@ -812,9 +812,20 @@ fn stop_and_resume(name: &str, restart_first: bool) {
         .find(|p| num(p, "seconds") > seconds1)
         .map(|p| num(p, "test_accuracy"))
         .expect("an evaluation after the resume");
+    // Early in training this job's accuracy swings by up to 0.13 between
+    // evaluations 0.5 s apart, so the resumed model is held to the first
+    // half's last three evaluations rather than to its last one. A model
+    // that started afresh scores far below them.
+    let lately = points
+        .iter()
+        .filter(|p| num(p, "seconds") <= seconds1)
+        .rev()
+        .take(3)
+        .map(|p| num(p, "test_accuracy"))
+        .fold(stopped_at, f64::min);
     assert!(
-        first_eval >= stopped_at - 0.03,
-        "the resumed run's first evaluation ({first_eval}) fell back from {stopped_at}"
+        first_eval >= lately - 0.03,
+        "the resumed run's first evaluation ({first_eval}) fell back from {lately}, the least of the first half's last three; it ended at {seconds1} s: {curve}"
     );
 }
 

@@ -166,6 +166,13 @@ pub fn push(data: &[u8]) {
                 "a refused push is counted once"
             );
         }
+        // A synchronous push waits in its round: the parameters wait with
+        // it, and its sequence is taken so that a retry joins no round twice.
+        Some(false) if o & SYNCHRONOUS != 0 => assert_eq!(
+            (&after.params, after.version, after.updates_applied),
+            (&before.params, before.version, before.updates_applied),
+            "a push waiting in its round changes no parameter"
+        ),
         Some(false) => assert_eq!(after, before, "a push not applied changes nothing"),
         _ => assert!(after.version <= before.version + 1, "one push, one version"),
     }
