@@ -93,6 +93,11 @@ impl Tracker {
                 true
             }
         });
+        // Training goes on: the time from the stop to the save (the model
+        // saved, the shutdown) was not training, and is not counted.
+        if let (Some((_, stopped)), None, Some(started)) = (done, self.done, self.started) {
+            self.started = Some(started + (s.at - stopped).max(0.0));
+        }
         Ok(())
     }
 }

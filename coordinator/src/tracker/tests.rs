@@ -307,6 +307,12 @@ fn a_finished_job_stays_finished_and_a_saved_state_with_nonsense_is_refused() {
     later.stop.target_test_accuracy = Some(0.9);
     let mut r = restarted(&later, 3.0);
     assert!(!r.is_done());
+    // It stopped at 2.0 after 1 s of training; the second to the save is not training.
+    assert!(
+        (r.train_seconds(3.0) - 1.0).abs() < 1e-9,
+        "{}",
+        r.train_seconds(3.0)
+    );
     assert_eq!(r.status(3.0).time_to_target_seconds, None);
     r.on_eval(4.0, 0.91, 0.3);
     assert_eq!(r.status(5.0).stop_reason, "target_reached");
