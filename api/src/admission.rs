@@ -66,8 +66,8 @@ pub const MSG_AUDIT_ALGORITHM: &str =
 pub const RULES: &[AdmissionRule] = &[
     spec(
         "spec.model.inputSize",
-        "self.model.inputSize >= 1",
-        MSG_AT_LEAST_1,
+        "self.model.inputSize >= 1 || (has(self.model.tables) && size(self.model.tables) > 0) || has(self.model.wide)",
+        "must be at least 1 (0 only with tables or a wide part)",
     ),
     spec(
         "spec.model.hidden",
@@ -76,8 +76,8 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.model.output.units",
-        "self.model.output.units >= 2",
-        "must be at least 2 classes",
+        "(has(self.model.output.loss) && self.model.output.loss == 'sigmoidCrossEntropy') ? self.model.output.units == 1 : self.model.output.units >= 2",
+        "must be at least 2 classes, or 1 with sigmoidCrossEntropy",
     ),
     spec(
         "spec.data.trainImages",

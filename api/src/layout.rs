@@ -7,7 +7,10 @@ use std::ops::Range;
 use crate::spec::{Activation, ModelSpec};
 
 mod partition;
+mod tables;
 pub use partition::{Block, Partitioning};
+pub(crate) use tables::embedding_width;
+pub use tables::{KeyedTable, LIBSVM_FIELD, Tables, WIDE_TABLE, categorical_fields};
 
 /// One named tensor inside the flat parameter vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,12 +54,14 @@ pub struct Layout {
 
 impl Layout {
     /// Tensors in layer order, weight before bias. The output layer is linear:
-    /// its logits go to the loss.
+    /// its logits go to the loss. The first layer takes the numeric
+    /// features, then each table's rows (tables in order, fields in the
+    /// table's order).
     pub fn from_model(model: &ModelSpec) -> Layout {
         let mut tensors = Vec::new();
         let mut layers = Vec::new();
         let mut offset = 0;
-        let mut inputs = model.input_size as usize;
+        let mut inputs = model.input_size as usize + tables::embedding_width(model) as usize;
         let dims = model
             .hidden
             .iter()
@@ -177,6 +182,8 @@ mod tests {
 
     fn mlp() -> ModelSpec {
         ModelSpec {
+            tables: Vec::new(),
+            wide: None,
             input_size: 784,
             hidden: vec![DenseLayer {
                 units: 512,

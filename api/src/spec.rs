@@ -168,6 +168,66 @@ pub struct ModelSpec {
     pub hidden: Vec<DenseLayer>,
     /// The output layer. Required; its units are the number of classes.
     pub output: OutputLayer,
+    /// Keyed embedding tables for categorical fields, held on the shards as
+    /// rows created on first touch. Each field a table lists looks up its
+    /// row there, and the rows are concatenated after the numeric features
+    /// as the hidden layers' input. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TableSpec>,
+    /// A wide (linear) part beside the deep one: one weight per key of every
+    /// categorical field, summed into the logit. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wide: Option<WideSpec>,
+}
+
+/// An embedding table: rows of `dim` values, one per key of its fields.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TableSpec {
+    /// The table's name: a DNS label, unique in the model. Required.
+    pub name: String,
+    /// Values per row. Required, 1 to 1024.
+    pub dim: u32,
+    /// The categorical fields (data columns) that look up their rows here;
+    /// each field belongs to at most one table. Required, at least one.
+    pub fields: Vec<String>,
+    /// Rows kept at most, over all shards; past it the least-used row is
+    /// evicted (the oldest among equals). Default: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// Pushes a key needs before it gets a row; earlier ones are dropped,
+    /// and the key reads its initial values. Default: 1.
+    #[serde(default = "default_min_count")]
+    pub min_count: u32,
+    /// Adagrad with one accumulator per row instead of one per value.
+    /// Default: false.
+    #[serde(default)]
+    pub row_wise: bool,
+    /// Initial values are uniform in [-initScale, initScale], derived from
+    /// (seed, table, key). Default: 0.05.
+    #[serde(default = "default_init_scale")]
+    pub init_scale: f64,
+}
+
+/// The wide part: a table of one weight per key, over every categorical
+/// field.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WideSpec {
+    /// Weights kept at most, over all shards. Default: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<u64>,
+    /// Pushes a key needs before it gets a weight. Default: 1.
+    #[serde(default = "default_min_count")]
+    pub min_count: u32,
+}
+
+fn default_min_count() -> u32 {
+    1
+}
+
+fn default_init_scale() -> f64 {
+    0.05
 }
 
 /// A fully connected layer with its activation.
@@ -195,9 +255,11 @@ pub enum Activation {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutputLayer {
-    /// Number of classes. Required, at least 2.
+    /// Number of classes, at least 2; 1 for sigmoidCrossEntropy. Required.
     pub units: u32,
-    /// Loss on the logits. Default: softmaxCrossEntropy (the only one so far).
+    /// Loss on the logits: softmaxCrossEntropy over classes, or
+    /// sigmoidCrossEntropy for binary labels (0 or 1) with one unit, for
+    /// which the job reports test AUC and log loss. Default: softmaxCrossEntropy.
     #[serde(default)]
     pub loss: Loss,
 }
@@ -207,13 +269,16 @@ pub struct OutputLayer {
 pub enum Loss {
     #[default]
     SoftmaxCrossEntropy,
+    SigmoidCrossEntropy,
 }
 
 /// Training and test examples. Labels are class indices in [0, output.units).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataSpec {
-    /// File format: `idx` (the MNIST format, plain or `.gz`) or `csv`. Default: idx.
+    /// File format: `idx` (the MNIST format, plain or `.gz`), `csv`,
+    /// `parquet` (named label, numeric and categorical columns) or `libsvm`
+    /// (`label index:value ...`, sparse). Default: idx.
     #[serde(default)]
     pub format: DataFormat,
     /// idx training images. Default: Fashion-MNIST's, from Debian's dataset-fashion-mnist.
@@ -244,6 +309,44 @@ pub struct DataSpec {
     /// Use only the first N test examples. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_limit: Option<u32>,
+    /// parquet or libsvm: the training file. Required for those formats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_file: Option<String>,
+    /// parquet or libsvm: the test file. Required for those formats unless
+    /// holdout is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_file: Option<String>,
+    /// Take the test set out of the training file instead of testFile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holdout: Option<HoldoutSpec>,
+    /// parquet: the label column. Required for parquet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// parquet: the label value that means 1 (every other value means 0),
+    /// for a string label column. Default: numeric labels, 0 or 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub positive_label: Option<String>,
+    /// parquet: numeric feature columns, in order; they are the model's
+    /// inputSize features. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub numeric: Vec<String>,
+    /// parquet: categorical columns. Each value becomes the key of (column,
+    /// value); the model's tables and wide part look keys up by column.
+    /// libsvm files have one categorical field, `features`, whose keys are
+    /// the feature indices, weighted by their values. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub categorical: Vec<String>,
+}
+
+/// A test set held out of the training file by row position.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HoldoutSpec {
+    /// Rows are counted in groups of this many. Required, at least 2.
+    pub every: u32,
+    /// The 0-based row position modulo `every` that goes to the test set.
+    /// Required, below every.
+    pub index: u32,
 }
 
 impl Default for DataSpec {
@@ -259,6 +362,13 @@ impl Default for DataSpec {
             input_scale: default_input_scale(),
             train_limit: None,
             test_limit: None,
+            train_file: None,
+            test_file: None,
+            holdout: None,
+            label: None,
+            positive_label: None,
+            numeric: Vec::new(),
+            categorical: Vec::new(),
         }
     }
 }
@@ -269,6 +379,8 @@ pub enum DataFormat {
     #[default]
     Idx,
     Csv,
+    Parquet,
+    Libsvm,
 }
 
 /// The training algorithm. Exactly one must be set.

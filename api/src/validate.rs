@@ -3,7 +3,7 @@
 
 use crate::admission;
 use crate::error::{ApiError, ValidationError};
-use crate::layout::{Layout, Partitioning};
+use crate::layout::{Layout, Partitioning, Tables};
 use crate::spec::{
     DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec, SandblasterSpec,
 };
@@ -23,6 +23,8 @@ pub struct Job {
     /// How replicas split the model into partitions, and the order in which
     /// the shards store the parameters (the layout's when unpartitioned).
     pub partitioning: Partitioning,
+    /// The model's keyed tables (embeddings, then the wide part), if any.
+    pub tables: Tables,
 }
 
 impl Job {
@@ -93,15 +95,14 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     }
     let s = &job.spec;
 
-    if s.model.input_size == 0 {
+    let m = &s.model;
+    if m.input_size == 0 && m.tables.is_empty() && m.wide.is_none() {
         fail("spec.model.inputSize", None);
     }
-    if s.model.hidden.iter().any(|l| l.units == 0) {
+    if m.hidden.iter().any(|l| l.units == 0) {
         fail("spec.model.hidden", None);
     }
-    if s.model.output.units < 2 {
-        fail("spec.model.output.units", None);
-    }
+    sparse::check(s, &mut fail);
 
     let d = &s.data;
     match d.format {
@@ -117,6 +118,8 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
                 }
             }
         }
+        // Checked with the sparse rules.
+        DataFormat::Parquet | DataFormat::Libsvm => {}
         DataFormat::Csv => {
             for (field, v) in [("trainCsv", &d.train_csv), ("testCsv", &d.test_csv)] {
                 if v.as_deref().is_none_or(|p| p.trim().is_empty()) {
@@ -354,6 +357,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
             sandblaster: s.algorithm.sandblaster.clone(),
             partitioning: Partitioning::new(&layout, partitions as usize),
             layout,
+            tables: Tables::from_spec(&s.model, &s.data),
         }),
         _ => Err(ApiError::Invalid { name, errors }),
     }
@@ -413,7 +417,7 @@ fn is_quantity(q: &str) -> bool {
 
 /// Number of parameters of `model`, computed without overflow.
 fn parameter_count(model: &ModelSpec) -> u128 {
-    let mut inputs = u128::from(model.input_size);
+    let mut inputs = u128::from(model.input_size) + crate::layout::embedding_width(model);
     let mut count = 0;
     for units in model
         .hidden
@@ -441,6 +445,8 @@ fn is_dns_label(s: &str) -> bool {
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
+
+mod sparse;
 
 #[cfg(test)]
 mod tests;

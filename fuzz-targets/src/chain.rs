@@ -10,7 +10,7 @@
 use distbelief_proto::v1::GradientChunk;
 use distbelief_ps::Shard;
 use distbelief_ps::shard::{PushAssembly, PushOutcome};
-use distbelief_ps_server::{chunk_header as header, chunk_payload as payload};
+use distbelief_ps_server::{assemble, chunk_header as header};
 
 use crate::checkpoint::RANGE;
 use crate::frames::{messages, options};
@@ -25,9 +25,7 @@ const HEAD_SINCE: u64 = 3;
 fn forward(s: &mut Shard, chunks: &[GradientChunk]) -> Result<u64, String> {
     let mut assembly = PushAssembly::new(RANGE, Vec::new(), Vec::new());
     for c in chunks {
-        assembly
-            .add(header(c), c.offset, payload(c), &c.squares)
-            .map_err(|e| e.to_string())?;
+        assemble(&mut assembly, c).map_err(|e| e.to_string())?;
     }
     let h = assembly.finish().map_err(|e| e.to_string())?;
     let first = &chunks[0];
@@ -54,7 +52,7 @@ fn forward(s: &mut Shard, chunks: &[GradientChunk]) -> Result<u64, String> {
             s.version
         ));
     }
-    match s.apply_summed(h, &assembly.values, assembly.squares()) {
+    match s.apply_summed(h, &assembly.values, assembly.squares(), &assembly.rows) {
         Ok(PushOutcome::Applied { version, .. }) if version == made => Ok(version),
         other => Err(format!("the forwarded push came out as {other:?}")),
     }

@@ -4,6 +4,7 @@
 use distbelief_model::Optimizer;
 use distbelief_proto::v1::StateBytes;
 use distbelief_ps::checkpoint::{Saved, decode, write_to};
+use distbelief_ps::table::TableConfig;
 
 use crate::frames::messages;
 
@@ -17,6 +18,20 @@ pub fn optimizer() -> Optimizer {
         initial_accumulator: 0.1,
         epsilon: 1e-8,
     }
+}
+
+/// The job's one table, which the seeds' states hold rows of.
+pub fn tables() -> Vec<TableConfig> {
+    vec![TableConfig {
+        id: 0,
+        dim: 2,
+        seed: 1,
+        init_scale: 0.05,
+        optimizer: optimizer(),
+        row_wise: false,
+        capacity: Some(4),
+        min_count: 1,
+    }]
 }
 
 pub fn checkpoint(data: &[u8]) {
@@ -57,19 +72,24 @@ fn check_saved(saved: Saved) {
     assert_eq!(saved.params.len(), RANGE.len());
     let (version, updates, params) = (saved.version, saved.updates_applied, bits(&saved.params));
     let lineage = saved.lineage.clone();
-    let restored = saved.clone().restore(SHARD, RANGE, optimizer());
+    // Tables that do not fit the job's are refused whole, as a restore does.
+    let Ok(restored) = saved.clone().restore(SHARD, RANGE, optimizer(), &tables()) else {
+        return;
+    };
     assert!(
         restored.epoch() > lineage.epoch(),
         "a restore starts a later epoch"
     );
-    let first = write_to(Vec::new(), &saved.into_shard(SHARD, RANGE, optimizer()))
-        .expect("writing to memory");
+    let shard = |s: Saved| {
+        s.into_shard(SHARD, RANGE, optimizer(), &tables())
+            .expect("tables that restored once restore again")
+    };
+    let first = write_to(Vec::new(), &shard(saved)).expect("writing to memory");
     let again = decode(&first, SHARD, RANGE, "rewritten")
         .unwrap_or_else(|e| panic!("a state read and written back does not read: {e}"));
     assert_eq!((again.version, again.updates_applied), (version, updates));
     assert_eq!(bits(&again.params), params);
     assert_eq!(again.lineage, lineage);
-    let second = write_to(Vec::new(), &again.into_shard(SHARD, RANGE, optimizer()))
-        .expect("writing to memory");
+    let second = write_to(Vec::new(), &shard(again)).expect("writing to memory");
     assert_eq!(first, second, "writing what was read is stable");
 }

@@ -286,12 +286,27 @@ fn checkpoint_bytes() -> Vec<u8> {
         };
         s.apply_push(h, &[0.25; 8]).expect("a valid push");
     };
-    let mut s = distbelief_ps::Shard::new(SHARD, RANGE, optimizer(), vec![0.5; 8]);
+    let mut s = distbelief_ps::Shard::new(SHARD, RANGE, optimizer(), vec![0.5; 8])
+        .with_tables(&crate::checkpoint::tables());
     push(&mut s, 1, 1);
     push(&mut s, 1, 2);
+    let rows = distbelief_ps::shard::Rows {
+        table: 0,
+        keys: vec![3, 5, 7],
+        values: vec![0.5; 6],
+        squares: Vec::new(),
+    };
+    let h = PushHeader {
+        shard: SHARD,
+        id: PushId::gradient(0, 1, 3),
+    };
+    s.apply_summed(h, &[0.25; 8], None, &[rows])
+        .expect("a valid push");
     let saved = write_to(Vec::new(), &s).expect("writing to memory");
     let saved = distbelief_ps::checkpoint::decode(&saved, SHARD, RANGE, "seed").expect("reads");
-    let mut s = saved.restore(SHARD, RANGE, optimizer());
+    let mut s = saved
+        .restore(SHARD, RANGE, optimizer(), &crate::checkpoint::tables())
+        .expect("restores");
     push(&mut s, 2, 1);
     write_to(Vec::new(), &s).expect("writing to memory")
 }

@@ -1,17 +1,24 @@
-//! Data readers: idx (the MNIST format, plain or gzip) and CSV, into one
-//! in-memory [`Dataset`] of f32 features and class labels.
+//! Data readers: idx (the MNIST format, plain or gzip), CSV, Parquet and
+//! libsvm, into one in-memory [`Dataset`] of f32 features, categorical keys
+//! and class labels.
 
 use std::io::Read;
 use std::path::Path;
 
 use distbelief_api::{DataFormat, DataSpec};
 
-/// Examples as a row-major `n × features` matrix and one label per row.
+mod parquet;
+mod sparse;
+pub use sparse::{SparseFeatures, parse_libsvm};
+
+/// Examples as a row-major `n × features` matrix, their categorical keys
+/// (for Parquet and libsvm), and one label per row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dataset {
     pub features: Vec<f32>,
     pub labels: Vec<u32>,
     pub dim: usize,
+    pub sparse: Option<SparseFeatures>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +57,9 @@ impl Dataset {
         if n < self.len() {
             self.labels.truncate(n);
             self.features.truncate(n * self.dim);
+            if let Some(s) = self.sparse.as_mut() {
+                s.truncate(n);
+            }
         }
     }
 
@@ -111,6 +121,8 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
             };
             read_csv(path.as_deref().unwrap_or_default(), spec.input_scale as f32)?
         }
+        DataFormat::Parquet => parquet::load(spec, train)?,
+        DataFormat::Libsvm => read_libsvm(spec, train)?,
     };
     let limit = if train {
         spec.train_limit
@@ -128,9 +140,32 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
 pub fn count_training_examples(spec: &DataSpec) -> Result<usize, DataError> {
     let n = match spec.format {
         DataFormat::Idx => parse_idx(&spec.train_labels, &read_file(&spec.train_labels)?)?.0[0],
-        DataFormat::Csv => load(spec, true)?.len(),
+        DataFormat::Csv | DataFormat::Parquet | DataFormat::Libsvm => load(spec, true)?.len(),
     };
     Ok(spec.train_limit.map_or(n, |l| n.min(l as usize)))
+}
+
+/// A libsvm file's examples; with a holdout, the training or test rows of
+/// the training file.
+fn read_libsvm(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
+    let path = match (train, spec.holdout) {
+        (false, None) => spec.test_file.as_deref(),
+        _ => spec.train_file.as_deref(),
+    }
+    .unwrap_or_default();
+    let (labels, sparse) = parse_libsvm(path, &read_file(path)?)?;
+    let rows: Vec<usize> = match spec.holdout {
+        Some(h) => (0..labels.len())
+            .filter(|i| (i % h.every as usize == h.index as usize) != train)
+            .collect(),
+        None => (0..labels.len()).collect(),
+    };
+    Ok(Dataset {
+        features: Vec::new(),
+        labels: rows.iter().map(|&i| labels[i]).collect(),
+        dim: 0,
+        sparse: Some(sparse.select(&rows)),
+    })
 }
 
 fn read_file(path: &str) -> Result<Vec<u8>, DataError> {
@@ -236,6 +271,7 @@ pub fn parse_idx_pair(
         features: ibytes.iter().map(|&b| f32::from(b) * scale).collect(),
         labels: lbytes.iter().map(|&b| u32::from(b)).collect(),
         dim,
+        sparse: None,
     })
 }
 
@@ -252,6 +288,7 @@ pub fn parse_csv(path: &str, bytes: Vec<u8>, scale: f32) -> Result<Dataset, Data
         message: "not UTF-8 text".into(),
     })?;
     let mut d = Dataset {
+        sparse: None,
         features: Vec::new(),
         labels: Vec::new(),
         dim: 0,

@@ -126,6 +126,8 @@ mod tests {
 
     fn layout(hidden: u32) -> Layout {
         Layout::from_model(&ModelSpec {
+            tables: Vec::new(),
+            wide: None,
             input_size: 5,
             hidden: vec![DenseLayer {
                 units: hidden,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use distbelief_proto::v1::{ChainRequestKind, GradientChunk, PushReply, StateBytes};
 use distbelief_ps::audit;
 use distbelief_ps::checkpoint;
-use distbelief_ps::shard::{PushHeader, PushOutcome};
+use distbelief_ps::shard::{PushHeader, PushOutcome, Rows};
 use tonic::{Status, Streaming};
 
 use std::sync::Arc;
@@ -140,6 +140,7 @@ impl ShardService {
         route: Route,
         values: &[f32],
         squares: Option<&[f32]>,
+        rows: &[Rows],
     ) -> Result<PushReply, Status> {
         // The head keeps several forwards in flight: one that overtook its
         // predecessor waits for it, as long as a forward may take. The chain
@@ -149,7 +150,7 @@ impl ShardService {
             self.check_forward(m, route).await?;
             let version = self.read().version;
             if version + 1 >= route.forwarded_version {
-                break self.apply_in_order(h, route, values, squares);
+                break self.apply_in_order(h, route, values, squares, rows);
             }
             let mut versions = self.versions.subscribe();
             let caught_up = versions.wait_for(|&v| v + 1 >= route.forwarded_version);
@@ -225,6 +226,7 @@ impl ShardService {
         route: Route,
         values: &[f32],
         squares: Option<&[f32]>,
+        rows: &[Rows],
     ) -> Result<(u64, u64), String> {
         tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
@@ -245,7 +247,7 @@ impl ShardService {
                     s.version, route.forwarded_version
                 ));
             }
-            match s.apply_summed(h, values, squares) {
+            match s.apply_summed(h, values, squares, rows) {
                 Ok(PushOutcome::Applied { version, .. }) if version == route.forwarded_version => {
                     if let Some(log) = &self.push_log {
                         self.log_applied(log, h, s.stamp());
@@ -307,12 +309,17 @@ impl ShardService {
                 "a member in the chain does not take another's state",
             ));
         }
-        let (index, range) = {
+        let (index, range, tables) = {
             let s = self.read();
-            (s.index, s.range.clone())
+            let tables = s.tables.iter().map(|t| t.config().max_state_bytes());
+            (
+                s.index,
+                s.range.clone(),
+                tables.fold(0u64, u64::saturating_add),
+            )
         };
-        // Parameters and accumulators, plus room for the tables.
-        let limit = 8 * range.len() + (64 << 20);
+        // Parameters and accumulators, plus the tables and the rest.
+        let limit = (8 * range.len() as u64 + (64 << 20)).saturating_add(tables);
         let mut data = Vec::new();
         let mut from = None;
         while let Some(chunk) = stream.message().await? {
@@ -323,7 +330,7 @@ impl ShardService {
                 )));
             }
             from.get_or_insert(chunk.from_member);
-            if data.len() + chunk.data.len() > limit {
+            if (data.len() + chunk.data.len()) as u64 > limit {
                 return Err(Status::invalid_argument("state larger than the shard's"));
             }
             data.extend_from_slice(&chunk.data);
@@ -334,7 +341,11 @@ impl ShardService {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let version = tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
-            let mut fresh = saved.into_shard(index, range, s.optimizer);
+            let configs: Vec<_> = s.tables.iter().map(|t| t.config().clone()).collect();
+            let mut fresh = match saved.into_shard(index, range, s.optimizer, &configs) {
+                Ok(fresh) => fresh,
+                Err(e) => return Err(Status::invalid_argument(e.to_string())),
+            };
             fresh.staleness_aware = s.staleness_aware;
             fresh.average_weight = s.average_weight;
             fresh.sync = s.sync.clone();
@@ -345,8 +356,8 @@ impl ShardService {
             {
                 tracing::error!("cannot write the push log: {e}");
             }
-            s.version
-        });
+            Ok(s.version)
+        })?;
         self.metrics.version.set(version as i64);
         self.versions.send_replace(version);
         tracing::info!(

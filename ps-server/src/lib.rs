@@ -15,13 +15,14 @@ use distbelief_api::Job;
 use distbelief_model::Optimizer;
 use distbelief_proto::v1::parameter_server_server::ParameterServerServer;
 use distbelief_ps::shard::SyncRound;
+use distbelief_ps::table::TableConfig;
 use distbelief_ps::{PsError, Shard, audit, checkpoint};
 use tokio::net::TcpListener;
 
 pub use error::ServeError;
 pub use metrics::PsMetrics;
 pub use replication::MemberOptions;
-pub use service::{ShardService, header as chunk_header, payload as chunk_payload};
+pub use service::{ShardService, assemble, header as chunk_header};
 
 /// How to run one shard.
 #[derive(Debug, Clone)]
@@ -51,13 +52,14 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
             shards: ranges.len(),
         })?;
     let optimizer = Optimizer::from_spec(&job.downpour);
+    let tables = TableConfig::for_job(job);
     let saved = match &opts.checkpoint_dir {
         Some(dir) => checkpoint::load(dir, opts.index, range.clone())?,
         None => None,
     };
     let mut shard = match saved {
         Some(saved) => {
-            let s = saved.restore(opts.index, range, optimizer);
+            let s = saved.restore(opts.index, range, optimizer, &tables)?;
             tracing::info!(
                 shard = opts.index,
                 version = s.version,
@@ -68,7 +70,7 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
         }
         None => {
             let params = job.initial_values(range.clone());
-            Shard::new(opts.index, range, optimizer, params)
+            Shard::new(opts.index, range, optimizer, params).with_tables(&tables)
         }
     };
     shard.staleness_aware = job.downpour.staleness_aware_learning_rate;

@@ -10,8 +10,8 @@ use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::parameter_server_server::ParameterServer;
 use distbelief_proto::v1::{
     CatchUpReply, CatchUpRequest, ChainConfig, FetchRequest, GradientChunk, GradientEncoding,
-    InfoRequest, InstallReply, ParameterChunk, PushReply, ShardInfo, StateBytes, VectorCommands,
-    VectorReply,
+    InfoRequest, InstallReply, ParameterChunk, PushReply, RowsReply, RowsRequest, ShardInfo,
+    StateBytes, TableInfo, VectorCommands, VectorReply,
 };
 use futures::Stream;
 use tokio::sync::Semaphore;
@@ -171,13 +171,7 @@ impl ShardService {
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
             while let Some(chunk) = stream.message().await.map_err(|s| self.unreadable(s))? {
-                let added = assembly.add(
-                    header(&chunk),
-                    chunk.offset,
-                    payload(&chunk),
-                    &chunk.squares,
-                );
-                if let Err(e) = added {
+                if let Err(e) = assemble(&mut assembly, &chunk) {
                     return Err(self.refuse_unassembled(e));
                 }
                 if kept.is_empty() {
@@ -203,7 +197,14 @@ impl ShardService {
                 // waiting for an earlier one still on its way.
                 drop(permit);
                 let reply = self
-                    .apply_forwarded(m, h, route, &assembly.values, assembly.squares())
+                    .apply_forwarded(
+                        m,
+                        h,
+                        route,
+                        &assembly.values,
+                        assembly.squares(),
+                        &assembly.rows,
+                    )
                     .await;
                 self.recycle(&mut assembly);
                 return reply.map(|r| (r, None));
@@ -215,7 +216,7 @@ impl ShardService {
         // runtime, so that other connections are served from other threads.
         let outcome = tokio::task::block_in_place(|| {
             let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
-            let outcome = s.apply_summed(h, &assembly.values, assembly.squares());
+            let outcome = s.apply_summed(h, &assembly.values, assembly.squares(), &assembly.rows);
             if let Ok(PushOutcome::Applied { .. } | PushOutcome::Waiting { .. }) = outcome {
                 s.push_bytes += assembly.bytes;
             }
@@ -350,7 +351,63 @@ fn describe(s: &Shard, metrics: &PsMetrics) -> ShardInfo {
         highest_incarnation: s.highest_incarnation(),
         // Filled in by `info`: the chain is the member's, not the shard's.
         chain: None,
+        tables: s
+            .table_stats()
+            .into_iter()
+            .map(|(rows, st)| TableInfo {
+                rows: rows as u64,
+                created: st.created,
+                evicted: st.evicted,
+                refused: st.refused,
+            })
+            .collect(),
     }
+}
+
+/// The rows a request asks for, if its reply fits in one message.
+fn rows_reply(s: &Shard, req: &RowsRequest) -> Result<RowsReply, PsError> {
+    if req.shard != s.index {
+        return Err(PsError::WrongShard {
+            expected: s.index,
+            got: req.shard,
+        });
+    }
+    let mut bytes = 0usize;
+    for t in &req.tables {
+        let dim = s
+            .tables
+            .get(t.table as usize)
+            .map(|table| table.dim())
+            .ok_or(PsError::NoSuchTable {
+                table: t.table,
+                tables: s.tables.len(),
+            })?;
+        if !t.keys.len().is_multiple_of(8) {
+            return Err(PsError::Malformed(t.keys.len()));
+        }
+        bytes = bytes.saturating_add(t.keys.len() / 8 * dim * 4);
+    }
+    if bytes > distbelief_net::MAX_MESSAGE - 4096 {
+        return Err(PsError::TooManyRows);
+    }
+    let mut rows = Vec::with_capacity(req.tables.len());
+    let mut out = Vec::new();
+    for t in &req.tables {
+        let keys: Vec<u64> = t
+            .keys
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        out.clear();
+        out.resize(keys.len() * s.tables[t.table as usize].dim(), 0.0);
+        s.fetch_rows(t.table, &keys, &mut out)?;
+        rows.push(encode_f32(&out));
+    }
+    Ok(RowsReply {
+        version: s.version,
+        shard_epoch: s.epoch(),
+        rows,
+    })
 }
 
 /// A shard that is alive but cannot take a push now. Not Unavailable: a
@@ -384,6 +441,17 @@ pub fn header(c: &GradientChunk) -> PushHeader {
             average: c.average,
             grant: c.grant,
         },
+    }
+}
+
+/// Adds a chunk to its push: dense values at their offset, or a table's rows.
+pub fn assemble(a: &mut PushAssembly, c: &GradientChunk) -> Result<(), PsError> {
+    match c.table {
+        Some(_) if c.encoding() != GradientEncoding::Dense => {
+            Err(PsError::Malformed(c.values.len()))
+        }
+        Some(table) => a.add_rows(header(c), table, &c.keys, &c.values, &c.squares),
+        None => a.add(header(c), c.offset, payload(c), &c.squares),
     }
 }
 
@@ -422,6 +490,22 @@ impl ParameterServer for ShardService {
         }
         self.metrics.fetches.inc();
         Ok(Response::new(self.parameters(version)))
+    }
+
+    async fn fetch_rows(&self, req: Request<RowsRequest>) -> Result<Response<RowsReply>, Status> {
+        if let Some(m) = &self.chain
+            && !m.in_chain()
+        {
+            return Err(m.not_head());
+        }
+        let req = req.into_inner();
+        let reply = tokio::task::block_in_place(|| {
+            let s = self.read();
+            rows_reply(&s, &req)
+        })
+        .map_err(status)?;
+        self.metrics.fetches.inc();
+        Ok(Response::new(reply))
     }
 
     async fn push(

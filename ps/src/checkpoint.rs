@@ -11,9 +11,12 @@ use std::path::{Path, PathBuf};
 use crate::error::PsError;
 use crate::lineage::Lineage;
 use crate::shard::{PushTable, Shard};
+use crate::table::{Table, TableConfig};
 use distbelief_model::Optimizer;
 
-const MAGIC: &[u8; 8] = b"DBCKPT03";
+const MAGIC: &[u8; 8] = b"DBCKPT04";
+/// The third format: no tables.
+const MAGIC_V3: &[u8; 8] = b"DBCKPT03";
 /// The second format: no epochs.
 const MAGIC_V2: &[u8; 8] = b"DBCKPT02";
 /// The first format: no push table.
@@ -33,11 +36,24 @@ pub struct Saved {
     pub push_table: PushTable,
     /// The epochs up to the one the state was saved in.
     pub lineage: Lineage,
+    /// Each table's state (see [`crate::table::encode`]), by table id;
+    /// decoded once the job's table configs are known.
+    pub tables: Vec<Vec<u8>>,
 }
 
-struct Crc<W> {
-    inner: W,
-    hasher: crc32fast::Hasher,
+/// Passes bytes on, hashing them.
+pub(crate) struct Crc<W> {
+    pub(crate) inner: W,
+    pub(crate) hasher: crc32fast::Hasher,
+}
+
+impl<W> Crc<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        Crc {
+            inner,
+            hasher: crc32fast::Hasher::new(),
+        }
+    }
 }
 
 impl<W: Write> Write for Crc<W> {
@@ -60,10 +76,7 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> PsError + '_ {
 
 /// Writes the shard's state in the checkpoint format (a checksum last).
 pub fn write_to<W: Write>(inner: W, shard: &Shard) -> std::io::Result<W> {
-    let mut w = Crc {
-        inner,
-        hasher: crc32fast::Hasher::new(),
-    };
+    let mut w = Crc::new(inner);
     w.write_all(MAGIC)?;
     w.write_all(&shard.index.to_le_bytes())?;
     for v in [
@@ -99,6 +112,11 @@ pub fn write_to<W: Write>(inner: W, shard: &Shard) -> std::io::Result<W> {
     for (epoch, start) in starts {
         w.write_all(&epoch.to_le_bytes())?;
         w.write_all(&start.to_le_bytes())?;
+    }
+    w.write_all(&(shard.tables.len() as u64).to_le_bytes())?;
+    for t in &shard.tables {
+        w.write_all(&crate::table::encoded_len(t).to_le_bytes())?;
+        crate::table::write_to(t, &mut w)?;
     }
     let crc = w.hasher.finalize();
     let mut inner = w.inner;
@@ -153,23 +171,48 @@ impl Saved {
     /// The shard as the checkpoint left it, in a new epoch: what was applied
     /// after the checkpoint is gone, so its version numbers must not be
     /// taken to mean the same state again.
-    pub fn restore(self, index: u32, range: std::ops::Range<usize>, optimizer: Optimizer) -> Shard {
+    pub fn restore(
+        self,
+        index: u32,
+        range: std::ops::Range<usize>,
+        optimizer: Optimizer,
+        tables: &[TableConfig],
+    ) -> Result<Shard, PsError> {
         let version = self.version;
-        let mut s = self.into_shard(index, range, optimizer);
+        let mut s = self.into_shard(index, range, optimizer, tables)?;
         s.restored_version = Some(version);
         s.lineage.fork(version);
-        s
+        Ok(s)
     }
 
     /// The shard exactly as saved, in the same epoch: a copy of a live
     /// state (a replication member catching up), not a restore.
+    /// A state saved without tables (an earlier format, or a job that had
+    /// none) gives a job with tables empty ones.
     pub fn into_shard(
         self,
         index: u32,
         range: std::ops::Range<usize>,
         optimizer: Optimizer,
-    ) -> Shard {
+        tables: &[TableConfig],
+    ) -> Result<Shard, PsError> {
+        let source = format!("shard {index}'s saved state");
+        let decoded = match self.tables.len() {
+            0 => tables.iter().cloned().map(Table::new).collect(),
+            n if n == tables.len() => tables
+                .iter()
+                .zip(&self.tables)
+                .map(|(c, b)| crate::table::decode(b, c, &source))
+                .collect::<Result<Vec<_>, _>>()?,
+            n => {
+                return Err(PsError::Checkpoint {
+                    path: source,
+                    message: format!("holds {n} tables; the job has {}", tables.len()),
+                });
+            }
+        };
         let mut s = Shard::new(index, range, optimizer, self.params);
+        s.tables = decoded;
         if s.accum.len() == self.accum.len() {
             s.accum = self.accum;
         }
@@ -177,7 +220,7 @@ impl Saved {
         s.updates_applied = self.updates_applied;
         s.restore_push_table(&self.push_table);
         s.lineage = self.lineage;
-        s
+        Ok(s)
     }
 }
 
@@ -250,7 +293,8 @@ fn read_from<R: Read>(
     let mut header = [0u8; HEADER as usize];
     r.read_exact(&mut header).map_err(short)?;
     let format = match &header[..8] {
-        m if m == MAGIC => 3,
+        m if m == MAGIC => 4,
+        m if m == MAGIC_V3 => 3,
         m if m == MAGIC_V2 => 2,
         m if m == MAGIC_V1 => 1,
         _ => return Err(bad("not a distbelief shard checkpoint".into())),
@@ -293,10 +337,11 @@ fn read_from<R: Read>(
     if computed != u32::from_le_bytes(crc) {
         return Err(bad("checksum mismatch: the file is corrupt".into()));
     }
-    let (push_table, lineage) = match format {
-        1 if tail.is_empty() => (PushTable::default(), Lineage::default()),
+    let (push_table, lineage, tables) = match format {
+        1 if tail.is_empty() => (PushTable::default(), Lineage::default(), Vec::new()),
         1 => return Err(bad("length does not match its header".into())),
-        _ => read_tail(&tail, format == 3).ok_or_else(|| bad("bad push table or epochs".into()))?,
+        _ => read_tail(&tail, format)
+            .ok_or_else(|| bad("bad push table, epochs or tables".into()))?,
     };
     Ok(Saved {
         version: u64_at(2),
@@ -305,12 +350,15 @@ fn read_from<R: Read>(
         accum,
         push_table,
         lineage,
+        tables,
     })
 }
 
 /// What follows the values: the push table, then (from the third format)
-/// the epochs; each a count, then fixed-size entries; nothing after them.
-fn read_tail(mut b: &[u8], with_epochs: bool) -> Option<(PushTable, Lineage)> {
+/// the epochs, each a count, then fixed-size entries; then (from the
+/// fourth) the tables, a count, then each one's length and bytes; nothing
+/// after them.
+fn read_tail(mut b: &[u8], format: u8) -> Option<(PushTable, Lineage, Vec<Vec<u8>>)> {
     fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
         let (head, tail) = b.split_first_chunk::<N>()?;
         *b = tail;
@@ -328,7 +376,7 @@ fn read_tail(mut b: &[u8], with_epochs: bool) -> Option<(PushTable, Lineage)> {
         t.sequences
             .push((u32_of(&mut b)?, u64_of(&mut b)?, u64_of(&mut b)?));
     }
-    let lineage = if with_epochs {
+    let lineage = if format >= 3 {
         let n = u64_of(&mut b)?;
         let mut starts = Vec::new();
         for _ in 0..n {
@@ -338,7 +386,16 @@ fn read_tail(mut b: &[u8], with_epochs: bool) -> Option<(PushTable, Lineage)> {
     } else {
         Lineage::default()
     };
-    b.is_empty().then_some((t, lineage))
+    let mut tables = Vec::new();
+    if format >= 4 {
+        for _ in 0..u64_of(&mut b)? {
+            let n = usize::try_from(u64_of(&mut b)?).ok()?;
+            let (table, rest) = b.split_at_checked(n)?;
+            tables.push(table.to_vec());
+            b = rest;
+        }
+    }
+    b.is_empty().then_some((t, lineage, tables))
 }
 
 #[cfg(test)]
@@ -413,7 +470,9 @@ mod tests {
 
     fn restore(dir: &Path) -> Shard {
         let saved = load(dir, 2, 100..160).unwrap().unwrap();
-        saved.restore(2, 100..160, trained_shard().optimizer)
+        saved
+            .restore(2, 100..160, trained_shard().optimizer, &[])
+            .unwrap()
     }
 
     #[test]
@@ -508,9 +567,14 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         let table = 8 + (4 + 8) + 8 + (4 + 8 + 8);
         let epochs = 8 + 16;
+        let tables = 8;
         // The same state in an earlier format: its magic, without what it
         // lacked, a new checksum.
-        for (magic, cut) in [(MAGIC_V2, epochs), (MAGIC_V1, epochs + table)] {
+        for (magic, cut) in [
+            (MAGIC_V3, tables),
+            (MAGIC_V2, tables + epochs),
+            (MAGIC_V1, tables + epochs + table),
+        ] {
             let mut old = bytes[..bytes.len() - 4 - cut].to_vec();
             old[..8].copy_from_slice(magic);
             let crc = crc32fast::hash(&old);
@@ -518,7 +582,9 @@ mod tests {
             std::fs::write(&path, &old).unwrap();
             let saved = load(dir.path(), 2, 100..160).unwrap().unwrap();
             assert_eq!(saved.version, 3);
-            assert_eq!(saved.lineage, Lineage::default());
+            if magic != MAGIC_V3 {
+                assert_eq!(saved.lineage, Lineage::default());
+            }
             let table = if magic == MAGIC_V1 {
                 PushTable::default()
             } else {

@@ -34,6 +34,14 @@ pub enum PsError {
     Undecodable(String),
     #[error("key {0:#x} appears twice in one push")]
     DuplicateKey(u64),
+    #[error("push names table {table}; the job has {tables}")]
+    NoSuchTable { table: u32, tables: usize },
+    #[error(
+        "table rows come only with Downpour's asynchronous pushes, not with Sandblaster, synchronous rounds or averaging"
+    )]
+    RowsNotTaken,
+    #[error("push carries more than {max} table values", max = crate::shard::MAX_ROW_VALUES)]
+    TooManyRows,
     #[error("replica {replica} incarnation {incarnation} has been replaced by a newer process")]
     Superseded { replica: u32, incarnation: u64 },
     #[error("push claims {0} summed mini-batches; at most {max} are allowed", max = distbelief_api::MAX_PUSH_STEPS)]
@@ -70,6 +78,9 @@ impl PsError {
             PsError::EmptyPush => "empty_push",
             PsError::Undecodable(_) => "undecodable",
             PsError::DuplicateKey(_) => "duplicate_key",
+            PsError::NoSuchTable { .. } => "no_such_table",
+            PsError::RowsNotTaken => "rows_not_taken",
+            PsError::TooManyRows => "too_many_rows",
             PsError::Superseded { .. } => "superseded",
             PsError::TooManySteps(_) => "too_many_steps",
             PsError::NoSuchVector { .. } => "no_such_vector",

@@ -6,6 +6,7 @@ use std::ops::Range;
 
 use crate::error::PsError;
 use crate::lineage::{Lineage, Stamp};
+use crate::table::{Table, TableConfig, TableStats};
 use crate::vectors::{Command, MAX_HISTORY, Vector, Vectors};
 use distbelief_model::Optimizer;
 
@@ -105,6 +106,24 @@ impl SyncRound {
     }
 }
 
+/// One table's part of a push: distinct keys, and for each the summed
+/// gradient of its row (`dim` values), with the sums of their squares when
+/// the push carries them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rows {
+    pub table: u32,
+    pub keys: Vec<u64>,
+    pub values: Vec<f32>,
+    /// Empty, or one per value.
+    pub squares: Vec<f32>,
+}
+
+impl Rows {
+    fn squares(&self) -> Option<&[f32]> {
+        (!self.squares.is_empty()).then_some(&self.squares[..])
+    }
+}
+
 /// Who may push and what each has had applied: per replica the lowest
 /// incarnation still taken, and per (replica, incarnation) the last sequence
 /// applied. It travels with the parameters in checkpoints, so that after a
@@ -151,6 +170,8 @@ pub struct Shard {
     /// Per (replica, incarnation): the last sequence applied, so that a
     /// retried push is applied once.
     last_sequence: HashMap<(u32, u64), u64>,
+    /// The job's embedding tables, by table id: this shard's rows of each.
+    pub tables: Vec<Table>,
     /// Sandblaster's vectors over this range, allocated when first used.
     vectors: Vectors,
     /// Sandblaster: the grants already added to the batch gradient.
@@ -191,10 +212,35 @@ impl Shard {
             average_weight: 1.0,
             fences: HashMap::new(),
             last_sequence: HashMap::new(),
+            tables: Vec::new(),
             vectors: Vectors::new(range_len, MAX_HISTORY),
             grants: HashSet::new(),
             grant_floor: 0,
         }
+    }
+
+    /// Gives the shard the job's tables, empty.
+    pub fn with_tables(mut self, configs: &[TableConfig]) -> Self {
+        self.tables = configs.iter().cloned().map(Table::new).collect();
+        self
+    }
+
+    /// The rows of `keys` in `table`, `dim` values each, into `out`; rows
+    /// never pushed answer their initial values.
+    pub fn fetch_rows(&self, table: u32, keys: &[u64], out: &mut [f32]) -> Result<(), PsError> {
+        self.table(table)?.fetch(keys, out)
+    }
+
+    /// Per table: rows stored and what happened to them.
+    pub fn table_stats(&self) -> Vec<(usize, TableStats)> {
+        self.tables.iter().map(|t| (t.len(), t.stats())).collect()
+    }
+
+    fn table(&self, table: u32) -> Result<&Table, PsError> {
+        self.tables.get(table as usize).ok_or(PsError::NoSuchTable {
+            table,
+            tables: self.tables.len(),
+        })
     }
 
     /// The fencing and deduplication table, for a checkpoint.
@@ -284,21 +330,24 @@ impl Shard {
     /// Checks a whole gradient and applies it, or refuses it and changes nothing
     /// but the refusal counter.
     pub fn apply_push(&mut self, h: PushHeader, grad: &[f32]) -> Result<PushOutcome, PsError> {
-        self.apply_summed(h, grad, None)
+        self.apply_summed(h, grad, None, &[])
     }
 
     /// [`apply_push`](Self::apply_push) for a push that carries the sums of
     /// its mini-batch gradients' squares, which Adagrad's accumulator takes
-    /// (see [`Optimizer::apply_push`]).
+    /// (see [`Optimizer::apply_push`]), and table rows: the dense range
+    /// and the rows are one push, applied whole or refused whole.
     pub fn apply_summed(
         &mut self,
         h: PushHeader,
         grad: &[f32],
         squares: Option<&[f32]>,
+        rows: &[Rows],
     ) -> Result<PushOutcome, PsError> {
         let checked = self
             .check(h, grad)
-            .and_then(|()| check_squares(grad, squares));
+            .and_then(|()| check_squares(grad, squares))
+            .and_then(|()| self.check_rows(h, rows));
         if checked.is_err() {
             self.pushes_refused += 1;
         }
@@ -364,6 +413,17 @@ impl Shard {
                 squares,
                 h.id.steps.max(1),
             );
+            for r in rows {
+                let table = &mut self.tables[r.table as usize];
+                let scaled = match self.staleness_aware {
+                    true => table
+                        .config()
+                        .optimizer
+                        .scaled(1.0 / staleness.max(1) as f32),
+                    false => table.config().optimizer,
+                };
+                table.apply_checked(&r.keys, &r.values, r.squares(), h.id.steps.max(1), scaled);
+            }
         }
         self.version += 1;
         self.updates_applied += 1;
@@ -414,6 +474,26 @@ impl Shard {
             version: self.version,
             staleness: 0,
         }
+    }
+
+    /// Rows go to tables this shard has, once each, in pushes that apply
+    /// an optimizer step: Sandblaster's grants, synchronous rounds and
+    /// averaging move the dense range only.
+    fn check_rows(&self, h: PushHeader, rows: &[Rows]) -> Result<(), PsError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if h.id.grant.is_some() || h.id.average || self.sync.is_some() {
+            return Err(PsError::RowsNotTaken);
+        }
+        for (i, r) in rows.iter().enumerate() {
+            if rows[..i].iter().any(|o| o.table == r.table) {
+                return Err(PsError::InconsistentHeader("table"));
+            }
+            self.table(r.table)?
+                .check(&r.keys, &r.values, r.squares())?;
+        }
+        Ok(())
     }
 
     fn check(&self, h: PushHeader, grad: &[f32]) -> Result<(), PsError> {
@@ -518,7 +598,14 @@ pub struct PushAssembly {
     with_squares: bool,
     /// Bytes received so far.
     pub bytes: u64,
+    /// Table rows, one entry per table, in the order tables first came.
+    pub rows: Vec<Rows>,
+    row_values: usize,
 }
+
+/// Table values one push may carry (keys, gradients and squares together
+/// in values): a bound on what a push stream can make a shard allocate.
+pub const MAX_ROW_VALUES: usize = 1 << 26;
 
 impl PushAssembly {
     /// Assembles into `buffer`, and into `squares` if the push has them.
@@ -533,6 +620,8 @@ impl PushAssembly {
             squares,
             with_squares: false,
             bytes: 0,
+            rows: Vec::new(),
+            row_values: 0,
         }
     }
 
@@ -550,34 +639,10 @@ impl PushAssembly {
         payload: Payload,
         squares: &[u8],
     ) -> Result<(), PsError> {
-        match self.header {
-            None => {
-                self.header = Some(h);
-                self.with_squares = !squares.is_empty();
-            }
-            Some(first) => {
-                if first.shard != h.shard {
-                    return Err(PsError::InconsistentHeader("shard"));
-                }
-                if first.id.replica != h.id.replica || first.id.incarnation != h.id.incarnation {
-                    return Err(PsError::InconsistentHeader("replica"));
-                }
-                if first.id.sequence != h.id.sequence {
-                    return Err(PsError::InconsistentHeader("sequence"));
-                }
-                if first.id.base != h.id.base {
-                    return Err(PsError::InconsistentHeader("base"));
-                }
-                if first.id.steps != h.id.steps {
-                    return Err(PsError::InconsistentHeader("steps"));
-                }
-                if first.id.fence != h.id.fence {
-                    return Err(PsError::InconsistentHeader("fence"));
-                }
-                if first.id.grant != h.id.grant {
-                    return Err(PsError::InconsistentHeader("grant"));
-                }
-            }
+        self.same_push(h)?;
+        if self.values.is_empty() {
+            // The first dense chunk decides whether the push has squares.
+            self.with_squares = !squares.is_empty();
         }
         let n = payload.len()?;
         let end = offset.saturating_add(n as u64);
@@ -634,6 +699,97 @@ impl PushAssembly {
         self.next_offset = end;
         self.bytes += (payload.bytes() + squares.len()) as u64;
         Ok(())
+    }
+
+    /// Adds one chunk of `table`'s rows: keys (little-endian u64) with their
+    /// gradient rows (little-endian f32, `dim` each) and optionally the sums
+    /// of their squares. A table's rows may come in several chunks.
+    pub fn add_rows(
+        &mut self,
+        h: PushHeader,
+        table: u32,
+        keys: &[u8],
+        values: &[u8],
+        squares: &[u8],
+    ) -> Result<(), PsError> {
+        self.same_push(h)?;
+        if keys.is_empty() || !keys.len().is_multiple_of(8) {
+            return Err(PsError::Malformed(keys.len()));
+        }
+        let (n, per) = (keys.len() / 8, values.len() / 4);
+        if !values.len().is_multiple_of(4) || per == 0 || !per.is_multiple_of(n) {
+            return Err(PsError::Malformed(values.len()));
+        }
+        let added = n + per + squares.len() / 4;
+        if self.row_values.saturating_add(added) > MAX_ROW_VALUES {
+            return Err(PsError::TooManyRows);
+        }
+        let at = match self.rows.iter().position(|r| r.table == table) {
+            Some(at) => at,
+            None => {
+                self.rows.push(Rows {
+                    table,
+                    ..Rows::default()
+                });
+                self.rows.len() - 1
+            }
+        };
+        let r = &mut self.rows[at];
+        let first = r.keys.is_empty();
+        if !first && r.squares.is_empty() != squares.is_empty() {
+            return Err(PsError::InconsistentHeader("squares"));
+        }
+        if !squares.is_empty() && squares.len() != values.len() {
+            return Err(PsError::SquaresLength {
+                got: squares.len() / 4,
+                want: per,
+            });
+        }
+        let (k0, v0, s0) = (r.keys.len(), r.values.len(), r.squares.len());
+        r.keys.extend(
+            keys.chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+        );
+        let decoded = [(&mut r.values, values), (&mut r.squares, squares)]
+            .into_iter()
+            .all(|(out, bytes)| {
+                let at = out.len();
+                out.resize(at + bytes.len() / 4, 0.0);
+                distbelief_proto::codec::decode_f32_into(bytes, &mut out[at..]).is_some()
+            });
+        if !decoded {
+            r.keys.truncate(k0);
+            r.values.truncate(v0);
+            r.squares.truncate(s0);
+            return Err(PsError::Malformed(values.len()));
+        }
+        self.row_values += added;
+        self.bytes += (keys.len() + values.len() + squares.len()) as u64;
+        Ok(())
+    }
+
+    /// Takes the first chunk's header, or checks a later chunk's against it.
+    fn same_push(&mut self, h: PushHeader) -> Result<(), PsError> {
+        let Some(first) = self.header else {
+            self.header = Some(h);
+            return Ok(());
+        };
+        let differs = [
+            (first.shard != h.shard, "shard"),
+            (
+                first.id.replica != h.id.replica || first.id.incarnation != h.id.incarnation,
+                "replica",
+            ),
+            (first.id.sequence != h.id.sequence, "sequence"),
+            (first.id.base != h.id.base, "base"),
+            (first.id.steps != h.id.steps, "steps"),
+            (first.id.fence != h.id.fence, "fence"),
+            (first.id.grant != h.id.grant, "grant"),
+        ];
+        match differs.into_iter().find(|(d, _)| *d) {
+            Some((_, what)) => Err(PsError::InconsistentHeader(what)),
+            None => Ok(()),
+        }
     }
 
     /// The header of a complete push; the length is checked by the shard.
@@ -1081,11 +1237,12 @@ mod tests {
         };
         let before = (s.params.clone(), s.accum.clone(), s.version);
         assert!(matches!(
-            s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, -1.0])),
+            s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, -1.0]), &[]),
             Err(PsError::BadSquare { index: 1, .. })
         ));
         assert_eq!((s.params.clone(), s.accum.clone(), s.version), before);
-        s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, 2.0])).unwrap();
+        s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, 2.0]), &[])
+            .unwrap();
         assert_eq!(s.accum, vec![1.0, 2.5]);
     }
 

@@ -10,6 +10,8 @@
 use std::collections::{BTreeSet, HashMap};
 
 use distbelief_model::Optimizer;
+use distbelief_model::keys::mix;
+pub use distbelief_model::keys::{key_of, shard_of};
 use distbelief_model::optimizer::sgd;
 
 use crate::error::PsError;
@@ -40,6 +42,40 @@ pub struct TableConfig {
 pub const MAX_PENDING: usize = 1 << 20;
 
 impl TableConfig {
+    /// The job's tables as each of its shards keeps them: the job's update
+    /// rule, its seed, and an even share of each table's capacity.
+    pub fn for_job(job: &distbelief_api::Job) -> Vec<TableConfig> {
+        let optimizer = Optimizer::from_spec(&job.downpour);
+        job.tables
+            .tables
+            .iter()
+            .map(|t| TableConfig {
+                id: t.id,
+                dim: t.dim,
+                seed: job.downpour.seed,
+                init_scale: t.init_scale,
+                optimizer,
+                row_wise: t.row_wise,
+                capacity: t.shard_capacity(job.shards()),
+                min_count: t.min_count,
+            })
+            .collect()
+    }
+
+    /// The most bytes this table's state can encode to (a member taking a
+    /// head's state refuses more): its capacity's rows and the most keys
+    /// pending admission; a table without capacity is bounded by memory.
+    pub fn max_state_bytes(&self) -> u64 {
+        let row = 24 + 4 * (self.dim + self.accumulators()) as u64;
+        let pending = MAX_PENDING as u64 * 20;
+        match self.capacity {
+            Some(c) => (c as u64)
+                .saturating_mul(row)
+                .saturating_add(pending + 1024),
+            None => 1 << 40,
+        }
+    }
+
     /// Accumulator values a row keeps.
     fn accumulators(&self) -> usize {
         match (self.optimizer, self.row_wise) {
@@ -87,32 +123,6 @@ pub struct Table {
     /// Advances on every row a push names, so that ties in use break by age.
     clock: u64,
     stats: TableStats,
-}
-
-/// A key from a categorical field's value: FNV-1a over the field and the
-/// value, then a 64-bit finalizer, so that every process and platform gets
-/// the same key.
-pub fn key_of(field: u32, value: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in field.to_le_bytes().iter().chain(value) {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    mix(h)
-}
-
-/// The shard that holds `key`'s rows, of `shards`.
-pub fn shard_of(key: u64, shards: u32) -> u32 {
-    // Keys are already mixed; mixing again keeps the shard independent of
-    // which bits key_of happened to spread best.
-    (mix(key ^ 0x5851_f42d_4c95_7f2d) % u64::from(shards.max(1))) as u32
-}
-
-/// splitmix64's finalizer.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// The values a row of `key` starts with.
@@ -196,6 +206,19 @@ impl Table {
         steps: u32,
     ) -> Result<usize, PsError> {
         self.check(keys, grads, squares)?;
+        Ok(self.apply_checked(keys, grads, squares, steps, self.config.optimizer))
+    }
+
+    /// [`apply`](Self::apply) for a push [`check`](Self::check) passed, by
+    /// `optimizer` (the table's own, or scaled for staleness).
+    pub(crate) fn apply_checked(
+        &mut self,
+        keys: &[u64],
+        grads: &[f32],
+        squares: Option<&[f32]>,
+        steps: u32,
+        optimizer: Optimizer,
+    ) -> usize {
         let dim = self.config.dim;
         let mut updated = 0;
         for (i, &key) in keys.iter().enumerate() {
@@ -206,19 +229,26 @@ impl Table {
                 self.stats.refused += 1;
                 continue;
             }
-            let (config, clock) = (&self.config, self.clock);
+            let (row_wise, clock) = (self.config.row_wise, self.clock);
             let row = self.rows.get_mut(&key).expect("admitted rows exist");
             self.order.remove(&row.rank(key));
-            update_row(config, row, g, sq, steps);
+            update_row(optimizer, row_wise, row, g, sq, steps);
             row.uses = row.uses.saturating_add(1);
             row.last = clock;
             self.order.insert(row.rank(key));
             updated += 1;
         }
-        Ok(updated)
+        updated
     }
 
-    fn check(&self, keys: &[u64], grads: &[f32], squares: Option<&[f32]>) -> Result<(), PsError> {
+    /// Whether a push's rows for this table could be applied: lengths,
+    /// finite values, distinct keys.
+    pub(crate) fn check(
+        &self,
+        keys: &[u64],
+        grads: &[f32],
+        squares: Option<&[f32]>,
+    ) -> Result<(), PsError> {
         let want = keys.len() * self.config.dim;
         for got in std::iter::once(grads.len()).chain(squares.map(<[f32]>::len)) {
             if got != want {
@@ -343,13 +373,20 @@ impl Pending {
     }
 }
 
-fn update_row(config: &TableConfig, row: &mut Row, g: &[f32], sq: Option<&[f32]>, steps: u32) {
-    match config.optimizer {
+fn update_row(
+    optimizer: Optimizer,
+    row_wise: bool,
+    row: &mut Row,
+    g: &[f32],
+    sq: Option<&[f32]>,
+    steps: u32,
+) {
+    match optimizer {
         Optimizer::Adagrad {
             learning_rate,
             epsilon,
             ..
-        } if config.row_wise => {
+        } if row_wise => {
             // The row's one accumulator takes the mean of what per-value
             // accumulators would each have taken.
             let dim = g.len().max(1) as f32;
@@ -369,7 +406,9 @@ fn update_row(config: &TableConfig, row: &mut Row, g: &[f32], sq: Option<&[f32]>
 }
 
 mod encode;
-pub use encode::{decode, encode};
+pub use encode::{decode, encode, encoded_len, write_to};
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod through_shard;

@@ -187,6 +187,8 @@ mod tests {
 
     fn layout() -> Layout {
         Layout::from_model(&ModelSpec {
+            tables: Vec::new(),
+            wide: None,
             input_size: 7,
             hidden: vec![
                 DenseLayer {

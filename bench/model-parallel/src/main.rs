@@ -73,6 +73,8 @@ const PROJECTED: [usize; 6] = [1, 2, 4, 8, 16, 32];
 
 fn layout(hidden: &[u32]) -> Layout {
     Layout::from_model(&ModelSpec {
+        tables: Vec::new(),
+        wide: None,
         input_size: INPUTS,
         hidden: hidden
             .iter()

@@ -3,6 +3,8 @@ use distbelief_api::{DenseLayer, Loss, ModelSpec, OutputLayer};
 
 fn layout(hidden: &[(u32, Activation)], inputs: u32, classes: u32) -> Layout {
     Layout::from_model(&ModelSpec {
+        tables: Vec::new(),
+        wide: None,
         input_size: inputs,
         hidden: hidden
             .iter()
@@ -110,6 +112,7 @@ fn training_lowers_loss_and_evaluate_agrees() {
         labels.push(class as u32);
     }
     let data = Dataset {
+        sparse: None,
         features,
         labels,
         dim: 8,

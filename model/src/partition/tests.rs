@@ -8,6 +8,8 @@ use distbelief_api::{Activation, DenseLayer, Loss, ModelSpec, OutputLayer};
 fn layout() -> Layout {
     let dense = |units, activation| DenseLayer { units, activation };
     Layout::from_model(&ModelSpec {
+        tables: Vec::new(),
+        wide: None,
         input_size: 23,
         hidden: vec![
             dense(37, Activation::Relu),

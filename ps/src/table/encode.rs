@@ -5,8 +5,10 @@
 //! anything is allocated.
 
 use std::collections::{BTreeSet, HashMap};
+use std::io::Write;
 
 use super::{MAX_PENDING, Pending, Row, Table, TableConfig, TableStats};
+use crate::checkpoint::Crc;
 use crate::error::PsError;
 
 const MAGIC: &[u8; 8] = b"DBTABLE1";
@@ -16,12 +18,27 @@ const PENDING_BYTES: usize = 20;
 /// The table as bytes; rows in eviction order, pending keys in the order
 /// they were first seen.
 pub fn encode(t: &Table) -> Vec<u8> {
+    let mut b = Vec::with_capacity(encoded_len(t) as usize);
+    write_to(t, &mut b).expect("writing to memory does not fail");
+    b
+}
+
+/// How many bytes [`write_to`] writes for `t`, known before writing, so
+/// that a checkpoint can frame a table it streams.
+pub fn encoded_len(t: &Table) -> u64 {
+    let row = 24 + 4 * (t.config.dim + t.config.accumulators()) as u64;
+    8 + 12 + 40 + t.rows.len() as u64 * row + 8 + t.pending.len() as u64 * PENDING_BYTES as u64 + 4
+}
+
+/// Streams [`encode`]'s bytes into `w`, a row at a time, so a checkpoint
+/// never holds a second copy of a large table.
+pub fn write_to<W: Write>(t: &Table, w: W) -> std::io::Result<()> {
+    let mut w = Crc::new(w);
     let dim = t.config.dim;
     let width = t.config.accumulators();
-    let mut b = Vec::with_capacity(64 + t.rows.len() * (24 + 4 * (dim + width)));
-    b.extend_from_slice(MAGIC);
+    w.write_all(MAGIC)?;
     for v in [t.config.id, dim as u32, width as u32] {
-        b.extend_from_slice(&v.to_le_bytes());
+        w.write_all(&v.to_le_bytes())?;
     }
     for v in [
         t.clock,
@@ -30,27 +47,29 @@ pub fn encode(t: &Table) -> Vec<u8> {
         t.stats.refused,
         t.rows.len() as u64,
     ] {
-        b.extend_from_slice(&v.to_le_bytes());
+        w.write_all(&v.to_le_bytes())?;
     }
+    let mut row_bytes = Vec::with_capacity(24 + 4 * (dim + width));
     for &(uses, last, key) in &t.order {
         let row = &t.rows[&key];
+        row_bytes.clear();
         for v in [key, uses, last] {
-            b.extend_from_slice(&v.to_le_bytes());
+            row_bytes.extend_from_slice(&v.to_le_bytes());
         }
         for v in row.values.iter().chain(&row.accum) {
-            b.extend_from_slice(&v.to_le_bytes());
+            row_bytes.extend_from_slice(&v.to_le_bytes());
         }
+        w.write_all(&row_bytes)?;
     }
-    b.extend_from_slice(&(t.pending.len() as u64).to_le_bytes());
+    w.write_all(&(t.pending.len() as u64).to_le_bytes())?;
     for &(since, key) in &t.pending.order {
         let (count, _) = t.pending.counts[&key];
-        b.extend_from_slice(&key.to_le_bytes());
-        b.extend_from_slice(&count.to_le_bytes());
-        b.extend_from_slice(&since.to_le_bytes());
+        w.write_all(&key.to_le_bytes())?;
+        w.write_all(&count.to_le_bytes())?;
+        w.write_all(&since.to_le_bytes())?;
     }
-    let crc = crc32fast::hash(&b);
-    b.extend_from_slice(&crc.to_le_bytes());
-    b
+    let crc = w.hasher.finalize();
+    w.inner.write_all(&crc.to_le_bytes())
 }
 
 struct Reader<'a> {

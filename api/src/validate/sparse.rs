@@ -1,0 +1,183 @@
+//! The rules for sparse models: tables, the wide part, binary labels, and
+//! the data formats that carry categorical fields.
+
+use std::collections::HashSet;
+
+use crate::layout::categorical_fields;
+use crate::spec::{DataFormat, DistBeliefJobSpec, Loss};
+
+/// Values a table row may have.
+pub const MAX_TABLE_DIM: u32 = 1024;
+/// Tables a model may have (the wide part is one more).
+pub const MAX_TABLES: usize = 64;
+
+pub(super) fn check(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<String>)) {
+    let m = &s.model;
+    let d = &s.data;
+    let sparse = !m.tables.is_empty() || m.wide.is_some();
+    match m.output.loss {
+        Loss::SoftmaxCrossEntropy if m.output.units < 2 => fail("spec.model.output.units", None),
+        Loss::SigmoidCrossEntropy if m.output.units != 1 => fail("spec.model.output.units", None),
+        _ => {}
+    }
+    if matches!(d.format, DataFormat::Parquet | DataFormat::Libsvm) {
+        if d.train_file.as_deref().is_none_or(|p| p.trim().is_empty()) {
+            fail(
+                "spec.data.trainFile",
+                Some("must name a file for parquet and libsvm".into()),
+            );
+        }
+        if d.holdout.is_none() && d.test_file.as_deref().is_none_or(|p| p.trim().is_empty()) {
+            fail(
+                "spec.data.testFile",
+                Some("must name a file, or holdout must be set".into()),
+            );
+        }
+    }
+    if let Some(h) = d.holdout
+        && (h.every < 2 || h.index >= h.every)
+    {
+        fail(
+            "spec.data.holdout",
+            Some("needs every >= 2 and index < every".into()),
+        );
+    }
+    if d.format == DataFormat::Parquet {
+        if d.label.as_deref().is_none_or(|l| l.trim().is_empty()) {
+            fail(
+                "spec.data.label",
+                Some("must name the label column for parquet".into()),
+            );
+        }
+        if m.input_size as usize != d.numeric.len() {
+            fail(
+                "spec.model.inputSize",
+                Some(format!(
+                    "is {}, but spec.data.numeric names {} columns",
+                    m.input_size,
+                    d.numeric.len()
+                )),
+            );
+        }
+    }
+    let columns: Vec<&String> = d.numeric.iter().chain(&d.categorical).collect();
+    if let Some(c) = columns
+        .iter()
+        .enumerate()
+        .find(|(i, c)| columns[..*i].contains(c))
+    {
+        fail(
+            "spec.data.categorical",
+            Some(format!("column {:?} is named twice", c.1)),
+        );
+    }
+    if !sparse {
+        return;
+    }
+    if m.output.loss != Loss::SigmoidCrossEntropy {
+        fail(
+            "spec.model.output.loss",
+            Some("must be sigmoidCrossEntropy for a model with tables or a wide part".into()),
+        );
+    }
+    if !matches!(d.format, DataFormat::Parquet | DataFormat::Libsvm) {
+        fail(
+            "spec.data.format",
+            Some("must be parquet or libsvm for a model with tables or a wide part".into()),
+        );
+    }
+    let downpour = s.algorithm.downpour.as_ref();
+    if downpour
+        .is_none_or(|p| p.synchronous.is_some() || p.averaging.is_some() || p.compression.is_some())
+    {
+        fail(
+            "spec.algorithm",
+            Some("tables need asynchronous Downpour (not Sandblaster, synchronous, averaging or compression)".into()),
+        );
+    }
+    if s.replicas.partitions > 1 {
+        fail(
+            "spec.replicas.partitions",
+            Some("must be 1 for a model with tables".into()),
+        );
+    }
+    let fields = categorical_fields(d);
+    if fields.is_empty() {
+        fail(
+            "spec.data.categorical",
+            Some("must name at least one column for a model with tables or a wide part".into()),
+        );
+    }
+    if m.tables.len() > MAX_TABLES {
+        fail(
+            "spec.model.tables",
+            Some(format!("at most {MAX_TABLES} tables")),
+        );
+    }
+    let mut names = HashSet::new();
+    let mut taken = HashSet::new();
+    for (i, t) in m.tables.iter().enumerate() {
+        let at = format!("spec.model.tables[{i}]");
+        if !super::is_dns_label(&t.name)
+            || t.name == crate::layout::WIDE_TABLE
+            || !names.insert(&t.name)
+        {
+            fail(
+                &format!("{at}.name"),
+                Some(format!(
+                    "{:?} must be a unique DNS label other than \"wide\"",
+                    t.name
+                )),
+            );
+        }
+        if !(1..=MAX_TABLE_DIM).contains(&t.dim) {
+            fail(
+                &format!("{at}.dim"),
+                Some(format!("must be 1 to {MAX_TABLE_DIM}")),
+            );
+        }
+        if t.fields.is_empty() {
+            fail(
+                &format!("{at}.fields"),
+                Some("must name at least one field".into()),
+            );
+        }
+        for f in &t.fields {
+            if !fields.contains(f) {
+                fail(
+                    &format!("{at}.fields"),
+                    Some(format!(
+                        "{f:?} is not a categorical field of the data ({})",
+                        fields.join(", ")
+                    )),
+                );
+            } else if !taken.insert(f) {
+                fail(
+                    &format!("{at}.fields"),
+                    Some(format!("{f:?} already belongs to a table")),
+                );
+            }
+        }
+        check_rows(&at, t.capacity, t.min_count, fail);
+        if !(t.init_scale.is_finite() && t.init_scale > 0.0 && t.init_scale <= 1.0) {
+            fail(&format!("{at}.initScale"), Some("must be in (0, 1]".into()));
+        }
+    }
+    if let Some(w) = &m.wide {
+        check_rows("spec.model.wide", w.capacity, w.min_count, fail);
+    }
+}
+
+fn check_rows(
+    at: &str,
+    capacity: Option<u64>,
+    min_count: u32,
+    fail: &mut impl FnMut(&str, Option<String>),
+) {
+    if capacity == Some(0) {
+        fail(&format!("{at}.capacity"), Some("must be at least 1".into()));
+    }
+    if min_count == 0 {
+        fail(&format!("{at}.minCount"), Some("must be at least 1".into()));
+    }
+}

@@ -1,0 +1,196 @@
+//! Parquet tables through the `parquet` crate's row reader: the spec names
+//! the label, numeric and categorical columns. Numeric columns are
+//! standardised by the training rows' mean and deviation, so that a column
+//! of incomes and one of ages train alike.
+
+use std::fs::File;
+
+use distbelief_api::DataSpec;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
+
+use super::sparse::SparseFeatures;
+use super::{DataError, Dataset};
+use crate::keys::key_of;
+
+/// One file's rows: labels, raw numeric values, categorical keys.
+struct Rows {
+    labels: Vec<u32>,
+    numeric: Vec<f32>,
+    sparse: SparseFeatures,
+}
+
+/// The training or the test set.
+pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
+    let train_path = spec.train_file.as_deref().unwrap_or_default();
+    let all = read(spec, train_path)?;
+    let (train_rows, test_rows): (Vec<usize>, Vec<usize>) = match spec.holdout {
+        Some(h) => (0..all.labels.len()).partition(|i| i % h.every as usize != h.index as usize),
+        None => ((0..all.labels.len()).collect(), Vec::new()),
+    };
+    let stats = Stats::of(&all.numeric, spec.numeric.len(), &train_rows);
+    let (rows, from) = match (train, spec.holdout) {
+        (true, _) => (train_rows, all),
+        (false, Some(_)) => (test_rows, all),
+        (false, None) => {
+            let test = read(spec, spec.test_file.as_deref().unwrap_or_default())?;
+            ((0..test.labels.len()).collect(), test)
+        }
+    };
+    let dim = spec.numeric.len();
+    let mut features = Vec::with_capacity(rows.len() * dim);
+    for &i in &rows {
+        let raw = &from.numeric[i * dim..(i + 1) * dim];
+        features.extend(
+            raw.iter()
+                .zip(&stats)
+                .map(|(v, (mean, sd))| (v - mean) / sd),
+        );
+    }
+    Ok(Dataset {
+        features,
+        labels: rows.iter().map(|&i| from.labels[i]).collect(),
+        dim,
+        sparse: Some(from.sparse.select(&rows)),
+    })
+}
+
+/// Per numeric column: mean and standard deviation over `rows` (1 for a
+/// constant column).
+type Stats = Vec<(f32, f32)>;
+
+trait OfRows {
+    fn of(numeric: &[f32], dim: usize, rows: &[usize]) -> Self;
+}
+
+impl OfRows for Stats {
+    fn of(numeric: &[f32], dim: usize, rows: &[usize]) -> Self {
+        (0..dim)
+            .map(|c| {
+                let n = rows.len().max(1) as f64;
+                let mean = rows
+                    .iter()
+                    .map(|&i| f64::from(numeric[i * dim + c]))
+                    .sum::<f64>()
+                    / n;
+                let var = rows
+                    .iter()
+                    .map(|&i| (f64::from(numeric[i * dim + c]) - mean).powi(2))
+                    .sum::<f64>()
+                    / n;
+                let sd = if var > 0.0 { var.sqrt() } else { 1.0 };
+                (mean as f32, sd as f32)
+            })
+            .collect()
+    }
+}
+
+fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
+    let format = |message: String| DataError::Format {
+        path: path.to_string(),
+        message,
+    };
+    let file = File::open(path).map_err(|source| DataError::Io {
+        path: path.to_string(),
+        source,
+    })?;
+    let reader = SerializedFileReader::new(file).map_err(|e| format(e.to_string()))?;
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    let names: Vec<String> = schema
+        .columns()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    let column = |name: &str| {
+        names.iter().position(|n| n == name).ok_or_else(|| {
+            format(format!(
+                "has no column {name:?}; its columns are {}",
+                names.join(", ")
+            ))
+        })
+    };
+    let label = column(spec.label.as_deref().unwrap_or_default())?;
+    let numeric: Vec<usize> = spec
+        .numeric
+        .iter()
+        .map(|c| column(c))
+        .collect::<Result<_, _>>()?;
+    let categorical: Vec<usize> = spec
+        .categorical
+        .iter()
+        .map(|c| column(c))
+        .collect::<Result<_, _>>()?;
+    let rows = reader.metadata().file_metadata().num_rows().max(0) as usize;
+    let mut out = Rows {
+        labels: Vec::with_capacity(rows),
+        numeric: Vec::with_capacity(rows * numeric.len()),
+        sparse: SparseFeatures::new(categorical.len()),
+    };
+    let iter = reader
+        .get_row_iter(None)
+        .map_err(|e| format(e.to_string()))?;
+    let mut value = Vec::new();
+    for (n, row) in iter.enumerate() {
+        let row = row.map_err(|e| format(format!("row {n}: {e}")))?;
+        let fields: Vec<&Field> = row.get_column_iter().map(|(_, f)| f).collect();
+        let at = |c: usize| fields.get(c).copied().unwrap_or(&Field::Null);
+        let y = match (&spec.positive_label, at(label)) {
+            (Some(p), f) => {
+                text_of(f, &mut value);
+                u32::from(value == p.as_bytes())
+            }
+            (None, f) => match number_of(f) {
+                Some(v) if v == 0.0 || v == 1.0 => v as u32,
+                _ => {
+                    return Err(format(format!(
+                        "row {n}: label {f} is not 0 or 1 (set spec.data.positiveLabel for a text label)"
+                    )));
+                }
+            },
+        };
+        out.labels.push(y);
+        for (&c, name) in numeric.iter().zip(&spec.numeric) {
+            let v = number_of(at(c)).filter(|v| v.is_finite()).ok_or_else(|| {
+                format(format!(
+                    "row {n}: column {name:?} holds {}, not a finite number",
+                    at(c)
+                ))
+            })?;
+            out.numeric.push(v as f32);
+        }
+        for (f, &c) in categorical.iter().enumerate() {
+            text_of(at(c), &mut value);
+            out.sparse.push_field(&[key_of(f as u32, &value)], None);
+        }
+    }
+    Ok(out)
+}
+
+fn number_of(f: &Field) -> Option<f64> {
+    Some(match *f {
+        Field::Bool(b) => f64::from(u8::from(b)),
+        Field::Byte(v) => f64::from(v),
+        Field::Short(v) => f64::from(v),
+        Field::Int(v) => f64::from(v),
+        Field::Long(v) => v as f64,
+        Field::UByte(v) => f64::from(v),
+        Field::UShort(v) => f64::from(v),
+        Field::UInt(v) => f64::from(v),
+        Field::ULong(v) => v as f64,
+        Field::Float(v) => f64::from(v),
+        Field::Double(v) => v,
+        _ => return None,
+    })
+}
+
+/// A categorical value's bytes: text as it is, numbers in decimal, so a
+/// value keys the same whichever type its column has; null is empty.
+fn text_of(f: &Field, out: &mut Vec<u8>) {
+    out.clear();
+    match f {
+        Field::Null => {}
+        Field::Str(s) => out.extend_from_slice(s.trim().as_bytes()),
+        Field::Bytes(b) => out.extend_from_slice(b.data()),
+        other => out.extend_from_slice(other.to_string().as_bytes()),
+    }
+}
