@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use crate::spec::{Activation, ModelSpec};
+use crate::spec::{Activation, Loss, ModelSpec};
 
 mod partition;
 mod tables;
@@ -49,6 +49,8 @@ pub struct DenseShape {
 pub struct Layout {
     pub tensors: Vec<Tensor>,
     pub layers: Vec<DenseShape>,
+    /// The loss the output layer's logits go to.
+    pub loss: Loss,
     len: usize,
 }
 
@@ -97,6 +99,7 @@ impl Layout {
         Layout {
             tensors,
             layers,
+            loss: model.output.loss,
             len: offset,
         }
     }

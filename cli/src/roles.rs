@@ -48,7 +48,21 @@ async fn start_metrics(
 }
 
 fn load(c: &Common) -> anyhow::Result<Job> {
-    Ok(distbelief_api::load_job(&c.job)?)
+    let job = distbelief_api::load_job(&c.job)?;
+    runnable(&job)?;
+    Ok(job)
+}
+
+/// Refuses what the spec can say but the roles cannot run yet, before any
+/// process starts, instead of failing later with a confusing message.
+pub(crate) fn runnable(job: &Job) -> anyhow::Result<()> {
+    if !job.tables.is_empty() {
+        anyhow::bail!(
+            "{}: spec.model.tables and spec.model.wide cannot run yet: the shards, data readers and wide-and-deep model are in place, but the replicas' and the coordinator's sparse loops are not (issue 23)",
+            job.name
+        );
+    }
+    Ok(())
 }
 
 async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
@@ -245,6 +259,7 @@ pub fn crd() -> anyhow::Result<ExitCode> {
 
 pub fn eval(a: EvalArgs) -> anyhow::Result<ExitCode> {
     let job = distbelief_api::load_job(&a.job)?;
+    runnable(&job)?;
     let params = distbelief_model::saved::load(&a.model, &job.layout)?;
     let test = distbelief_model::data::load(&job.spec.data, false)?;
     let mlp = distbelief_model::Mlp::new(&job.layout);

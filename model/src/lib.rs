@@ -10,7 +10,9 @@ pub mod mlp;
 pub mod optimizer;
 pub mod partition;
 pub mod saved;
+pub mod wide_deep;
 
 pub use mlp::Mlp;
 pub use optimizer::Optimizer;
 pub use partition::PartitionedMlp;
+pub use wide_deep::WideDeep;

@@ -1,8 +1,8 @@
 //! The MLP over a flat parameter vector: forward, softmax cross-entropy and
 //! backward, with the batch split across the rayon pool. Pure math: no IO.
 
-use distbelief_api::Activation;
 use distbelief_api::layout::Layout;
+use distbelief_api::{Activation, Loss};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
@@ -19,7 +19,7 @@ pub struct Mlp {
 pub struct Scratch {
     rows: usize,
     acts: Vec<Array2<f32>>,
-    deltas: Vec<Array2<f32>>,
+    pub(crate) deltas: Vec<Array2<f32>>,
 }
 
 /// Scratch plus a private gradient, one per thread of a batch.
@@ -115,6 +115,24 @@ impl Mlp {
         grad: &mut [f32],
         scale: f32,
     ) -> f64 {
+        self.accumulate_with(params, x, labels, scratch, grad, scale, Extra::default())
+    }
+
+    /// [`accumulate`](Self::accumulate) with what a sparse model adds:
+    /// values added to each row's logit before the loss (the wide part),
+    /// and `scale ×` the loss's gradient with respect to `x` (for the
+    /// embedding rows that make up part of it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn accumulate_with(
+        &self,
+        params: &[f32],
+        x: ArrayView2<f32>,
+        labels: &[u32],
+        scratch: &mut Scratch,
+        grad: &mut [f32],
+        scale: f32,
+        extra: Extra,
+    ) -> f64 {
         let rows = x.nrows();
         self.forward(params, x, scratch);
         let last = self.layout.layers.len() - 1;
@@ -122,14 +140,23 @@ impl Mlp {
         {
             let logits = scratch.acts[last].slice(s![..rows, ..]);
             let mut delta = scratch.deltas[last].slice_mut(s![..rows, ..]);
-            for ((z, mut d), &y) in logits.outer_iter().zip(delta.outer_iter_mut()).zip(labels) {
-                loss += softmax_into(
-                    z,
-                    d.as_slice_mut().expect("delta rows are contiguous"),
-                    y as usize,
-                );
+            for (i, ((z, mut d), &y)) in logits
+                .outer_iter()
+                .zip(delta.outer_iter_mut())
+                .zip(labels)
+                .enumerate()
+            {
+                let d = d.as_slice_mut().expect("delta rows are contiguous");
+                loss += match self.layout.loss {
+                    Loss::SoftmaxCrossEntropy => softmax_into(z, d, y as usize),
+                    Loss::SigmoidCrossEntropy => {
+                        let offset = extra.logit_offset.map_or(0.0, |o| o[i]);
+                        sigmoid_into(z[0] + offset, &mut d[0], y)
+                    }
+                };
             }
         }
+        let mut input_delta = extra.input_delta;
         for l in (0..=last).rev() {
             let layer = &self.layout.layers[l];
             let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(l);
@@ -158,9 +185,30 @@ impl Mlp {
                     scratch.acts[l - 1].slice(s![..rows, ..]),
                     da,
                 );
+            } else if let Some(dx) = input_delta.as_mut() {
+                general_mat_mul(scale, &dz, &self.weight(params, 0).t(), 0.0, dx);
             }
         }
         loss
+    }
+
+    /// The logits of the rows of `x` into `out` (one row per example).
+    pub fn logits_into(
+        &self,
+        params: &[f32],
+        x: ArrayView2<f32>,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        self.forward(params, x, scratch);
+        let logits = scratch.acts.last().expect("at least one layer");
+        let rows = x.nrows();
+        for (o, z) in out
+            .chunks_exact_mut(self.layout.classes())
+            .zip(logits.slice(s![..rows, ..]).outer_iter())
+        {
+            o.copy_from_slice(z.as_slice().expect("logit rows are contiguous"));
+        }
     }
 
     /// Adds the mean gradient over the batch into `grad`, splitting the batch
@@ -244,6 +292,21 @@ impl Mlp {
             .reduce(|| (0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
         (correct as f64 / n as f64, loss / n as f64)
     }
+}
+
+/// What a sparse model adds to a pass (see [`Mlp::accumulate_with`]).
+#[derive(Default)]
+pub struct Extra<'a> {
+    pub logit_offset: Option<&'a [f32]>,
+    pub input_delta: Option<ArrayViewMut2<'a, f32>>,
+}
+
+/// Writes σ(z) − y into `out` and returns the binary cross-entropy of the
+/// logit z against label y (0 or 1), computed without overflow.
+pub(crate) fn sigmoid_into(z: f32, out: &mut f32, y: u32) -> f64 {
+    let y = if y > 0 { 1.0 } else { 0.0 };
+    *out = 1.0 / (1.0 + (-z).exp()) - y;
+    f64::from(z.max(0.0) - z * y + (-z.abs()).exp().ln_1p())
 }
 
 /// Writes softmax(z) − onehot(y) into `out` and returns −log softmax(z)[y].

@@ -1,0 +1,289 @@
+//! The sparse model: each categorical field looks up its row in its table,
+//! the rows follow the numeric features into the MLP, and an optional wide
+//! part adds one weight per key to the logit. Binary labels, sigmoid
+//! cross-entropy. Rows come from the shards per batch; the passes here are
+//! pure.
+
+use std::collections::HashMap;
+
+use distbelief_api::layout::{Layout, Tables};
+use ndarray::{ArrayView2, ArrayViewMut2};
+
+use crate::data::SparseFeatures;
+use crate::mlp::{Extra, Mlp, Scratch};
+
+#[derive(Debug, Clone)]
+pub struct WideDeep {
+    mlp: Mlp,
+    tables: Tables,
+    numeric: usize,
+    /// Per table: where its first field's row starts in the MLP's input.
+    offsets: Vec<usize>,
+}
+
+/// The rows of one table that a batch uses.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TableRows {
+    pub dim: usize,
+    /// Distinct keys, in the order fetched.
+    pub keys: Vec<u64>,
+    /// `dim` values per key.
+    pub values: Vec<f32>,
+    slot: HashMap<u64, usize>,
+}
+
+impl TableRows {
+    /// Rows of `keys` (distinct), with `values` as fetched.
+    pub fn new(dim: usize, keys: Vec<u64>, values: Vec<f32>) -> Self {
+        assert_eq!(keys.len() * dim, values.len(), "a row per key");
+        let slot = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+        TableRows {
+            dim,
+            keys,
+            values,
+            slot,
+        }
+    }
+
+    fn slot(&self, key: u64) -> usize {
+        *self
+            .slot
+            .get(&key)
+            .expect("every key of the batch was fetched")
+    }
+
+    pub fn row(&self, key: u64) -> &[f32] {
+        let at = self.slot(key) * self.dim;
+        &self.values[at..at + self.dim]
+    }
+}
+
+impl WideDeep {
+    pub fn new(layout: &Layout, tables: &Tables) -> Self {
+        let embedding = tables.embedding_width();
+        let numeric = layout.inputs() - embedding;
+        let mut offsets = Vec::with_capacity(tables.tables.len());
+        let mut at = numeric;
+        for t in &tables.tables {
+            offsets.push(at);
+            if Some(t.id) != tables.wide {
+                at += t.dim * t.fields.len();
+            }
+        }
+        WideDeep {
+            mlp: Mlp::new(layout),
+            tables: tables.clone(),
+            numeric,
+            offsets,
+        }
+    }
+
+    pub fn mlp(&self) -> &Mlp {
+        &self.mlp
+    }
+
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// Per table, the distinct keys that `examples` of `sparse` use, in the
+    /// order first met.
+    pub fn keys(&self, sparse: &SparseFeatures, examples: &[usize]) -> Vec<Vec<u64>> {
+        self.tables
+            .tables
+            .iter()
+            .map(|t| {
+                let mut seen = std::collections::HashSet::new();
+                let mut keys = Vec::new();
+                for &i in examples {
+                    for &f in &t.fields {
+                        for &k in sparse.field(i, f).0 {
+                            if seen.insert(k) {
+                                keys.push(k);
+                            }
+                        }
+                    }
+                }
+                keys
+            })
+            .collect()
+    }
+
+    /// The MLP's input for `examples` (numeric features, then embedding
+    /// rows) into `x`, and the wide part's share of each logit into `wide`.
+    fn inputs(
+        &self,
+        numeric: &[f32],
+        sparse: &SparseFeatures,
+        examples: &[usize],
+        rows: &[TableRows],
+        x: &mut Vec<f32>,
+        wide: &mut Vec<f32>,
+    ) {
+        let width = self.mlp.layout().inputs();
+        x.clear();
+        x.resize(examples.len() * width, 0.0);
+        wide.clear();
+        wide.resize(examples.len(), 0.0);
+        for (r, &i) in examples.iter().enumerate() {
+            let out = &mut x[r * width..(r + 1) * width];
+            out[..self.numeric].copy_from_slice(&numeric[i * self.numeric..(i + 1) * self.numeric]);
+            for (t, table) in self.tables.tables.iter().enumerate() {
+                let is_wide = Some(table.id) == self.tables.wide;
+                for (j, &f) in table.fields.iter().enumerate() {
+                    let (keys, weights) = sparse.field(i, f);
+                    for (n, &k) in keys.iter().enumerate() {
+                        let w = weights.map_or(1.0, |w| w[n]);
+                        let row = rows[t].row(k);
+                        if is_wide {
+                            wide[r] += w * row[0];
+                        } else {
+                            let at = self.offsets[t] + j * table.dim;
+                            for (o, v) in out[at..at + table.dim].iter_mut().zip(row) {
+                                *o += w * v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds the mean gradient over `examples` into `grad` (dense) and
+    /// `row_grads` (per table, laid out as `rows[t].values`); returns the
+    /// mean loss. `numeric` and `sparse` hold the whole data set.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gradient(
+        &self,
+        params: &[f32],
+        numeric: &[f32],
+        sparse: &SparseFeatures,
+        labels: &[u32],
+        examples: &[usize],
+        rows: &[TableRows],
+        scratch: &mut Scratch,
+        grad: &mut [f32],
+        row_grads: &mut [Vec<f32>],
+    ) -> f64 {
+        let n = examples.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let (mut x, mut wide) = (Vec::new(), Vec::new());
+        self.inputs(numeric, sparse, examples, rows, &mut x, &mut wide);
+        let width = self.mlp.layout().inputs();
+        let xv = ArrayView2::from_shape((n, width), &x[..]).expect("input shape");
+        let y: Vec<u32> = examples.iter().map(|&i| labels[i]).collect();
+        let mut dx = vec![0.0f32; n * width];
+        let scale = 1.0 / n as f32;
+        let loss = self.mlp.accumulate_with(
+            params,
+            xv,
+            &y,
+            scratch,
+            grad,
+            scale,
+            Extra {
+                logit_offset: Some(&wide),
+                input_delta: Some(
+                    ArrayViewMut2::from_shape((n, width), &mut dx[..]).expect("delta shape"),
+                ),
+            },
+        );
+        let last = self.mlp.layout().layers.len() - 1;
+        for (r, &i) in examples.iter().enumerate() {
+            let dlogit = scale * scratch.deltas[last][[r, 0]];
+            let d = &dx[r * width..(r + 1) * width];
+            for (t, table) in self.tables.tables.iter().enumerate() {
+                let is_wide = Some(table.id) == self.tables.wide;
+                for (j, &f) in table.fields.iter().enumerate() {
+                    let (keys, weights) = sparse.field(i, f);
+                    for (n, &k) in keys.iter().enumerate() {
+                        let w = weights.map_or(1.0, |w| w[n]);
+                        let at = rows[t].slot(k) * table.dim;
+                        let g = &mut row_grads[t][at..at + table.dim];
+                        if is_wide {
+                            g[0] += w * dlogit;
+                        } else {
+                            let from = self.offsets[t] + j * table.dim;
+                            for (g, v) in g.iter_mut().zip(&d[from..from + table.dim]) {
+                                *g += w * v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        loss / n as f64
+    }
+
+    /// The probability of label 1 for each of `examples`.
+    pub fn predict(
+        &self,
+        params: &[f32],
+        numeric: &[f32],
+        sparse: &SparseFeatures,
+        examples: &[usize],
+        rows: &[TableRows],
+        scratch: &mut Scratch,
+    ) -> Vec<f32> {
+        let (mut x, mut wide) = (Vec::new(), Vec::new());
+        self.inputs(numeric, sparse, examples, rows, &mut x, &mut wide);
+        let width = self.mlp.layout().inputs();
+        let xv = ArrayView2::from_shape((examples.len(), width), &x[..]).expect("input shape");
+        let mut z = vec![0.0; examples.len()];
+        self.mlp.logits_into(params, xv, scratch, &mut z);
+        z.iter()
+            .zip(&wide)
+            .map(|(z, w)| 1.0 / (1.0 + (-(z + w)).exp()))
+            .collect()
+    }
+}
+
+/// The area under the ROC curve of `scores` for binary `labels`: the
+/// chance that a random positive scores above a random negative (ties
+/// count half).
+pub fn auc(scores: &[f32], labels: &[u32]) -> f64 {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]));
+    let (mut rank_sum, mut positives) = (0.0f64, 0u64);
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j + 1 < order.len() && scores[order[j + 1]] == scores[order[i]] {
+            j += 1;
+        }
+        // Tied scores share the mean of their ranks (1-based).
+        let rank = (i + j) as f64 / 2.0 + 1.0;
+        for &k in &order[i..=j] {
+            if labels[k] > 0 {
+                rank_sum += rank;
+                positives += 1;
+            }
+        }
+        i = j + 1;
+    }
+    let negatives = scores.len() as u64 - positives;
+    if positives == 0 || negatives == 0 {
+        return 0.5;
+    }
+    let p = positives as f64;
+    (rank_sum - p * (p + 1.0) / 2.0) / (p * negatives as f64)
+}
+
+/// Mean binary cross-entropy of probabilities against labels.
+pub fn log_loss(probs: &[f32], labels: &[u32]) -> f64 {
+    let eps = 1e-7f64;
+    let sum: f64 = probs
+        .iter()
+        .zip(labels)
+        .map(|(&p, &y)| {
+            let p = f64::from(p).clamp(eps, 1.0 - eps);
+            if y > 0 { -p.ln() } else { -(1.0 - p).ln() }
+        })
+        .sum();
+    sum / probs.len().max(1) as f64
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,146 @@
+use super::*;
+use distbelief_api::{
+    Activation, DataFormat, DataSpec, DenseLayer, Loss, ModelSpec, OutputLayer, TableSpec, WideSpec,
+};
+
+fn model() -> WideDeep {
+    let spec = ModelSpec {
+        input_size: 2,
+        hidden: vec![DenseLayer {
+            units: 4,
+            activation: Activation::Tanh,
+        }],
+        output: OutputLayer {
+            units: 1,
+            loss: Loss::SigmoidCrossEntropy,
+        },
+        tables: vec![TableSpec {
+            name: "emb".into(),
+            dim: 3,
+            fields: vec!["a".into(), "c".into()],
+            capacity: None,
+            min_count: 1,
+            row_wise: false,
+            init_scale: 0.05,
+        }],
+        wide: Some(WideSpec::default()),
+    };
+    let data = DataSpec {
+        format: DataFormat::Parquet,
+        categorical: vec!["a".into(), "b".into(), "c".into()],
+        ..DataSpec::default()
+    };
+    let layout = Layout::from_model(&spec);
+    assert_eq!(layout.inputs(), 2 + 2 * 3);
+    WideDeep::new(&layout, &Tables::from_spec(&spec, &data))
+}
+
+/// Four examples; field c has two weighted keys, and keys repeat across
+/// examples so that row gradients add up.
+fn data() -> (Vec<f32>, SparseFeatures, Vec<u32>) {
+    let numeric = vec![0.5, -1.0, 0.2, 0.3, -0.7, 0.1, 1.2, -0.4];
+    let mut s = SparseFeatures::new(3);
+    for i in 0..4u64 {
+        s.push_field(&[10 + i % 2], Some(&[1.0]));
+        s.push_field(&[20 + i % 3], Some(&[1.0]));
+        s.push_field(&[30 + i, 40], Some(&[0.5, 2.0]));
+    }
+    (numeric, s, vec![1, 0, 0, 1])
+}
+
+fn rows(m: &WideDeep, s: &SparseFeatures, examples: &[usize]) -> Vec<TableRows> {
+    m.keys(s, examples)
+        .into_iter()
+        .zip(&m.tables().tables)
+        .map(|(keys, t)| {
+            let values = (0..keys.len() * t.dim)
+                .map(|i| ((i * 7919 % 13) as f32 - 6.0) * 0.05)
+                .collect();
+            TableRows::new(t.dim, keys, values)
+        })
+        .collect()
+}
+
+#[test]
+fn gradients_of_dense_weights_embeddings_and_wide_weights_match_finite_differences() {
+    let m = model();
+    let (numeric, sparse, labels) = data();
+    let examples = [0, 1, 2, 3];
+    let mut rows = rows(&m, &sparse, &examples);
+    let layout = m.mlp().layout().clone();
+    let mut params = layout.initial_values(0..layout.len(), 3);
+    let mut scratch = m.mlp().scratch(4);
+    let mut grad = vec![0.0; params.len()];
+    let mut row_grads: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
+    m.gradient(
+        &params,
+        &numeric,
+        &sparse,
+        &labels,
+        &examples,
+        &rows,
+        &mut scratch,
+        &mut grad,
+        &mut row_grads,
+    );
+    let loss = |m: &WideDeep, p: &[f32], rows: &[TableRows]| {
+        let mut scratch = m.mlp().scratch(4);
+        let probs = m.predict(p, &numeric, &sparse, &examples, rows, &mut scratch);
+        log_loss(&probs, &labels)
+    };
+    let eps = 1e-3;
+    let close = |analytic: f32, numeric: f64, what: &str| {
+        let diff = (f64::from(analytic) - numeric).abs();
+        assert!(
+            diff < 2e-3 + 2e-2 * numeric.abs(),
+            "{what}: analytic {analytic}, numeric {numeric}"
+        );
+    };
+    for i in 0..params.len() {
+        let keep = params[i];
+        params[i] = keep + eps;
+        let up = loss(&m, &params, &rows);
+        params[i] = keep - eps;
+        let down = loss(&m, &params, &rows);
+        params[i] = keep;
+        close(
+            grad[i],
+            (up - down) / (2.0 * f64::from(eps)),
+            &format!("param {i}"),
+        );
+    }
+    let mut checked = [0, 0];
+    for (t, done) in checked.iter_mut().enumerate() {
+        for (i, &analytic) in row_grads[t].iter().enumerate() {
+            let keep = rows[t].values[i];
+            rows[t].values[i] = keep + eps;
+            let up = loss(&m, &params, &rows);
+            rows[t].values[i] = keep - eps;
+            let down = loss(&m, &params, &rows);
+            rows[t].values[i] = keep;
+            close(
+                analytic,
+                (up - down) / (2.0 * f64::from(eps)),
+                &format!("table {t} value {i}"),
+            );
+            *done += 1;
+        }
+    }
+    // The embedding table has fields a (2 keys) and c (5 keys) of 3 values;
+    // the wide part one weight for each of the 2 + 3 + 5 keys.
+    assert_eq!(checked, [7 * 3, 10]);
+    assert!(
+        row_grads[1].iter().all(|g| *g != 0.0),
+        "every wide key moves"
+    );
+}
+
+#[test]
+fn auc_counts_ordered_pairs_and_ties_count_half() {
+    assert_eq!(auc(&[0.1, 0.4, 0.35, 0.8], &[0, 0, 1, 1]), 0.75);
+    assert_eq!(auc(&[0.5, 0.5], &[0, 1]), 0.5);
+    assert_eq!(auc(&[0.9, 0.1], &[0, 1]), 0.0);
+    assert_eq!(auc(&[0.2, 0.3], &[1, 1]), 0.5, "one class: no pairs");
+    let ll = log_loss(&[0.5, 0.5], &[0, 1]);
+    assert!((ll - std::f64::consts::LN_2).abs() < 1e-6);
+}
