@@ -56,9 +56,9 @@ fn load(c: &Common) -> anyhow::Result<Job> {
 /// Refuses what the spec can say but the roles cannot run yet, before any
 /// process starts, instead of failing later with a confusing message.
 pub(crate) fn runnable(job: &Job) -> anyhow::Result<()> {
-    if !job.tables.is_empty() {
+    if !job.tables.is_empty() || job.layout.loss == distbelief_api::Loss::SigmoidCrossEntropy {
         anyhow::bail!(
-            "{}: spec.model.tables and spec.model.wide cannot run yet: the shards, data readers and wide-and-deep model are in place, but the replicas' and the coordinator's sparse loops are not (issue 23)",
+            "{}: spec.model.tables, spec.model.wide and sigmoidCrossEntropy cannot run yet: the shards, data readers and wide-and-deep model are in place, but the replicas' sparse loop and the coordinator's AUC evaluation are not (issue 23)",
             job.name
         );
     }

@@ -109,6 +109,27 @@ impl WideDeep {
             .collect()
     }
 
+    /// Calls `visit(table, at, key, weight)` for every key of example `i`:
+    /// `at` is where the key's row goes in the MLP's input, or None for
+    /// the wide part, whose weight goes to the logit.
+    fn each_key(
+        &self,
+        sparse: &SparseFeatures,
+        i: usize,
+        mut visit: impl FnMut(usize, Option<usize>, u64, f32),
+    ) {
+        for (t, table) in self.tables.tables.iter().enumerate() {
+            let is_wide = Some(table.id) == self.tables.wide;
+            for (j, &f) in table.fields.iter().enumerate() {
+                let (keys, weights) = sparse.field(i, f);
+                let at = (!is_wide).then(|| self.offsets[t] + j * table.dim);
+                for (n, &k) in keys.iter().enumerate() {
+                    visit(t, at, k, weights.map_or(1.0, |w| w[n]));
+                }
+            }
+        }
+    }
+
     /// The MLP's input for `examples` (numeric features, then embedding
     /// rows) into `x`, and the wide part's share of each logit into `wide`.
     fn inputs(
@@ -128,24 +149,17 @@ impl WideDeep {
         for (r, &i) in examples.iter().enumerate() {
             let out = &mut x[r * width..(r + 1) * width];
             out[..self.numeric].copy_from_slice(&numeric[i * self.numeric..(i + 1) * self.numeric]);
-            for (t, table) in self.tables.tables.iter().enumerate() {
-                let is_wide = Some(table.id) == self.tables.wide;
-                for (j, &f) in table.fields.iter().enumerate() {
-                    let (keys, weights) = sparse.field(i, f);
-                    for (n, &k) in keys.iter().enumerate() {
-                        let w = weights.map_or(1.0, |w| w[n]);
-                        let row = rows[t].row(k);
-                        if is_wide {
-                            wide[r] += w * row[0];
-                        } else {
-                            let at = self.offsets[t] + j * table.dim;
-                            for (o, v) in out[at..at + table.dim].iter_mut().zip(row) {
-                                *o += w * v;
-                            }
+            self.each_key(sparse, i, |t, at, k, w| {
+                let row = rows[t].row(k);
+                match at {
+                    None => wide[r] += w * row[0],
+                    Some(at) => {
+                        for (o, v) in out[at..at + row.len()].iter_mut().zip(row) {
+                            *o += w * v;
                         }
                     }
                 }
-            }
+            });
         }
     }
 
@@ -194,25 +208,19 @@ impl WideDeep {
         for (r, &i) in examples.iter().enumerate() {
             let dlogit = scale * scratch.deltas[last][[r, 0]];
             let d = &dx[r * width..(r + 1) * width];
-            for (t, table) in self.tables.tables.iter().enumerate() {
-                let is_wide = Some(table.id) == self.tables.wide;
-                for (j, &f) in table.fields.iter().enumerate() {
-                    let (keys, weights) = sparse.field(i, f);
-                    for (n, &k) in keys.iter().enumerate() {
-                        let w = weights.map_or(1.0, |w| w[n]);
-                        let at = rows[t].slot(k) * table.dim;
-                        let g = &mut row_grads[t][at..at + table.dim];
-                        if is_wide {
-                            g[0] += w * dlogit;
-                        } else {
-                            let from = self.offsets[t] + j * table.dim;
-                            for (g, v) in g.iter_mut().zip(&d[from..from + table.dim]) {
-                                *g += w * v;
-                            }
+            self.each_key(sparse, i, |t, at, k, w| {
+                let dim = rows[t].dim;
+                let slot = rows[t].slot(k) * dim;
+                let g = &mut row_grads[t][slot..slot + dim];
+                match at {
+                    None => g[0] += w * dlogit,
+                    Some(at) => {
+                        for (g, v) in g.iter_mut().zip(&d[at..at + dim]) {
+                            *g += w * v;
                         }
                     }
                 }
-            }
+            });
         }
         loss / n as f64
     }

@@ -1,5 +1,6 @@
 //! Shard checkpoints: parameters, Adagrad accumulators, version, update
-//! count, the fencing and deduplication table and the shard's epochs in one
+//! count, the fencing and deduplication table, the shard's epochs and its
+//! tables' rows in one
 //! file, written to a temporary file and renamed into place so a crash never
 //! leaves a torn checkpoint behind. Files of the earlier formats (no table,
 //! no epochs) still load.

@@ -1,6 +1,7 @@
 //! A parameter-server shard's core, with no IO beyond its checkpoint files:
-//! it owns one contiguous range of the flat parameter vector, applies pushed
-//! gradients with the job's update rule, and checkpoints itself. Serving it
+//! it owns one contiguous range of the flat parameter vector and its share
+//! of the keyed tables' rows, applies pushed gradients with the job's update
+//! rule, and checkpoints itself. Serving it
 //! over gRPC is `distbelief-ps-server`'s job.
 
 pub mod audit;

@@ -120,7 +120,9 @@ fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
         .iter()
         .map(|c| column(c))
         .collect::<Result<_, _>>()?;
-    let rows = reader.metadata().file_metadata().num_rows().max(0) as usize;
+    // The file's own row count sizes nothing beyond a bound: a damaged or
+    // hostile footer could claim any number.
+    let rows = (reader.metadata().file_metadata().num_rows().max(0) as usize).min(1 << 20);
     let mut out = Rows {
         labels: Vec::with_capacity(rows),
         numeric: Vec::with_capacity(rows * numeric.len()),
