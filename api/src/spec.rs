@@ -706,6 +706,10 @@ pub struct StopSpec {
     /// Stop once test accuracy reaches this value, in (0, 1]. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_test_accuracy: Option<f64>,
+    /// Binary labels: stop once test AUC reaches this value, in (0.5, 1].
+    /// Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_test_auc: Option<f64>,
     /// Stop after this many passes over the training data, counted over all replicas. Default: 10.
     #[serde(default = "default_max_epochs")]
     pub max_epochs: f64,
@@ -721,6 +725,7 @@ impl Default for StopSpec {
     fn default() -> Self {
         StopSpec {
             target_test_accuracy: None,
+            target_test_auc: None,
             max_epochs: default_max_epochs(),
             max_seconds: default_max_seconds(),
             eval_interval_seconds: default_eval_interval(),

@@ -180,7 +180,13 @@ pub struct Progress {
     /// Best test accuracy so far.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_test_accuracy: Option<f64>,
-    /// Seconds of training until the target accuracy was first reached.
+    /// Binary labels: latest test AUC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_auc: Option<f64>,
+    /// Binary labels: best test AUC so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_test_auc: Option<f64>,
+    /// Seconds of training until the target accuracy (or AUC) was first reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_to_target_seconds: Option<f64>,
     /// Staleness of applied pushes, in versions.

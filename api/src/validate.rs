@@ -50,6 +50,21 @@ impl Job {
         self.partitioning.shard_ranges(self.shards())
     }
 
+    /// Features per example the data must have: the numeric ones, since
+    /// the tables' rows make up the rest of the first layer's input.
+    pub fn data_inputs(&self) -> usize {
+        self.layout.inputs() - self.tables.embedding_width()
+    }
+
+    /// How many label values the data may have: the classes, or 2 (0 and
+    /// 1) for binary labels.
+    pub fn label_classes(&self) -> usize {
+        match self.layout.loss {
+            crate::Loss::SigmoidCrossEntropy => 2,
+            crate::Loss::SoftmaxCrossEntropy => self.layout.classes(),
+        }
+    }
+
     /// The initial values of `range` of the stored parameter vector.
     pub fn initial_values(&self, range: std::ops::Range<usize>) -> Vec<f32> {
         self.partitioning
@@ -254,6 +269,14 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         && !(t > 0.0 && t <= 1.0)
     {
         fail("spec.stop.targetTestAccuracy", None);
+    }
+    if let Some(t) = st.target_test_auc
+        && !(t > 0.5 && t <= 1.0 && s.model.output.loss == crate::Loss::SigmoidCrossEntropy)
+    {
+        fail(
+            "spec.stop.targetTestAuc",
+            Some("must be in (0.5, 1], for a model with sigmoidCrossEntropy".into()),
+        );
     }
     if !(st.max_epochs.is_finite() && st.max_epochs > 0.0) {
         fail("spec.stop.maxEpochs", None);

@@ -48,21 +48,7 @@ async fn start_metrics(
 }
 
 fn load(c: &Common) -> anyhow::Result<Job> {
-    let job = distbelief_api::load_job(&c.job)?;
-    runnable(&job)?;
-    Ok(job)
-}
-
-/// Refuses what the spec can say but the roles cannot run yet, before any
-/// process starts, instead of failing later with a confusing message.
-pub(crate) fn runnable(job: &Job) -> anyhow::Result<()> {
-    if !job.tables.is_empty() || job.layout.loss == distbelief_api::Loss::SigmoidCrossEntropy {
-        anyhow::bail!(
-            "{}: spec.model.tables, spec.model.wide and sigmoidCrossEntropy cannot run yet: the shards, data readers and wide-and-deep model are in place, but the replicas' sparse loop and the coordinator's AUC evaluation are not (issue 23)",
-            job.name
-        );
-    }
-    Ok(())
+    Ok(distbelief_api::load_job(&c.job)?)
 }
 
 async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
@@ -259,11 +245,16 @@ pub fn crd() -> anyhow::Result<ExitCode> {
 
 pub fn eval(a: EvalArgs) -> anyhow::Result<ExitCode> {
     let job = distbelief_api::load_job(&a.job)?;
-    runnable(&job)?;
+    if !job.tables.is_empty() || job.layout.loss == distbelief_api::Loss::SigmoidCrossEntropy {
+        anyhow::bail!(
+            "{}: `distbelief eval` cannot score a model with tables or binary labels yet: the saved model holds the dense tensors only (issue 23)",
+            job.name
+        );
+    }
     let params = distbelief_model::saved::load(&a.model, &job.layout)?;
     let test = distbelief_model::data::load(&job.spec.data, false)?;
     let mlp = distbelief_model::Mlp::new(&job.layout);
-    test.check_fits("test data", mlp.layout().inputs(), mlp.layout().classes())?;
+    test.check_fits("test data", job.data_inputs(), job.label_classes())?;
     let (accuracy, loss) = mlp.evaluate(&params, &test);
     if a.json {
         println!(

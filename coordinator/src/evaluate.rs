@@ -7,10 +7,12 @@ use std::time::{Duration, Instant};
 
 use distbelief_api::{Partitioning, ShardProgress};
 use distbelief_model::Mlp;
+use distbelief_model::WideDeep;
 use distbelief_model::data::Dataset;
+use distbelief_model::wide_deep::{TableRows, auc, log_loss};
 use distbelief_proto::staleness::StalenessHistogram;
 use distbelief_proto::v1::JobStatus;
-use distbelief_ps_client::{ShardClient, fetch_all};
+use distbelief_ps_client::{ShardClient, fetch_all, fetch_table_rows};
 
 use crate::Shared;
 use crate::metrics::CoordinatorMetrics;
@@ -27,7 +29,70 @@ pub(crate) struct Evaluator {
     /// before evaluating and saving.
     pub partitioning: Arc<Partitioning>,
     pub test: Arc<Dataset>,
+    /// A model with tables: scored by AUC, with the test set's rows.
+    pub sparse: Option<Arc<SparseTest>>,
     pub metrics: CoordinatorMetrics,
+}
+
+/// What evaluating a model with tables needs beside its dense parameters:
+/// the model, and the keys the test set uses, per table (fetched from the
+/// shards at every evaluation, and no others).
+pub(crate) struct SparseTest {
+    pub model: WideDeep,
+    pub keys: Vec<Vec<u64>>,
+}
+
+impl SparseTest {
+    pub fn new(model: WideDeep, test: &Dataset) -> Self {
+        let all: Vec<usize> = (0..test.len()).collect();
+        let keys = match &test.sparse {
+            Some(s) => model.keys(s, &all),
+            None => Vec::new(),
+        };
+        SparseTest { model, keys }
+    }
+
+    fn dims(&self) -> Vec<usize> {
+        self.model.tables().tables.iter().map(|t| t.dim).collect()
+    }
+
+    /// Accuracy at 0.5, log loss and AUC of `params` with `rows`.
+    fn evaluate(&self, params: &[f32], rows: Vec<Vec<f32>>, test: &Dataset) -> (f64, f64, f64) {
+        const ROWS: usize = 4096;
+        let tables: Vec<TableRows> = self
+            .keys
+            .iter()
+            .zip(self.dims())
+            .zip(rows)
+            .map(|((k, d), v)| TableRows::new(d, k.clone(), v))
+            .collect();
+        let Some(sparse) = &test.sparse else {
+            return (0.0, f64::NAN, 0.5);
+        };
+        let mut scratch = self.model.mlp().scratch(ROWS);
+        let mut probs = Vec::with_capacity(test.len());
+        let all: Vec<usize> = (0..test.len()).collect();
+        for part in all.chunks(ROWS) {
+            probs.extend(self.model.predict(
+                params,
+                &test.features,
+                sparse,
+                part,
+                &tables,
+                &mut scratch,
+            ));
+        }
+        let correct = probs
+            .iter()
+            .zip(&test.labels)
+            .filter(|&(&p, &y)| (p >= 0.5) == (y > 0))
+            .count();
+        (
+            correct as f64 / test.len().max(1) as f64,
+            log_loss(&probs, &test.labels),
+            auc(&probs, &test.labels),
+        )
+    }
 }
 
 /// What the shards said beside their parameters.
@@ -73,21 +138,37 @@ impl Evaluator {
             self.give_up_at(limit, "the shards did not answer at the end");
             return params;
         }
+        let rows = match &self.sparse {
+            Some(s) => match fetch_table_rows(&mut self.clients, &s.keys, &s.dims()).await {
+                Ok(rows) => Some(rows),
+                Err(e) => {
+                    tracing::warn!("evaluation skipped, table rows unavailable: {e}");
+                    self.give_up_at(limit, "the shards did not answer at the end");
+                    return params;
+                }
+            },
+            None => None,
+        };
         let figures = self.shard_figures().await;
         let started = Instant::now();
+        let sparse = self.sparse.clone();
         let (mlp, test, partitioning) = (
             self.mlp.clone(),
             self.test.clone(),
             self.partitioning.clone(),
         );
-        let Ok((params, accuracy, loss)) = tokio::task::spawn_blocking(move || {
+        let Ok((params, accuracy, loss, auc)) = tokio::task::spawn_blocking(move || {
             let params = if partitioning.parts() > 1 {
                 partitioning.to_canonical(mlp.layout(), &params)
             } else {
                 params
             };
+            if let (Some(s), Some(rows)) = (sparse, rows) {
+                let (a, l, auc) = s.evaluate(&params, rows, &test);
+                return (params, a, l, Some(auc));
+            }
             let (a, l) = mlp.evaluate(&params, &test);
-            (params, a, l)
+            (params, a, l, None)
         })
         .await
         else {
@@ -99,7 +180,7 @@ impl Evaluator {
         self.metrics
             .eval_seconds
             .observe(started.elapsed().as_secs_f64());
-        let status = self.record(figures, accuracy, loss, limit);
+        let status = self.record(figures, accuracy, loss, auc, limit);
         if status.done {
             let version = self.shared.shards().iter().map(|s| s.version).sum();
             self.save(&params, accuracy, version, &status).await;
@@ -154,13 +235,14 @@ impl Evaluator {
         f: ShardFigures,
         accuracy: f64,
         loss: f64,
+        auc: Option<f64>,
         limit: Option<StopReason>,
     ) -> JobStatus {
         let now = self.shared.now();
         let status = {
             let mut t = self.shared.tracker();
             t.set_shard_figures(f.staleness, f.push_bytes, f.updates);
-            t.on_eval(now, accuracy, loss);
+            t.on_eval(now, accuracy, loss, auc);
             if let Some(reason) = limit {
                 t.finish(reason, now);
             }
@@ -171,6 +253,7 @@ impl Evaluator {
             seconds = format!("{:.1}", status.train_seconds),
             test_accuracy = format!("{accuracy:.4}"),
             test_loss = format!("{loss:.4}"),
+            test_auc = auc.map(|a| format!("{a:.4}")),
             examples = status.examples,
             done = status.done,
             "evaluated"

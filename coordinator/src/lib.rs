@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distbelief_api::{Job, ShardProgress};
-use distbelief_model::Mlp;
 use distbelief_model::data::{self, DataError};
+use distbelief_model::{Mlp, WideDeep};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{
     ChainConfig, ChainRequest, CommitReply, GrantPushed, JobStatus, PortionCommit, PortionRequest,
@@ -251,7 +251,7 @@ pub async fn serve(
         message: e.to_string(),
     })??;
     let mlp = Mlp::new(&job.layout);
-    test.check_fits("test data", mlp.layout().inputs(), mlp.layout().classes())?;
+    test.check_fits("test data", job.data_inputs(), job.label_classes())?;
     let clients = shard_clients(job, &opts.shards, opts.rpc_timeout)?;
     tracing::info!(
         test_examples = test.len(),
@@ -355,6 +355,12 @@ pub async fn serve(
         clients,
         mlp: Arc::new(mlp),
         partitioning: Arc::new(job.partitioning.clone()),
+        sparse: (!job.tables.is_empty()).then(|| {
+            Arc::new(evaluate::SparseTest::new(
+                WideDeep::new(&job.layout, &job.tables),
+                &test,
+            ))
+        }),
         test: Arc::new(test),
         metrics,
     };

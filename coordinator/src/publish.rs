@@ -25,6 +25,8 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
         train_loss: finite(s.train_loss),
         test_accuracy: s.test_accuracy.and_then(finite),
         best_test_accuracy: s.best_test_accuracy.and_then(finite),
+        test_auc: s.test_auc.and_then(finite),
+        best_test_auc: s.best_test_auc.and_then(finite),
         time_to_target_seconds: s.time_to_target_seconds.and_then(finite),
         staleness: s.staleness.as_ref().map(|st| StalenessSummary {
             p50: st.p50,

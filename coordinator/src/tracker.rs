@@ -110,6 +110,7 @@ pub struct Tracker {
     replicas: BTreeMap<u32, Replica>,
     curve: Vec<CurvePoint>,
     best: Option<f64>,
+    best_auc: Option<f64>,
     time_to_target: Option<f64>,
     train_loss: f64,
     staleness: StalenessHistogram,
@@ -136,6 +137,7 @@ impl Tracker {
             replicas: BTreeMap::new(),
             curve: Vec::new(),
             best: None,
+            best_auc: None,
             time_to_target: None,
             train_loss: f64::NAN,
             staleness: StalenessHistogram::default(),
@@ -343,7 +345,9 @@ impl Tracker {
     }
 
     /// Records an evaluation; reaching the target ends the job.
-    pub fn on_eval(&mut self, now: f64, test_accuracy: f64, test_loss: f64) {
+    /// Records an evaluation: accuracy and loss, and for binary labels
+    /// the AUC. Either target reached ends the job.
+    pub fn on_eval(&mut self, now: f64, test_accuracy: f64, test_loss: f64, test_auc: Option<f64>) {
         let seconds = self.train_seconds(now);
         self.curve.push(CurvePoint {
             seconds,
@@ -351,15 +355,25 @@ impl Tracker {
             test_loss,
             train_loss: self.train_loss,
             examples: self.examples(),
+            test_auc,
         });
         self.best = Some(self.best.map_or(test_accuracy, |b| b.max(test_accuracy)));
-        if let Some(target) = self.stop.target_test_accuracy
-            && test_accuracy >= target
-            && self.time_to_target.is_none()
-        {
+        if let Some(auc) = test_auc {
+            self.best_auc = Some(self.best_auc.map_or(auc, |b| b.max(auc)));
+        }
+        if self.target_met() && self.time_to_target.is_none() {
             self.time_to_target = Some(seconds);
             self.finish(StopReason::TargetReached, now);
         }
+    }
+
+    /// Whether the best evaluation so far meets a target of the job's.
+    fn target_met(&self) -> bool {
+        let met = |target: Option<f64>, best: Option<f64>| {
+            target.is_some_and(|t| best.is_some_and(|b| b >= t))
+        };
+        met(self.stop.target_test_accuracy, self.best)
+            || met(self.stop.target_test_auc, self.best_auc)
     }
 
     /// What the shards last said: staleness, bytes pushed, updates applied.
@@ -401,6 +415,8 @@ impl Tracker {
             train_loss: self.train_loss,
             test_accuracy: self.curve.last().map(|c| c.test_accuracy),
             best_test_accuracy: self.best,
+            test_auc: self.curve.last().and_then(|c| c.test_auc),
+            best_test_auc: self.best_auc,
             time_to_target_seconds: self.time_to_target,
             epochs: self.epochs(),
             staleness: Some(Staleness {

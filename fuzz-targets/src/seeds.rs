@@ -236,6 +236,7 @@ fn table_state(o: u8) -> Vec<u8> {
 fn tracker_state() -> distbelief_proto::v1::TrackerState {
     use distbelief_proto::v1::ProgressReport;
     let stop = distbelief_api::StopSpec {
+        target_test_auc: None,
         target_test_accuracy: Some(0.9),
         max_epochs: 3.0,
         max_seconds: 600,
@@ -254,10 +255,10 @@ fn tracker_state() -> distbelief_proto::v1::TrackerState {
     };
     t.on_report(&report(0, 1, 40, 0), 1.0);
     t.on_report(&report(1, 1, 10, 0), 1.5);
-    t.on_eval(2.0, 0.61, 1.2);
+    t.on_eval(2.0, 0.61, 1.2, None);
     t.on_report(&report(1, 2, 0, 1), 2.5);
     t.on_report(&report(1, 2, 4, 1), 3.0);
-    t.on_eval(3.5, 0.7, 0.9);
+    t.on_eval(3.5, 0.7, 0.9, Some(0.8));
     t.save(3.5)
 }
 

@@ -8,6 +8,7 @@ use prost::Message;
 
 fn tracker() -> Tracker {
     let stop = StopSpec {
+        target_test_auc: None,
         target_test_accuracy: Some(0.9),
         max_epochs: 3.0,
         max_seconds: 600,

@@ -11,7 +11,7 @@ use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32, encode_
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
     FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
-    ShardInfo, VectorCommands,
+    RowsRequest, ShardInfo, TableKeys, VectorCommands,
 };
 use tonic::transport::Channel;
 
@@ -27,6 +27,10 @@ pub use distbelief_ps::lineage::Stamp;
 pub use distbelief_ps::shard::PushId;
 /// The Sandblaster commands a client sends, as the shard runs them.
 pub use distbelief_ps::vectors;
+
+/// Bytes of rows one fetch reply or push chunk carries at most: well
+/// inside the message limit.
+const ROW_BYTES: usize = 1 << 20;
 
 /// How much later than a call's own deadline the channel gives up on it.
 const CHANNEL_MARGIN: Duration = Duration::from_secs(1);
@@ -331,6 +335,108 @@ impl ShardClient {
         }
     }
 
+    /// The rows of `keys` in each table (`(table, dim, keys)`), as they
+    /// stand on the shard: one vector of `dim` values per key for each
+    /// table, in the order asked. Large asks go as several requests, each
+    /// answered within one message.
+    pub async fn fetch_rows(
+        &mut self,
+        asks: &[(u32, usize, &[u64])],
+    ) -> Result<(Stamp, Vec<Vec<f32>>), ClientError> {
+        let mut out: Vec<Vec<f32>> = asks
+            .iter()
+            .map(|(_, dim, k)| Vec::with_capacity(dim * k.len()))
+            .collect();
+        let mut stamp = Stamp::default();
+        // (ask, first key, keys) per request, each reply under ROW_BYTES.
+        let mut requests: Vec<Vec<(usize, usize, usize)>> = vec![Vec::new()];
+        let mut bytes = 0;
+        for (a, &(_, dim, keys)) in asks.iter().enumerate() {
+            let per = 4 * dim.max(1);
+            let mut at = 0;
+            while at < keys.len() {
+                if bytes + per > ROW_BYTES {
+                    requests.push(Vec::new());
+                    bytes = 0;
+                }
+                let n = ((ROW_BYTES - bytes) / per).max(1).min(keys.len() - at);
+                requests
+                    .last_mut()
+                    .expect("one request at least")
+                    .push((a, at, n));
+                bytes += n * per;
+                at += n;
+            }
+        }
+        for parts in requests.iter().filter(|p| !p.is_empty()) {
+            let req = RowsRequest {
+                shard: self.index,
+                tables: parts
+                    .iter()
+                    .map(|&(a, at, n)| TableKeys {
+                        table: asks[a].0,
+                        keys: asks[a].2[at..at + n]
+                            .iter()
+                            .flat_map(|k| k.to_le_bytes())
+                            .collect(),
+                    })
+                    .collect(),
+            };
+            let reply =
+                match tokio::time::timeout(self.timeout, self.client().fetch_rows(req)).await {
+                    Ok(Ok(r)) => r.into_inner(),
+                    Ok(Err(s)) => return Err(self.rpc(s)),
+                    Err(_) => {
+                        return Err(self.rpc(tonic::Status::deadline_exceeded(
+                            "rows not answered in time",
+                        )));
+                    }
+                };
+            if reply.rows.len() != parts.len() {
+                return Err(self.bad(format!(
+                    "{} tables of rows for {} asked",
+                    reply.rows.len(),
+                    parts.len()
+                )));
+            }
+            for (&(a, _, n), bytes) in parts.iter().zip(&reply.rows) {
+                let at = out[a].len();
+                out[a].resize(at + n * asks[a].1, 0.0);
+                if decode_f32_into(bytes, &mut out[a][at..]).is_none() {
+                    return Err(self.bad(format!("{} bytes of rows for {n} keys", bytes.len())));
+                }
+            }
+            stamp = Stamp::new(reply.shard_epoch, reply.version);
+        }
+        Ok((stamp, out))
+    }
+
+    /// A table's rows of a push: `keys` (distinct) and their summed
+    /// gradients, `dim` each, as chunks of at most a few hundred KiB.
+    pub fn rows_chunks(
+        &self,
+        id: PushId,
+        table: u32,
+        dim: usize,
+        keys: &[u64],
+        grads: &[f32],
+    ) -> Vec<GradientChunk> {
+        let per = (ROW_BYTES / (4 * dim.max(1) + 8)).max(1);
+        keys.chunks(per)
+            .zip(grads.chunks(per * dim.max(1)))
+            .map(|(k, g)| GradientChunk {
+                table: Some(table),
+                keys: k
+                    .iter()
+                    .flat_map(|k| k.to_le_bytes())
+                    .collect::<Vec<u8>>()
+                    .into(),
+                values: encode_f32(g),
+                ..self.chunk_header(id)
+            })
+            .collect()
+    }
+
     /// A gradient for the whole range as f32 chunks.
     pub fn dense_chunks(&self, id: PushId, grad: &[f32]) -> Vec<GradientChunk> {
         chunk_ranges(grad.len())
@@ -463,4 +569,61 @@ pub async fn run_all(
         }
     }
     Ok(sums)
+}
+
+/// Fetches the rows of `keys` (per table, `dims[t]` values each) from the
+/// shards that hold them ([`shard_of`](distbelief_ps::table::shard_of)), all shards at once; the rows come
+/// back per table in the order of `keys`.
+pub async fn fetch_table_rows(
+    clients: &mut [ShardClient],
+    keys: &[Vec<u64>],
+    dims: &[usize],
+) -> Result<Vec<Vec<f32>>, ClientError> {
+    let shards = clients.len() as u32;
+    // Per shard, per table: the keys it holds and where they go.
+    let mut asks: Vec<Vec<(Vec<u64>, Vec<usize>)>> = (0..shards)
+        .map(|_| keys.iter().map(|_| (Vec::new(), Vec::new())).collect())
+        .collect();
+    for (t, ks) in keys.iter().enumerate() {
+        for (i, &k) in ks.iter().enumerate() {
+            let a = &mut asks[distbelief_ps::table::shard_of(k, shards) as usize][t];
+            a.0.push(k);
+            a.1.push(i);
+        }
+    }
+    let replies =
+        futures::future::try_join_all(clients.iter_mut().zip(&asks).map(|(c, per_table)| {
+            let list: Vec<(u32, usize, &[u64])> = per_table
+                .iter()
+                .enumerate()
+                .filter(|(_, (k, _))| !k.is_empty())
+                .map(|(t, (k, _))| (t as u32, dims[t], &k[..]))
+                .collect();
+            async move {
+                if list.is_empty() {
+                    return Ok((Stamp::default(), Vec::new()));
+                }
+                c.fetch_rows(&list).await
+            }
+        }))
+        .await?;
+    let mut values: Vec<Vec<f32>> = keys
+        .iter()
+        .zip(dims)
+        .map(|(k, d)| vec![0.0; k.len() * d])
+        .collect();
+    for (per_table, (_, rows)) in asks.iter().zip(replies) {
+        let mut rows = rows.into_iter();
+        for (t, (k, at)) in per_table.iter().enumerate() {
+            if k.is_empty() {
+                continue;
+            }
+            let got = rows.next().unwrap_or_default();
+            let d = dims[t];
+            for (n, &i) in at.iter().enumerate() {
+                values[t][i * d..(i + 1) * d].copy_from_slice(&got[n * d..(n + 1) * d]);
+            }
+        }
+    }
+    Ok(values)
 }

@@ -11,6 +11,7 @@ mod orders;
 mod partitions;
 mod portions;
 mod replica;
+mod sparse;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;

@@ -57,7 +57,7 @@ fn square_into(out: &mut [f32], grad: &[f32]) {
     }
 }
 
-fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
+pub(crate) fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
     let key = PushKey {
         shard,
         replica: id.replica,

@@ -22,6 +22,8 @@ use crate::metrics::WorkerMetrics;
 use crate::network::Net;
 use crate::partitions::{GrpcExchange, PartitionOptions, serve};
 use crate::portions::PortionWorker;
+use crate::sparse::SparseWorker;
+use distbelief_model::WideDeep;
 use distbelief_model::data::{self, Dataset};
 use distbelief_model::exchange::{ExchangeError, Mailbox};
 use distbelief_model::{Mlp, PartitionedMlp};
@@ -209,11 +211,7 @@ pub async fn run_replica(
         .await
         .map_err(|e| WorkerError::Compute(e.to_string()))??;
     let mlp = Mlp::new(&job.layout);
-    train.check_fits(
-        "training data",
-        mlp.layout().inputs(),
-        mlp.layout().classes(),
-    )?;
+    train.check_fits("training data", job.data_inputs(), job.label_classes())?;
     let indices = data::replica_indices(train.len(), opts.replica as usize, replicas);
     if indices.is_empty() {
         return Err(WorkerError::NoData {
@@ -333,7 +331,32 @@ pub async fn run_replica(
         },
         None => Net::Whole(mlp),
     };
-    let compute = if let Some(sb) = &job.sandblaster {
+    let compute = if !job.tables.is_empty() {
+        let worker = SparseWorker {
+            model: WideDeep::new(&job.layout, &job.tables),
+            train,
+            indices,
+            clients,
+            runtime: tokio::runtime::Handle::current(),
+            replica: opts.replica,
+            incarnation,
+            fence: fence.clone(),
+            seed: job.downpour.seed,
+            batch: job.downpour.batch_size as usize,
+            n_fetch: u64::from(job.downpour.n_fetch),
+            n_push: u64::from(job.downpour.n_push),
+            start_step,
+            slowdown,
+            progress: progress.clone(),
+            stop: stop.clone(),
+            metrics: metrics.clone(),
+            ack_log: ack_log(&opts)?,
+        };
+        std::thread::Builder::new()
+            .name(format!("replica-{}-sparse", opts.replica))
+            .spawn(move || worker.run(params, versions))
+            .map_err(|e| WorkerError::Compute(e.to_string()))?
+    } else if let Some(sb) = &job.sandblaster {
         let worker = PortionWorker {
             net,
             base,
@@ -361,15 +384,7 @@ pub async fn run_replica(
     } else {
         let squares = squares_travel(&job);
         let links: Vec<Arc<Link>> = clients.into_iter().map(|c| Link::new(c, squares)).collect();
-        let ack_log = match &opts.ack_log {
-            Some(path) => Some(Arc::new(std::sync::Mutex::new(
-                Appender::open(path).map_err(|source| WorkerError::AckLog {
-                    path: path.display().to_string(),
-                    source,
-                })?,
-            ))),
-            None => None,
-        };
+        let ack_log = ack_log(&opts)?;
         let pushing = Pushing {
             replica: opts.replica,
             incarnation,
@@ -494,6 +509,18 @@ pub async fn run_replica(
         "stopped by coordinator"
     );
     Ok(summary)
+}
+
+/// The acknowledgement log the audit reads, if the replica keeps one.
+fn ack_log(opts: &ReplicaOptions) -> Result<Option<Arc<Mutex<Appender>>>, WorkerError> {
+    let Some(path) = &opts.ack_log else {
+        return Ok(None);
+    };
+    let log = Appender::open(path).map_err(|source| WorkerError::AckLog {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(Some(Arc::new(Mutex::new(log))))
 }
 
 /// A compute thread's end: a partition whose peer stopped because the job

@@ -37,7 +37,6 @@ const TRACKER_STATE: &str = "tracker.pb";
 
 pub fn main(args: TrainArgs) -> anyhow::Result<ExitCode> {
     let job = distbelief_api::load_job(&args.job)?;
-    crate::roles::runnable(&job)?;
     let out = args
         .out
         .clone()

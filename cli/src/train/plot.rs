@@ -113,6 +113,7 @@ mod tests {
     fn plots_every_point_and_skips_unknown_losses() {
         let curve: Vec<CurvePoint> = (0..4)
             .map(|i| CurvePoint {
+                test_auc: None,
                 seconds: f64::from(i),
                 test_accuracy: 0.2 * f64::from(i),
                 test_loss: 2.0 - 0.4 * f64::from(i),

@@ -89,6 +89,11 @@ pub fn format_line(
         (Some(a), Some(b)) => format!("{a:.4} (best {b:.4})"),
         _ => "-".into(),
     };
+    // Binary labels: the AUC is the figure to watch.
+    let acc = match (s.test_auc, s.best_test_auc) {
+        (Some(a), Some(b)) => format!("{acc} | test auc {a:.4} (best {b:.4})"),
+        _ => acc,
+    };
     let loss = if s.train_loss.is_finite() {
         format!("{:.4}", s.train_loss)
     } else {

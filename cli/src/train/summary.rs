@@ -38,6 +38,12 @@ pub struct Summary {
     pub final_test_accuracy: Option<f64>,
     pub best_test_accuracy: Option<f64>,
     pub target_test_accuracy: Option<f64>,
+    /// Binary labels: the last and best test AUC, the last log loss, and
+    /// the AUC target.
+    pub final_test_auc: Option<f64>,
+    pub best_test_auc: Option<f64>,
+    pub final_test_log_loss: Option<f64>,
+    pub target_test_auc: Option<f64>,
     pub time_to_target_seconds: Option<f64>,
     /// Examples trained on when the evaluation that first reached the target ran.
     pub examples_to_target: Option<u64>,
@@ -122,13 +128,23 @@ impl Summary {
             final_test_accuracy: s.test_accuracy,
             best_test_accuracy: s.best_test_accuracy,
             target_test_accuracy: job.spec.stop.target_test_accuracy,
+            final_test_auc: s.test_auc,
+            best_test_auc: s.best_test_auc,
+            final_test_log_loss: s.test_auc.and_then(|_| s.curve.last().map(|c| c.test_loss)),
+            target_test_auc: job.spec.stop.target_test_auc,
             time_to_target_seconds: s.time_to_target_seconds,
-            examples_to_target: job.spec.stop.target_test_accuracy.and_then(|t| {
-                s.curve
-                    .iter()
-                    .find(|c| c.test_accuracy >= t)
-                    .map(|c| c.examples)
-            }),
+            examples_to_target: s
+                .curve
+                .iter()
+                .find(|c| {
+                    let st = &job.spec.stop;
+                    st.target_test_accuracy
+                        .is_some_and(|t| c.test_accuracy >= t)
+                        || st
+                            .target_test_auc
+                            .is_some_and(|t| c.test_auc.is_some_and(|a| a >= t))
+                })
+                .map(|c| c.examples),
             examples: s.examples,
             steps: s.steps,
             epochs: s.epochs,

@@ -24,6 +24,7 @@ impl Tracker {
                 .collect(),
             curve: thin(&self.curve, SAVED_CURVE_POINTS),
             best_test_accuracy: self.best,
+            best_test_auc: self.best_auc,
             time_to_target_seconds: self.time_to_target,
             train_loss: self.train_loss,
             stop_reason: self
@@ -69,6 +70,7 @@ impl Tracker {
         self.replicas = replicas;
         self.curve = s.curve.clone();
         self.best = s.best_test_accuracy;
+        self.best_auc = s.best_test_auc;
         self.time_to_target = s.time_to_target_seconds;
         self.train_loss = s.train_loss;
         self.generation = s.generation.saturating_add(1);
@@ -78,8 +80,7 @@ impl Tracker {
         self.done = None;
         // A stop that no longer holds under this job's rule (a resumed run
         // with a later target or longer limits) lets training go on.
-        let target = self.stop.target_test_accuracy;
-        let target_met = target.is_some_and(|t| self.best.is_some_and(|b| b >= t));
+        let target_met = self.target_met();
         if !target_met {
             self.time_to_target = None;
         }

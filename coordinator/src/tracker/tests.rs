@@ -2,6 +2,7 @@ use super::*;
 
 fn stop(target: Option<f64>) -> StopSpec {
     StopSpec {
+        target_test_auc: None,
         target_test_accuracy: target,
         max_epochs: 2.0,
         max_seconds: 100,
@@ -69,9 +70,9 @@ fn a_replaced_replica_process_is_stopped_and_not_counted() {
 fn target_reached_stops_everyone() {
     let mut t = Tracker::new(stop(Some(0.8)), 0, 1000);
     t.on_report(&report(0, 1, 10), 10.0);
-    t.on_eval(12.0, 0.5, 1.2);
+    t.on_eval(12.0, 0.5, 1.2, None);
     assert!(!t.is_done());
-    t.on_eval(14.0, 0.81, 0.6);
+    t.on_eval(14.0, 0.81, 0.6, None);
     assert!(t.is_done());
     assert_eq!(t.on_report(&report(0, 1, 20), 15.0).action(), Action::Stop);
     let s = t.status(30.0);
@@ -249,7 +250,7 @@ fn a_restarted_coordinator_goes_on_from_the_saved_progress_without_counting_twic
     t.on_report(&report(0, 1, 30), 1.0);
     t.on_report(&report(0, 2, 10), 2.0);
     t.on_report(&report(1, 1, 20), 3.0);
-    t.on_eval(4.0, 0.6, 1.1);
+    t.on_eval(4.0, 0.6, 1.1, None);
     let before = t.status(4.0);
     // The coordinator dies at 4.0; the new one's clock continues from there.
     let mut r = restarted(&t, 4.0);
@@ -297,7 +298,7 @@ fn a_race_survives_a_restart_and_is_decided_as_it_would_have_been() {
 fn a_finished_job_stays_finished_and_a_saved_state_with_nonsense_is_refused() {
     let mut t = Tracker::new(stop(Some(0.8)), 0, 1000);
     t.on_report(&report(0, 1, 10), 1.0);
-    t.on_eval(2.0, 0.85, 0.4);
+    t.on_eval(2.0, 0.85, 0.4, None);
     let r = restarted(&t, 3.0);
     assert!(r.is_done());
     assert_eq!(r.status(9.0).stop_reason, "target_reached");
@@ -314,7 +315,7 @@ fn a_finished_job_stays_finished_and_a_saved_state_with_nonsense_is_refused() {
         r.train_seconds(3.0)
     );
     assert_eq!(r.status(3.0).time_to_target_seconds, None);
-    r.on_eval(4.0, 0.91, 0.3);
+    r.on_eval(4.0, 0.91, 0.3, None);
     assert_eq!(r.status(5.0).stop_reason, "target_reached");
 
     let fresh = || Tracker::new(stop(None), 0, 1000);
