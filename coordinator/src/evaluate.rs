@@ -100,6 +100,7 @@ struct ShardFigures {
     staleness: StalenessHistogram,
     push_bytes: u64,
     updates: u64,
+    table_rows: Vec<u64>,
 }
 
 impl Evaluator {
@@ -197,6 +198,7 @@ impl Evaluator {
             staleness: StalenessHistogram::default(),
             push_bytes: 0,
             updates: 0,
+            table_rows: Vec::new(),
         };
         let mut shards = Vec::with_capacity(self.clients.len());
         for c in self.clients.iter_mut() {
@@ -209,6 +211,11 @@ impl Evaluator {
             };
             f.push_bytes += info.push_bytes;
             f.updates = info.updates_applied.max(f.updates);
+            f.table_rows
+                .resize(f.table_rows.len().max(info.tables.len()), 0);
+            for (sum, t) in f.table_rows.iter_mut().zip(&info.tables) {
+                *sum += t.rows;
+            }
             shards.push(ShardProgress {
                 shard: info.shard,
                 version: info.version,
@@ -242,6 +249,7 @@ impl Evaluator {
         let status = {
             let mut t = self.shared.tracker();
             t.set_shard_figures(f.staleness, f.push_bytes, f.updates);
+            t.set_table_rows(f.table_rows);
             t.on_eval(now, accuracy, loss, auc);
             if let Some(reason) = limit {
                 t.finish(reason, now);

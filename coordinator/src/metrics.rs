@@ -6,6 +6,7 @@ use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, Registry};
 pub struct CoordinatorMetrics {
     pub test_accuracy: Gauge,
     pub test_loss: Gauge,
+    pub test_auc: Gauge,
     pub train_loss: Gauge,
     pub examples_per_second: Gauge,
     pub examples: Gauge,
@@ -18,6 +19,10 @@ impl CoordinatorMetrics {
         let m = CoordinatorMetrics {
             test_accuracy: Gauge::new("coordinator_test_accuracy", "Latest test accuracy")?,
             test_loss: Gauge::new("coordinator_test_loss", "Latest mean test cross-entropy")?,
+            test_auc: Gauge::new(
+                "coordinator_test_auc",
+                "Binary labels: latest test AUC (area under the ROC curve)",
+            )?,
             train_loss: Gauge::new(
                 "coordinator_train_loss",
                 "Smoothed training loss reported by replicas",
@@ -44,6 +49,7 @@ impl CoordinatorMetrics {
             vec![
                 Box::new(m.test_accuracy.clone()),
                 Box::new(m.test_loss.clone()),
+                Box::new(m.test_auc.clone()),
                 Box::new(m.train_loss.clone()),
                 Box::new(m.examples_per_second.clone()),
                 Box::new(m.examples.clone()),
@@ -56,6 +62,9 @@ impl CoordinatorMetrics {
 
     pub fn observe(&self, s: &JobStatus) {
         self.evaluations.inc();
+        if let Some(a) = s.test_auc {
+            self.test_auc.set(a);
+        }
         if let Some(a) = s.test_accuracy {
             self.test_accuracy.set(a);
         }

@@ -111,6 +111,8 @@ pub struct Tracker {
     curve: Vec<CurvePoint>,
     best: Option<f64>,
     best_auc: Option<f64>,
+    /// Rows stored per table, as the shards last said.
+    table_rows: Vec<u64>,
     time_to_target: Option<f64>,
     train_loss: f64,
     staleness: StalenessHistogram,
@@ -138,6 +140,7 @@ impl Tracker {
             curve: Vec::new(),
             best: None,
             best_auc: None,
+            table_rows: Vec::new(),
             time_to_target: None,
             train_loss: f64::NAN,
             staleness: StalenessHistogram::default(),
@@ -383,6 +386,11 @@ impl Tracker {
         self.updates = updates;
     }
 
+    /// Rows stored per table, summed over the shards.
+    pub fn set_table_rows(&mut self, rows: Vec<u64>) {
+        self.table_rows = rows;
+    }
+
     /// Ends the job at the next evaluation, for `reason`.
     pub fn request_stop(&mut self, reason: StopReason) {
         self.stop_requested.get_or_insert(reason);
@@ -417,6 +425,7 @@ impl Tracker {
             best_test_accuracy: self.best,
             test_auc: self.curve.last().and_then(|c| c.test_auc),
             best_test_auc: self.best_auc,
+            table_rows: self.table_rows.clone(),
             time_to_target_seconds: self.time_to_target,
             epochs: self.epochs(),
             staleness: Some(Staleness {

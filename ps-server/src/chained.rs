@@ -249,6 +249,9 @@ impl ShardService {
             }
             match s.apply_summed(h, values, squares, rows) {
                 Ok(PushOutcome::Applied { version, .. }) if version == route.forwarded_version => {
+                    if !rows.is_empty() {
+                        self.metrics.observe_tables(&s);
+                    }
                     if let Some(log) = &self.push_log {
                         self.log_applied(log, h, s.stamp());
                     }

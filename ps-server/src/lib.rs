@@ -115,6 +115,7 @@ pub async fn serve_state(
         path: String::new(),
         message: format!("metrics registration failed: {e}"),
     })?;
+    metrics.observe_tables(&state.read().unwrap_or_else(|p| p.into_inner()));
     let push_log = start_serving(
         &state.read().unwrap_or_else(|p| p.into_inner()),
         &opts,

@@ -1,4 +1,6 @@
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 /// A shard's Prometheus metrics. Names carry the registry's `distbelief_`
 /// prefix and its `role` and `shard` labels.
@@ -17,6 +19,13 @@ pub struct PsMetrics {
     pub checkpoint_hold_seconds: Histogram,
     pub forward_failures: IntCounter,
     pub fenced_forwards: IntCounter,
+    /// Per embedding table: rows stored, and since the shard's start (or
+    /// restore) rows created, rows evicted and row updates refused while
+    /// a key waits for admission.
+    pub table_rows: IntGaugeVec,
+    pub table_rows_created: IntGaugeVec,
+    pub table_rows_evicted: IntGaugeVec,
+    pub table_updates_refused: IntGaugeVec,
 }
 
 impl PsMetrics {
@@ -81,6 +90,19 @@ impl PsMetrics {
                 "ps_fenced_forwards_total",
                 "Replication: forwards refused because they came from another chain epoch",
             )?,
+            table_rows: table_gauge("ps_table_rows", "Embedding table rows this shard stores")?,
+            table_rows_created: table_gauge(
+                "ps_table_rows_created",
+                "Embedding table rows created on this shard (first push of an admitted key)",
+            )?,
+            table_rows_evicted: table_gauge(
+                "ps_table_rows_evicted",
+                "Embedding table rows evicted at capacity (least used first)",
+            )?,
+            table_updates_refused: table_gauge(
+                "ps_table_updates_refused",
+                "Embedding row updates dropped because their key had not reached minCount",
+            )?,
         };
         distbelief_net::register_all(
             registry,
@@ -98,13 +120,33 @@ impl PsMetrics {
                 Box::new(m.checkpoint_hold_seconds.clone()),
                 Box::new(m.forward_failures.clone()),
                 Box::new(m.fenced_forwards.clone()),
+                Box::new(m.table_rows.clone()),
+                Box::new(m.table_rows_created.clone()),
+                Box::new(m.table_rows_evicted.clone()),
+                Box::new(m.table_updates_refused.clone()),
             ],
         )?;
         Ok(m)
     }
 }
 
+fn table_gauge(name: &str, help: &str) -> prometheus::Result<IntGaugeVec> {
+    IntGaugeVec::new(Opts::new(name, help), &["table"])
+}
+
 impl PsMetrics {
+    /// Sets the table gauges from the shard's tables.
+    pub fn observe_tables(&self, s: &distbelief_ps::Shard) {
+        for (t, (rows, st)) in s.table_stats().into_iter().enumerate() {
+            let t = t.to_string();
+            let set = |g: &IntGaugeVec, v: u64| g.with_label_values(&[t.as_str()]).set(v as i64);
+            set(&self.table_rows, rows as u64);
+            set(&self.table_rows_created, st.created);
+            set(&self.table_rows_evicted, st.evicted);
+            set(&self.table_updates_refused, st.refused);
+        }
+    }
+
     /// The staleness histogram as `ShardInfo` carries it: upper bounds, and
     /// per-bucket (not cumulative) counts with one more for the rest.
     pub fn staleness_buckets(&self) -> (Vec<f64>, Vec<u64>) {

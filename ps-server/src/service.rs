@@ -219,6 +219,9 @@ impl ShardService {
             let outcome = s.apply_summed(h, &assembly.values, assembly.squares(), &assembly.rows);
             if let Ok(PushOutcome::Applied { .. } | PushOutcome::Waiting { .. }) = outcome {
                 s.push_bytes += assembly.bytes;
+                if !assembly.rows.is_empty() {
+                    self.metrics.observe_tables(&s);
+                }
             }
             if let (Ok(PushOutcome::Applied { .. }), Some(log)) = (&outcome, &self.push_log) {
                 self.log_applied(log, h, s.stamp());

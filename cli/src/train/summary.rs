@@ -44,6 +44,8 @@ pub struct Summary {
     pub best_test_auc: Option<f64>,
     pub final_test_log_loss: Option<f64>,
     pub target_test_auc: Option<f64>,
+    /// Rows stored per embedding table at the end, over all shards, by name.
+    pub table_rows: std::collections::BTreeMap<String, u64>,
     pub time_to_target_seconds: Option<f64>,
     /// Examples trained on when the evaluation that first reached the target ran.
     pub examples_to_target: Option<u64>,
@@ -132,6 +134,13 @@ impl Summary {
             best_test_auc: s.best_test_auc,
             final_test_log_loss: s.test_auc.and_then(|_| s.curve.last().map(|c| c.test_loss)),
             target_test_auc: job.spec.stop.target_test_auc,
+            table_rows: job
+                .tables
+                .tables
+                .iter()
+                .zip(&s.table_rows)
+                .map(|(t, &n)| (t.name.clone(), n))
+                .collect(),
             time_to_target_seconds: s.time_to_target_seconds,
             examples_to_target: s
                 .curve
