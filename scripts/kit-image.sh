@@ -9,7 +9,8 @@
 #
 # Like the Dockerfile's image: /usr/local/bin/distbelief (from
 # target/release/distbelief, or $DISTBELIEF_BINARY) is the entrypoint, the
-# Fashion-MNIST files are at /usr/share/datasets/fashion-mnist, the user is
+# Fashion-MNIST files are at /usr/share/datasets/fashion-mnist and Adult's at
+# /usr/local/share/datasets/adult, the user is
 # 65532:65532, and /etc/ssl/certs/ca-certificates.crt is copied when the host
 # has it. The binary's shared libraries and dynamic loader come from the host
 # (ldd), so the image runs the binary exactly as built here.
@@ -21,6 +22,7 @@ die() { printf 'kit-image.sh: %s\n' "$*" >&2; exit 1; }
 OUT=$1 REF=$2
 BIN=${DISTBELIEF_BINARY:-$ROOT/target/release/distbelief}
 DATA=/usr/share/datasets/fashion-mnist
+ADULT=/usr/local/share/datasets/adult
 CA=/etc/ssl/certs/ca-certificates.crt
 
 [ -f "$BIN" ] || die "no binary at $BIN: build it first (cargo build --release -p distbelief)"
@@ -28,6 +30,7 @@ CA=/etc/ssl/certs/ca-certificates.crt
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
   [ -f "$DATA/$f" ] || die "no $DATA/$f: run scripts/setup.sh (it installs dataset-fashion-mnist)"
 done
+[ -f "$ADULT/adult.parquet.brotli" ] || die "no $ADULT/adult.parquet.brotli: run scripts/setup.sh (it fetches Adult)"
 KIT=$("$ROOT/scripts/kit.sh" path) || exit 1
 PYTHON=$(command -v python3) || die "mkimage.py needs python3"
 
@@ -35,6 +38,7 @@ args=(
   --out "$OUT.tmp" --ref "$REF" --user 65532:65532
   --add "$BIN:/usr/local/bin/distbelief" --libs-of "$BIN"
   --add "$DATA:$DATA"
+  --add "$ADULT:$ADULT"
   --entrypoint '["/usr/local/bin/distbelief"]'
 )
 [ -f "$CA" ] && args+=(--add "$CA:$CA")
