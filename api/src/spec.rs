@@ -258,8 +258,8 @@ pub struct OutputLayer {
     /// Number of classes, at least 2; 1 for sigmoidCrossEntropy. Required.
     pub units: u32,
     /// Loss on the logits: softmaxCrossEntropy over classes, or
-    /// sigmoidCrossEntropy for binary labels (0 or 1) with one unit (jobs
-    /// with it are refused at start until AUC evaluation lands). Default:
+    /// sigmoidCrossEntropy for binary labels (0 or 1) with one unit, for
+    /// which the job also reports test AUC and log loss. Default:
     /// softmaxCrossEntropy.
     #[serde(default)]
     pub loss: Loss,

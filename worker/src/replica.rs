@@ -101,6 +101,19 @@ pub(crate) struct Progress {
     pub loss: Mutex<(f64, u64)>,
 }
 
+impl Progress {
+    /// Counts step `step`, of `batch` examples at mean loss `loss`.
+    pub fn step_done(&self, metrics: &WorkerMetrics, step: u64, batch: usize, loss: f64) {
+        metrics.steps.inc();
+        metrics.examples.inc_by(batch as u64);
+        self.steps.store(step, Ordering::Relaxed);
+        self.examples.fetch_add(batch as u64, Ordering::Relaxed);
+        let mut l = self.loss.lock().unwrap_or_else(|e| e.into_inner());
+        l.0 += loss;
+        l.1 += 1;
+    }
+}
+
 struct Coordinator {
     client: CoordinatorClient<Channel>,
     addr: String,
@@ -332,9 +345,16 @@ pub async fn run_replica(
         None => Net::Whole(mlp),
     };
     let compute = if !job.tables.is_empty() {
+        let mut train = train;
+        let sparse = train.sparse.take().ok_or_else(|| {
+            WorkerError::Compute(
+                "the model has tables, but the training data has no categorical fields".into(),
+            )
+        })?;
         let worker = SparseWorker {
             model: WideDeep::new(&job.layout, &job.tables),
             train,
+            sparse,
             indices,
             clients,
             runtime: tokio::runtime::Handle::current(),
@@ -822,15 +842,7 @@ impl Compute {
                     link.want_fetch();
                 }
             }
-            self.metrics.steps.inc();
-            self.metrics.examples.inc_by(batch as u64);
-            self.progress.steps.store(step, Ordering::Relaxed);
-            self.progress
-                .examples
-                .fetch_add(batch as u64, Ordering::Relaxed);
-            let mut l = self.progress.loss.lock().unwrap_or_else(|e| e.into_inner());
-            l.0 += loss;
-            l.1 += 1;
+            self.progress.step_done(&self.metrics, step, batch, loss);
         }
         Ok(())
     }

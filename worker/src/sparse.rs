@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use distbelief_model::data::{self, Dataset};
+use distbelief_model::data::{self, Dataset, SparseFeatures};
 use distbelief_model::keys::shard_of;
 use distbelief_model::wide_deep::{TableRows, WideDeep};
 use distbelief_ps_client::audit::Appender;
@@ -27,6 +27,8 @@ use crate::replica::{Progress, lower_priority, unless_stopping};
 pub(crate) struct SparseWorker {
     pub model: WideDeep,
     pub train: Dataset,
+    /// The training data's categorical keys.
+    pub sparse: SparseFeatures,
     pub indices: Vec<usize>,
     pub clients: Vec<ShardClient>,
     pub runtime: Handle,
@@ -84,12 +86,7 @@ impl SparseWorker {
 
     /// Starts fetching the rows of `examples` from the shards that hold them.
     fn fetch_rows(&self, examples: &[usize]) -> Fetching {
-        let sparse = self
-            .train
-            .sparse
-            .as_ref()
-            .expect("a sparse job's data has keys");
-        let keys = self.model.keys(sparse, examples);
+        let keys = self.model.keys(&self.sparse, examples);
         let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
         let mut clients = self.clients.clone();
         self.runtime.spawn(async move {
@@ -104,11 +101,6 @@ impl SparseWorker {
     }
 
     fn train_loop(self, mut params: Vec<f32>, mut versions: Vec<Stamp>) -> Result<(), WorkerError> {
-        let sparse = self
-            .train
-            .sparse
-            .clone()
-            .expect("a sparse job's data has keys");
         let batch = self.batch.min(self.indices.len()).max(1);
         let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
         let mut scratch = self.model.mlp().scratch(batch);
@@ -160,7 +152,7 @@ impl SparseWorker {
             let loss = self.model.gradient(
                 &params,
                 &self.train.features,
-                &sparse,
+                &self.sparse,
                 &self.train.labels,
                 &current,
                 &rows,
@@ -207,15 +199,7 @@ impl SparseWorker {
                     Ok::<_, ClientError>((fresh, v))
                 }));
             }
-            self.metrics.steps.inc();
-            self.metrics.examples.inc_by(batch as u64);
-            self.progress.steps.store(step, Ordering::Relaxed);
-            self.progress
-                .examples
-                .fetch_add(batch as u64, Ordering::Relaxed);
-            let mut l = self.progress.loss.lock().unwrap_or_else(|e| e.into_inner());
-            l.0 += loss;
-            l.1 += 1;
+            self.progress.step_done(&self.metrics, step, batch, loss);
         }
         Ok(())
     }
