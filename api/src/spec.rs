@@ -277,9 +277,10 @@ pub enum Loss {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataSpec {
-    /// File format: `idx` (the MNIST format, plain or `.gz`), `csv`,
-    /// `parquet` (named label, numeric and categorical columns) or `libsvm`
-    /// (`label index:value ...`, sparse). Default: idx.
+    /// File format: `idx` (the MNIST format, plain or `.gz`), `csv` (plain,
+    /// or with named columns when label is set), `parquet` (named label,
+    /// numeric and categorical columns) or `libsvm` (`label index:value
+    /// ...`, sparse). Default: idx.
     #[serde(default)]
     pub format: DataFormat,
     /// idx training images. Default: Fashion-MNIST's, from Debian's dataset-fashion-mnist.
@@ -294,8 +295,12 @@ pub struct DataSpec {
     /// idx test labels. Default: Fashion-MNIST's.
     #[serde(default = "default_test_labels")]
     pub test_labels: String,
-    /// CSV training file, one example per row: label, then the features. A
-    /// first row that does not parse as numbers is taken as a header. Required when format is csv.
+    /// CSV training file (plain or gzip). Without label: one example per row,
+    /// the label, then the features; a first row that does not parse as
+    /// numbers is a header. With label: a header names the columns,
+    /// separated by commas or, if the header has a tab, tabs (Criteo's
+    /// layout); an empty numeric cell is missing and reads as the column's
+    /// mean. Required when format is csv.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_csv: Option<String>,
     /// CSV test file, same layout as trainCsv. Required when format is csv.
@@ -320,18 +325,20 @@ pub struct DataSpec {
     /// Take the test set out of the training file instead of testFile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holdout: Option<HoldoutSpec>,
-    /// parquet: the label column. Required for parquet.
+    /// parquet and named csv: the label column. Required for parquet; for
+    /// csv it says the file's header names the columns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
-    /// parquet: the label value that means 1 (every other value means 0),
+    /// parquet and named csv: the label value that means 1 (every other value means 0),
     /// for a string label column. Default: numeric labels, 0 or 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub positive_label: Option<String>,
-    /// parquet: numeric feature columns, in order; they are the model's
-    /// inputSize features. Default: none.
+    /// parquet and named csv: numeric feature columns, in order; they are
+    /// the model's inputSize features, standardised by the training rows'
+    /// mean and deviation. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub numeric: Vec<String>,
-    /// parquet: categorical columns. Each value becomes the key of (column,
+    /// parquet and named csv: categorical columns. Each value becomes the key of (column,
     /// value); the model's tables and wide part look keys up by column.
     /// libsvm files have one categorical field, `features`, whose keys are
     /// the feature indices, weighted by their values. Default: none.

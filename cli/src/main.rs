@@ -1,5 +1,6 @@
 //! The one `distbelief` binary. The role is chosen by the subcommand.
 
+mod data;
 mod roles;
 mod train;
 
@@ -38,6 +39,17 @@ enum Command {
     Eval(EvalArgs),
     /// Check a job's push logs: acknowledged pushes lost or applied twice.
     Audit(AuditArgs),
+    /// Make data sets.
+    #[command(subcommand)]
+    Data(DataCommand),
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Write a synthetic click-through-rate data set in Criteo's layout
+    /// (label, 13 numeric, 26 categorical fields; tab-separated, with a
+    /// header) and print the planted model's test AUC and log loss.
+    SynthCtr(data::SynthCtrArgs),
 }
 
 #[derive(Args)]
@@ -353,6 +365,7 @@ fn main() -> ExitCode {
         Command::Crd => roles::crd(),
         Command::Eval(a) => roles::eval(a),
         Command::Audit(a) => roles::audit(a),
+        Command::Data(DataCommand::SynthCtr(a)) => data::synth_ctr(a),
     };
     match result {
         Ok(code) => code,

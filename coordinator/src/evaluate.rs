@@ -99,6 +99,7 @@ impl SparseTest {
 struct ShardFigures {
     staleness: StalenessHistogram,
     push_bytes: u64,
+    fetch_bytes: u64,
     updates: u64,
     table_rows: Vec<u64>,
 }
@@ -192,11 +193,12 @@ impl Evaluator {
     }
 
     /// Each shard's version and restore, into the shared state; their
-    /// staleness buckets merged, bytes pushed summed, updates at most.
+    /// staleness buckets merged, bytes pushed and fetched summed, updates at most.
     async fn shard_figures(&mut self) -> ShardFigures {
         let mut f = ShardFigures {
             staleness: StalenessHistogram::default(),
             push_bytes: 0,
+            fetch_bytes: 0,
             updates: 0,
             table_rows: Vec::new(),
         };
@@ -210,6 +212,7 @@ impl Evaluator {
                 }
             };
             f.push_bytes += info.push_bytes;
+            f.fetch_bytes += info.fetch_bytes;
             f.updates = info.updates_applied.max(f.updates);
             f.table_rows
                 .resize(f.table_rows.len().max(info.tables.len()), 0);
@@ -248,7 +251,7 @@ impl Evaluator {
         let now = self.shared.now();
         let status = {
             let mut t = self.shared.tracker();
-            t.set_shard_figures(f.staleness, f.push_bytes, f.updates);
+            t.set_shard_figures(f.staleness, (f.push_bytes, f.fetch_bytes), f.updates);
             t.set_table_rows(f.table_rows);
             t.on_eval(now, accuracy, loss, auc);
             if let Some(reason) = limit {

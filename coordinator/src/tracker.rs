@@ -117,6 +117,7 @@ pub struct Tracker {
     train_loss: f64,
     staleness: StalenessHistogram,
     push_bytes: u64,
+    fetch_bytes: u64,
     updates: u64,
     /// Coordinators before this one that saved the state it restored.
     generation: u64,
@@ -145,6 +146,7 @@ impl Tracker {
             train_loss: f64::NAN,
             staleness: StalenessHistogram::default(),
             push_bytes: 0,
+            fetch_bytes: 0,
             updates: 0,
             generation: 0,
             done: None,
@@ -379,10 +381,17 @@ impl Tracker {
             || met(self.stop.target_test_auc, self.best_auc)
     }
 
-    /// What the shards last said: staleness, bytes pushed, updates applied.
-    pub fn set_shard_figures(&mut self, h: StalenessHistogram, push_bytes: u64, updates: u64) {
+    /// What the shards last said: staleness, bytes (pushed, fetched),
+    /// updates applied.
+    pub fn set_shard_figures(
+        &mut self,
+        h: StalenessHistogram,
+        (push_bytes, fetch_bytes): (u64, u64),
+        updates: u64,
+    ) {
         self.staleness = h;
         self.push_bytes = push_bytes;
+        self.fetch_bytes = fetch_bytes;
         self.updates = updates;
     }
 
@@ -434,6 +443,7 @@ impl Tracker {
                 max: self.staleness.max(),
             }),
             push_bytes: self.push_bytes,
+            fetch_bytes: self.fetch_bytes,
             updates: self.updates,
             replicas: self
                 .replicas

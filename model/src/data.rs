@@ -1,18 +1,21 @@
-//! Data readers: idx (the MNIST format, plain or gzip), CSV, Parquet and
-//! libsvm, into one in-memory [`Dataset`] of f32 features, categorical keys
-//! and class labels.
+//! Data readers: idx (the MNIST format, plain or gzip), CSV (plain or with
+//! named numeric and categorical columns), Parquet and libsvm, into one
+//! in-memory [`Dataset`] of f32 features, categorical keys and class labels.
 
 use std::io::Read;
 use std::path::Path;
 
 use distbelief_api::{DataFormat, DataSpec};
 
+mod csv;
 mod parquet;
 mod sparse;
+mod standardize;
+pub use csv::{parse_csv, parse_named};
 pub use sparse::{SparseFeatures, parse_libsvm};
 
 /// Examples as a row-major `n × features` matrix, their categorical keys
-/// (for Parquet and libsvm), and one label per row.
+/// (for named CSV, Parquet and libsvm), and one label per row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dataset {
     pub features: Vec<f32>,
@@ -113,13 +116,14 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
             };
             read_idx_pair(images, labels, spec.input_scale as f32)?
         }
+        DataFormat::Csv if spec.label.is_some() => csv::load_named(spec, train)?,
         DataFormat::Csv => {
             let path = if train {
                 &spec.train_csv
             } else {
                 &spec.test_csv
             };
-            read_csv(path.as_deref().unwrap_or_default(), spec.input_scale as f32)?
+            csv::read_csv(path.as_deref().unwrap_or_default(), spec.input_scale as f32)?
         }
         DataFormat::Parquet => parquet::load(spec, train)?,
         DataFormat::Libsvm => read_libsvm(spec, train)?,
@@ -140,6 +144,7 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
 pub fn count_training_examples(spec: &DataSpec) -> Result<usize, DataError> {
     let n = match spec.format {
         DataFormat::Idx => parse_idx(&spec.train_labels, &read_file(&spec.train_labels)?)?.0[0],
+        DataFormat::Csv if spec.label.is_some() => csv::count_named(spec)?,
         DataFormat::Csv | DataFormat::Parquet | DataFormat::Libsvm => load(spec, true)?.len(),
     };
     Ok(spec.train_limit.map_or(n, |l| n.min(l as usize)))
@@ -275,69 +280,6 @@ pub fn parse_idx_pair(
     })
 }
 
-/// CSV: label first, then the features. A first line that does not parse is a header.
-fn read_csv(path: &str, scale: f32) -> Result<Dataset, DataError> {
-    parse_csv(path, read_file(path)?, scale)
-}
-
-/// A CSV file's (decompressed) bytes as a dataset; `path` names it in
-/// errors. Public so that the fuzz targets drive the reader without a file.
-pub fn parse_csv(path: &str, bytes: Vec<u8>, scale: f32) -> Result<Dataset, DataError> {
-    let text = String::from_utf8(bytes).map_err(|_| DataError::Format {
-        path: path.to_string(),
-        message: "not UTF-8 text".into(),
-    })?;
-    let mut d = Dataset {
-        sparse: None,
-        features: Vec::new(),
-        labels: Vec::new(),
-        dim: 0,
-    };
-    for (lineno, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let bad = |message: String| DataError::Format {
-            path: format!("{path}:{}", lineno + 1),
-            message,
-        };
-        let mut fields = line.split(',').map(str::trim);
-        let label = fields.next().unwrap_or_default();
-        let label: u32 = match label.parse() {
-            Ok(l) => l,
-            Err(_) if lineno == 0 => continue,
-            Err(_) => return Err(bad(format!("label {label:?} is not a class index"))),
-        };
-        let start = d.features.len();
-        for f in fields {
-            let v: f32 = f
-                .parse()
-                .ok()
-                .filter(|v: &f32| v.is_finite())
-                .ok_or_else(|| bad(format!("feature {f:?} is not a finite number")))?;
-            d.features.push(v * scale);
-        }
-        let dim = d.features.len() - start;
-        if d.labels.is_empty() {
-            d.dim = dim;
-        } else if dim != d.dim {
-            return Err(bad(format!(
-                "row has {dim} features, earlier rows {}",
-                d.dim
-            )));
-        }
-        d.labels.push(label);
-    }
-    if d.labels.is_empty() {
-        return Err(DataError::Format {
-            path: path.to_string(),
-            message: "no examples".into(),
-        });
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,18 +352,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("d.csv");
         std::fs::write(&p, "label,a,b\n1, 2, 4\n0,0,8\n").unwrap();
-        let d = read_csv(p.to_str().unwrap(), 0.5).unwrap();
+        let d = csv::read_csv(p.to_str().unwrap(), 0.5).unwrap();
         assert_eq!((d.len(), d.dim), (2, 2));
         assert_eq!(d.features, vec![1.0, 2.0, 0.0, 4.0]);
         std::fs::write(&p, "1,2,4\n0,x,8\n").unwrap();
-        let e = read_csv(p.to_str().unwrap(), 1.0).unwrap_err().to_string();
+        let e = csv::read_csv(p.to_str().unwrap(), 1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("d.csv:2") && e.contains("\"x\""), "{e}");
         std::fs::write(&p, "1,2,4\n0,8\n").unwrap();
-        assert!(read_csv(p.to_str().unwrap(), 1.0).is_err());
+        assert!(csv::read_csv(p.to_str().unwrap(), 1.0).is_err());
         // A NaN or an infinity would poison every parameter it touches.
         for bad in ["NaN", "inf", "-infinity", "1e39"] {
             std::fs::write(&p, format!("1,2,4\n0,{bad},8\n")).unwrap();
-            let e = read_csv(p.to_str().unwrap(), 1.0).unwrap_err().to_string();
+            let e = csv::read_csv(p.to_str().unwrap(), 1.0)
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains("d.csv:2") && e.contains("not a finite number"),
                 "{bad}: {e}"

@@ -10,6 +10,7 @@ pub mod mlp;
 pub mod optimizer;
 pub mod partition;
 pub mod saved;
+pub mod synth;
 pub mod wide_deep;
 
 pub use mlp::Mlp;

@@ -11,6 +11,9 @@ pub struct PsMetrics {
     pub duplicate_pushes: IntCounter,
     pub late_pushes: IntCounter,
     pub fetches: IntCounter,
+    /// Bytes fetches and exchanges carry: the parameter values served, and
+    /// for table rows the keys asked for. `ShardInfo.fetch_bytes` reads it.
+    pub fetch_bytes: IntCounter,
     pub vector_commands: IntCounter,
     pub staleness: Histogram,
     pub version: IntGauge,
@@ -48,6 +51,10 @@ impl PsMetrics {
                 "Synchronous SGD: pushes dropped because their step had already been applied",
             )?,
             fetches: IntCounter::new("ps_fetches_total", "Parameter fetches served")?,
+            fetch_bytes: IntCounter::new(
+                "ps_fetch_bytes_total",
+                "Bytes of parameter values served by fetches, and of the table keys they asked for",
+            )?,
             vector_commands: IntCounter::new(
                 "ps_vector_commands_total",
                 "Sandblaster vector commands run (dot, axpy, scale, copy, zero)",
@@ -112,6 +119,7 @@ impl PsMetrics {
                 Box::new(m.duplicate_pushes.clone()),
                 Box::new(m.late_pushes.clone()),
                 Box::new(m.fetches.clone()),
+                Box::new(m.fetch_bytes.clone()),
                 Box::new(m.vector_commands.clone()),
                 Box::new(m.staleness.clone()),
                 Box::new(m.version.clone()),

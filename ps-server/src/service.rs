@@ -124,6 +124,7 @@ impl ShardService {
         let shard_epoch = self.read().epoch();
         let state = self.state.clone();
         let range = self.read().range.clone();
+        self.metrics.fetch_bytes.inc_by(range.len() as u64 * 4);
         let stream = futures::stream::iter(chunk_ranges(range.len())).map(move |r| {
             let s = tokio::task::block_in_place(|| state.read().unwrap_or_else(|p| p.into_inner()));
             Ok(ParameterChunk {
@@ -345,6 +346,7 @@ fn describe(s: &Shard, metrics: &PsMetrics) -> ShardInfo {
         updates_applied: s.updates_applied,
         pushes_refused: s.pushes_refused,
         push_bytes: s.push_bytes,
+        fetch_bytes: metrics.fetch_bytes.get(),
         pushes_late: s.pushes_late,
         staleness_counts,
         staleness_max: s.staleness_max,
@@ -508,6 +510,9 @@ impl ParameterServer for ShardService {
         })
         .map_err(status)?;
         self.metrics.fetches.inc();
+        let keys: usize = req.tables.iter().map(|t| t.keys.len()).sum();
+        let rows: usize = reply.rows.iter().map(|r| r.len()).sum();
+        self.metrics.fetch_bytes.inc_by((keys + rows) as u64);
         Ok(Response::new(reply))
     }
 

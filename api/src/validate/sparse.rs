@@ -4,7 +4,12 @@
 use std::collections::HashSet;
 
 use crate::layout::categorical_fields;
-use crate::spec::{DataFormat, DistBeliefJobSpec, Loss};
+use crate::spec::{DataFormat, DataSpec, DistBeliefJobSpec, Loss};
+
+/// A CSV file whose header names the columns: the spec names its label.
+fn named_csv(d: &DataSpec) -> bool {
+    d.format == DataFormat::Csv && d.label.is_some()
+}
 
 /// Values a table row may have.
 pub const MAX_TABLE_DIM: u32 = 1024;
@@ -42,7 +47,13 @@ pub(super) fn check(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<St
             Some("needs every >= 2 and index < every".into()),
         );
     }
-    if d.format == DataFormat::Parquet {
+    if d.holdout.is_some() && !matches!(d.format, DataFormat::Parquet | DataFormat::Libsvm) {
+        fail(
+            "spec.data.holdout",
+            Some("applies to parquet and libsvm files; csv names its test file in testCsv".into()),
+        );
+    }
+    if d.format == DataFormat::Parquet || named_csv(d) {
         if d.label.as_deref().is_none_or(|l| l.trim().is_empty()) {
             fail(
                 "spec.data.label",
@@ -80,10 +91,13 @@ pub(super) fn check(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<St
             Some("must be sigmoidCrossEntropy for a model with tables or a wide part".into()),
         );
     }
-    if !matches!(d.format, DataFormat::Parquet | DataFormat::Libsvm) {
+    if !(matches!(d.format, DataFormat::Parquet | DataFormat::Libsvm) || named_csv(d)) {
         fail(
             "spec.data.format",
-            Some("must be parquet or libsvm for a model with tables or a wide part".into()),
+            Some(
+                "must be parquet, libsvm, or csv with named columns (spec.data.label) for a model with tables or a wide part"
+                    .into(),
+            ),
         );
     }
     let downpour = s.algorithm.downpour.as_ref();
@@ -179,5 +193,76 @@ fn check_rows(
     }
     if min_count == 0 {
         fail(&format!("{at}.minCount"), Some("must be at least 1".into()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::parse_job;
+
+    /// A wide-and-deep job on a named-column CSV file.
+    const CTR: &str = "\
+apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {name: ctr}
+spec:
+  model:
+    inputSize: 2
+    hidden: [{units: 8}]
+    output: {units: 1, loss: sigmoidCrossEntropy}
+    tables: [{name: emb, dim: 4, fields: [C1, C2]}]
+    wide: {}
+  data:
+    format: csv
+    trainCsv: train.tsv
+    testCsv: test.tsv
+    label: label
+    numeric: [I1, I2]
+    categorical: [C1, C2]
+  algorithm:
+    downpour: {learningRate: 0.05}
+";
+
+    /// The job with `from` replaced by `to`: Ok, or the error's text.
+    fn check(from: &str, to: &str) -> Result<(), String> {
+        assert!(CTR.contains(from), "{from:?}");
+        parse_job("ctr.yaml", &CTR.replace(from, to))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_named_csv_file_feeds_tables_and_a_plain_one_does_not() {
+        check("", "").expect("the CTR job is valid");
+        let e = check("    label: label\n", "").unwrap_err();
+        assert!(e.contains("spec.data.format"), "{e}");
+        let e = check("testCsv: test.tsv", "holdout: {every: 5, index: 4}").unwrap_err();
+        assert!(
+            e.contains("spec.data.holdout") && e.contains("testCsv"),
+            "{e}"
+        );
+        let e = check("numeric: [I1, I2]", "numeric: [I1]").unwrap_err();
+        assert!(e.contains("spec.model.inputSize"), "{e}");
+    }
+
+    #[test]
+    fn tables_name_fields_the_data_has_and_need_asynchronous_downpour() {
+        let e = check("fields: [C1, C2]", "fields: [C1, C3]").unwrap_err();
+        assert!(
+            e.contains("spec.model.tables[0].fields") && e.contains("C3"),
+            "{e}"
+        );
+        let e = check("name: emb", "name: wide").unwrap_err();
+        assert!(e.contains("spec.model.tables[0].name"), "{e}");
+        let e = check("dim: 4", "dim: 0").unwrap_err();
+        assert!(e.contains("spec.model.tables[0].dim"), "{e}");
+        let e = check("loss: sigmoidCrossEntropy", "loss: softmaxCrossEntropy").unwrap_err();
+        assert!(e.contains("spec.model.output"), "{e}");
+        let e = check(
+            "learningRate: 0.05}",
+            "learningRate: 0.05, synchronous: {}}",
+        )
+        .unwrap_err();
+        assert!(e.contains("spec.algorithm"), "{e}");
     }
 }

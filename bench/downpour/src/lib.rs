@@ -1,7 +1,9 @@
-//! What the benchmarks share: the one-process trainer every distributed
-//! configuration is compared with, and running `distbelief train` on a job.
+//! What the benchmarks share: the one-process trainers every distributed
+//! configuration is compared with (dense and sparse models), and running
+//! `distbelief train` on a job.
 
 pub mod local;
+pub mod local_sparse;
 
 use std::path::Path;
 use std::process::Command;

@@ -64,6 +64,9 @@ pub struct Summary {
     pub staleness: StalenessSummary,
     /// Bytes of gradient values pushed per training example, as they travelled.
     pub push_bytes_per_example: f64,
+    /// Bytes of parameter values fetched per training example (with the
+    /// table keys asked for), the evaluations' fetches included.
+    pub fetch_bytes_per_example: f64,
     /// Updates applied by the busiest shard: one per push, or per synchronous step.
     pub updates: u64,
     pub shards: usize,
@@ -122,6 +125,13 @@ impl Summary {
             wall_seconds,
         } = run;
         let st = s.staleness.unwrap_or_default();
+        let per_example = |bytes: u64| {
+            if s.examples > 0 {
+                bytes as f64 / s.examples as f64
+            } else {
+                0.0
+            }
+        };
         Summary {
             job: job.name.clone(),
             outcome,
@@ -169,11 +179,8 @@ impl Summary {
                 p99: st.p99,
                 max: st.max,
             },
-            push_bytes_per_example: if s.examples > 0 {
-                s.push_bytes as f64 / s.examples as f64
-            } else {
-                0.0
-            },
+            push_bytes_per_example: per_example(s.push_bytes),
+            fetch_bytes_per_example: per_example(s.fetch_bytes),
             updates: s.updates,
             shards: job.shards(),
             replicas: job.replicas(),

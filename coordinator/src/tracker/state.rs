@@ -39,6 +39,7 @@ impl Tracker {
             job_uid: String::new(),
             generation: self.generation,
             push_bytes: self.push_bytes,
+            fetch_bytes: self.fetch_bytes,
             updates: self.updates,
         }
     }
@@ -75,6 +76,7 @@ impl Tracker {
         self.train_loss = s.train_loss;
         self.generation = s.generation.saturating_add(1);
         self.push_bytes = s.push_bytes;
+        self.fetch_bytes = s.fetch_bytes;
         self.updates = s.updates;
         self.stop_requested = stop_requested;
         self.done = None;

@@ -1,7 +1,5 @@
 //! Parquet tables through the `parquet` crate's row reader: the spec names
-//! the label, numeric and categorical columns. Numeric columns are
-//! standardised by the training rows' mean and deviation, so that a column
-//! of incomes and one of ages train alike.
+//! the label, numeric and categorical columns.
 
 use std::fs::File;
 
@@ -10,6 +8,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 
 use super::sparse::SparseFeatures;
+use super::standardize::{Moments, standardize};
 use super::{DataError, Dataset};
 use crate::keys::key_of;
 
@@ -28,7 +27,12 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
         Some(h) => (0..all.labels.len()).partition(|i| i % h.every as usize != h.index as usize),
         None => ((0..all.labels.len()).collect(), Vec::new()),
     };
-    let stats = Stats::of(&all.numeric, spec.numeric.len(), &train_rows);
+    let dim = spec.numeric.len();
+    let mut moments = Moments::new(dim);
+    for &i in &train_rows {
+        moments.add(&all.numeric[i * dim..(i + 1) * dim]);
+    }
+    let stats = moments.stats();
     let (rows, from) = match (train, spec.holdout) {
         (true, _) => (train_rows, all),
         (false, Some(_)) => (test_rows, all),
@@ -37,15 +41,9 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
             ((0..test.labels.len()).collect(), test)
         }
     };
-    let dim = spec.numeric.len();
     let mut features = Vec::with_capacity(rows.len() * dim);
     for &i in &rows {
-        let raw = &from.numeric[i * dim..(i + 1) * dim];
-        features.extend(
-            raw.iter()
-                .zip(&stats)
-                .map(|(v, (mean, sd))| (v - mean) / sd),
-        );
+        standardize(&from.numeric[i * dim..(i + 1) * dim], &stats, &mut features);
     }
     Ok(Dataset {
         features,
@@ -53,36 +51,6 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
         dim,
         sparse: Some(from.sparse.select(&rows)),
     })
-}
-
-/// Per numeric column: mean and standard deviation over `rows` (1 for a
-/// constant column).
-type Stats = Vec<(f32, f32)>;
-
-trait OfRows {
-    fn of(numeric: &[f32], dim: usize, rows: &[usize]) -> Self;
-}
-
-impl OfRows for Stats {
-    fn of(numeric: &[f32], dim: usize, rows: &[usize]) -> Self {
-        (0..dim)
-            .map(|c| {
-                let n = rows.len().max(1) as f64;
-                let mean = rows
-                    .iter()
-                    .map(|&i| f64::from(numeric[i * dim + c]))
-                    .sum::<f64>()
-                    / n;
-                let var = rows
-                    .iter()
-                    .map(|&i| (f64::from(numeric[i * dim + c]) - mean).powi(2))
-                    .sum::<f64>()
-                    / n;
-                let sd = if var > 0.0 { var.sqrt() } else { 1.0 };
-                (mean as f32, sd as f32)
-            })
-            .collect()
-    }
 }
 
 fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {

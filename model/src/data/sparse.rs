@@ -10,8 +10,10 @@ use super::DataError;
 pub struct SparseFeatures {
     pub fields: usize,
     /// `starts[i * fields + f]..starts[i * fields + f + 1]` are example i's
-    /// keys of field f; one more entry than examples × fields.
-    pub starts: Vec<u64>,
+    /// keys of field f; one more entry than examples × fields. Empty while
+    /// every field has exactly one key (categorical columns): then key
+    /// `i * fields + f` is the one, and a 10^7-row, 26-field set saves 2 GB.
+    starts: Vec<u64>,
     pub keys: Vec<u64>,
     /// One per key; empty when every weight is 1.
     pub weights: Vec<f32>,
@@ -21,14 +23,31 @@ impl SparseFeatures {
     pub fn new(fields: usize) -> Self {
         SparseFeatures {
             fields,
-            starts: vec![0],
+            starts: Vec::new(),
             keys: Vec::new(),
             weights: Vec::new(),
         }
     }
 
     pub fn len(&self) -> usize {
-        (self.starts.len() - 1) / self.fields.max(1)
+        self.entries() / self.fields.max(1)
+    }
+
+    /// Example-fields stored so far.
+    fn entries(&self) -> usize {
+        match self.starts.len() {
+            0 => self.keys.len(),
+            n => n - 1,
+        }
+    }
+
+    /// The keys of entry `at` (example × fields + field).
+    fn range(&self, at: usize) -> std::ops::Range<usize> {
+        if self.starts.is_empty() {
+            at..at + 1
+        } else {
+            self.starts[at] as usize..self.starts[at + 1] as usize
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -37,8 +56,7 @@ impl SparseFeatures {
 
     /// Example `i`'s keys of field `f`, with their weights.
     pub fn field(&self, i: usize, f: usize) -> (&[u64], Option<&[f32]>) {
-        let at = i * self.fields + f;
-        let r = self.starts[at] as usize..self.starts[at + 1] as usize;
+        let r = self.range(i * self.fields + f);
         let w = (!self.weights.is_empty()).then(|| &self.weights[r.clone()]);
         (&self.keys[r], w)
     }
@@ -46,6 +64,9 @@ impl SparseFeatures {
     /// Adds one example's field: its keys, weighted (or all 1 when
     /// `weights` is None and no key so far had another weight).
     pub fn push_field(&mut self, keys: &[u64], weights: Option<&[f32]>) {
+        if self.starts.is_empty() && keys.len() != 1 {
+            self.starts = (0..=self.keys.len() as u64).collect();
+        }
         match weights {
             Some(w) => {
                 if self.weights.is_empty() && !self.keys.is_empty() {
@@ -59,14 +80,18 @@ impl SparseFeatures {
             None => {}
         }
         self.keys.extend_from_slice(keys);
-        self.starts.push(self.keys.len() as u64);
+        if !self.starts.is_empty() {
+            self.starts.push(self.keys.len() as u64);
+        }
     }
 
     /// Keeps the first `n` examples.
     pub fn truncate(&mut self, n: usize) {
         if n < self.len() {
-            self.starts.truncate(n * self.fields + 1);
-            let end = self.starts[n * self.fields] as usize;
+            let end = self.range(n * self.fields).start;
+            if !self.starts.is_empty() {
+                self.starts.truncate(n * self.fields + 1);
+            }
             self.keys.truncate(end);
             if !self.weights.is_empty() {
                 self.weights.truncate(end);
@@ -143,4 +168,36 @@ pub fn parse_libsvm(path: &str, text: &[u8]) -> Result<(Vec<u32>, SparseFeatures
         sparse.push_field(&keys, Some(&weights));
     }
     Ok((labels, sparse))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_key_per_field_is_stored_without_offsets_until_a_field_differs() {
+        let mut s = SparseFeatures::new(2);
+        s.push_field(&[1], None);
+        s.push_field(&[2], None);
+        s.push_field(&[3], None);
+        s.push_field(&[4], None);
+        assert!(s.starts.is_empty());
+        assert_eq!((s.len(), s.field(1, 0).0), (2, &[3u64][..]));
+        s.push_field(&[5, 6], Some(&[0.5, 2.0]));
+        s.push_field(&[], None);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.field(1, 1), (&[4u64][..], Some(&[1.0f32][..])));
+        assert_eq!(s.field(2, 0), (&[5u64, 6][..], Some(&[0.5f32, 2.0][..])));
+        assert_eq!(s.field(2, 1).0, &[] as &[u64]);
+        let picked = s.select(&[2, 0]);
+        assert_eq!(picked.field(0, 0).0, &[5, 6]);
+        assert_eq!(picked.field(1, 1).0, &[2]);
+        s.truncate(1);
+        assert_eq!((s.len(), s.keys.len()), (1, 2));
+        let mut compact = SparseFeatures::new(1);
+        compact.push_field(&[7], None);
+        compact.push_field(&[8], None);
+        compact.truncate(1);
+        assert_eq!((compact.len(), compact.keys.clone()), (1, vec![7]));
+    }
 }

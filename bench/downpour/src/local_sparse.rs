@@ -1,0 +1,131 @@
+//! The one-process trainer of a sparse model: the same model, gradients,
+//! table core (`ps::table`) and dense update rule as a distributed job, in
+//! one process with no network. What a distributed sparse job must match.
+
+use std::time::Instant;
+
+use distbelief_api::Job;
+use distbelief_model::Optimizer;
+use distbelief_model::data::{self, Dataset};
+use distbelief_model::wide_deep::{TableRows, WideDeep, auc, log_loss};
+use distbelief_ps::table::{Table, TableConfig};
+
+#[derive(Debug, Clone)]
+pub struct SparseRun {
+    pub examples: u64,
+    /// Training only: the evaluations are not counted.
+    pub train_seconds: f64,
+    pub examples_per_second: f64,
+    /// (examples, test AUC, test log loss) at each evaluation.
+    pub curve: Vec<(u64, f64, f64)>,
+    /// Rows each table stores at the end.
+    pub table_rows: Vec<usize>,
+}
+
+impl SparseRun {
+    pub fn best_auc(&self) -> f64 {
+        self.curve.iter().map(|c| c.1).fold(0.0, f64::max)
+    }
+
+    pub fn last(&self) -> (u64, f64, f64) {
+        self.curve.last().copied().unwrap_or((0, 0.5, f64::NAN))
+    }
+}
+
+/// Trains `job`'s model on `train` for `examples` examples (whole batches,
+/// epochs in the job's seeded order), evaluating on `test` `evals` times at
+/// even intervals, the last at the end.
+pub fn train(job: &Job, train: &Dataset, test: &Dataset, examples: u64, evals: u64) -> SparseRun {
+    let m = WideDeep::new(&job.layout, &job.tables);
+    let d = &job.downpour;
+    let optimizer = Optimizer::from_spec(d);
+    let mut tables: Vec<Table> = TableConfig::for_job(job)
+        .into_iter()
+        .map(Table::new)
+        .collect();
+    let mut params = job.initial_values(0..job.layout.len());
+    let mut accum = optimizer.new_accumulators(params.len());
+    let empty = data::SparseFeatures::default();
+    let train_keys = train.sparse.as_ref().unwrap_or(&empty);
+    let batch = d.batch_size as usize;
+    let steps = examples.div_ceil(batch as u64).max(1);
+    let evals = evals.clamp(1, steps);
+    let mut scratch = m.mlp().scratch(batch);
+    let mut grad = vec![0.0; params.len()];
+    let indices: Vec<usize> = (0..train.len()).collect();
+    let mut run = SparseRun {
+        examples: 0,
+        train_seconds: 0.0,
+        examples_per_second: 0.0,
+        curve: Vec::new(),
+        table_rows: Vec::new(),
+    };
+    let mut step = 0u64;
+    'epochs: for epoch in 0.. {
+        let order = data::epoch_order(&indices, d.seed, 0, epoch);
+        for b in order.chunks_exact(batch) {
+            let t0 = Instant::now();
+            let rows = fetch(&tables, m.keys(train_keys, b));
+            let mut row_grads: Vec<Vec<f32>> =
+                rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
+            grad.fill(0.0);
+            m.gradient(
+                &params,
+                &train.features,
+                train_keys,
+                &train.labels,
+                b,
+                &rows,
+                &mut scratch,
+                &mut grad,
+                &mut row_grads,
+            );
+            optimizer.apply(&mut params, &mut accum, &grad);
+            for ((t, r), g) in tables.iter_mut().zip(&rows).zip(&row_grads) {
+                t.apply(&r.keys, g, None, 1)
+                    .expect("rows of the table's own dim");
+            }
+            run.train_seconds += t0.elapsed().as_secs_f64();
+            run.examples += batch as u64;
+            step += 1;
+            if step * evals / steps > (step - 1) * evals / steps {
+                let (a, l) = evaluate(&m, &tables, &params, test);
+                run.curve.push((run.examples, a, l));
+            }
+            if step >= steps {
+                break 'epochs;
+            }
+        }
+        if train.len() < batch {
+            break;
+        }
+    }
+    run.examples_per_second = run.examples as f64 / run.train_seconds.max(1e-9);
+    run.table_rows = tables.iter().map(Table::len).collect();
+    run
+}
+
+fn fetch(tables: &[Table], keys: Vec<Vec<u64>>) -> Vec<TableRows> {
+    keys.into_iter()
+        .zip(tables)
+        .map(|(k, t)| {
+            let mut v = vec![0.0; k.len() * t.dim()];
+            t.fetch(&k, &mut v).expect("rows of the table's own dim");
+            TableRows::new(t.dim(), k, v)
+        })
+        .collect()
+}
+
+/// Test AUC and log loss, in batches of 4,096 examples.
+fn evaluate(m: &WideDeep, tables: &[Table], params: &[f32], test: &Dataset) -> (f64, f64) {
+    let empty = data::SparseFeatures::default();
+    let keys = test.sparse.as_ref().unwrap_or(&empty);
+    let all: Vec<usize> = (0..test.len()).collect();
+    let mut p = Vec::with_capacity(all.len());
+    let mut scratch = m.mlp().scratch(4096);
+    for chunk in all.chunks(4096) {
+        let rows = fetch(tables, m.keys(keys, chunk));
+        p.extend(m.predict(params, &test.features, keys, chunk, &rows, &mut scratch));
+    }
+    (auc(&p, &test.labels), log_loss(&p, &test.labels))
+}

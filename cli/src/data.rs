@@ -1,0 +1,151 @@
+//! `distbelief data`: writes the synthetic CTR set that `model::synth`
+//! draws, block by block on every core, in row order.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use distbelief_model::synth::{self, BLOCK_ROWS, Distinct, Generator, Row};
+use distbelief_model::wide_deep::{auc, log_loss};
+use rayon::prelude::*;
+use serde_json::json;
+
+#[derive(Args)]
+pub struct SynthCtrArgs {
+    /// The directory to write train.tsv, test.tsv and planted.json into.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Training rows.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rows: u64,
+    /// Test rows, drawn apart from the training rows.
+    #[arg(long, default_value_t = 100_000)]
+    pub test_rows: u64,
+    /// Ids in each of the ten largest fields; eight fields have 1/100 of
+    /// it, and eight have 3 to 1,000.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub vocab: u64,
+    /// The seed: the same seed and sizes write the same files.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+pub fn synth_ctr(a: SynthCtrArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        a.rows > 0 && a.test_rows > 0,
+        "--rows and --test-rows must be at least 1"
+    );
+    anyhow::ensure!(
+        (2..=1 << 40).contains(&a.vocab),
+        "--vocab must be 2 to 2^40"
+    );
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let g = Generator::new(a.vocab, a.seed)?;
+    let started = Instant::now();
+    let mut distinct = Distinct::new(a.vocab);
+    let train_path = a.out.join("train.tsv");
+    let train = write(&g, 0, a.rows, &train_path, |r| distinct.add(r))?;
+    let (mut scores, mut labels) = (Vec::new(), Vec::new());
+    let test_path = a.out.join("test.tsv");
+    write(&g, 1, a.test_rows, &test_path, |r| {
+        scores.push(r.probability);
+        labels.push(r.label);
+    })?;
+    let per_field = distinct.per_field();
+    let report = json!({
+        "train_file": train_path,
+        "test_file": test_path,
+        "rows": a.rows,
+        "test_rows": a.test_rows,
+        "vocab": a.vocab,
+        "seed": a.seed,
+        "train_positive_rate": train.positives as f64 / a.rows as f64,
+        "distinct_keys": per_field.iter().sum::<u64>(),
+        "distinct_keys_per_field": per_field,
+        "planted_test_auc": auc(&scores, &labels),
+        "planted_test_log_loss": log_loss(&scores, &labels),
+        "train_bytes": train.bytes,
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    let planted = a.out.join("planted.json");
+    std::fs::write(&planted, serde_json::to_string_pretty(&report)? + "\n")
+        .with_context(|| format!("cannot write {}", planted.display()))?;
+    println!(
+        "wrote {} training and {} test rows to {} in {:.1} s: {} distinct keys, {:.1}% positive; \
+         the planted model's test AUC {:.4}, log loss {:.4} (the best a trained model can reach); \
+         details in {}",
+        a.rows,
+        a.test_rows,
+        a.out.display(),
+        started.elapsed().as_secs_f64(),
+        report["distinct_keys"],
+        100.0 * report["train_positive_rate"].as_f64().unwrap_or(0.0),
+        report["planted_test_auc"].as_f64().unwrap_or(0.0),
+        report["planted_test_log_loss"].as_f64().unwrap_or(0.0),
+        planted.display(),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Written {
+    bytes: u64,
+    positives: u64,
+}
+
+/// Writes `rows` rows of `stream` to `path`, handing each row to `each` in
+/// order. Blocks are drawn in parallel a batch at a time, so memory stays
+/// at a batch of blocks whatever the row count.
+fn write(
+    g: &Generator,
+    stream: u64,
+    rows: u64,
+    path: &Path,
+    mut each: impl FnMut(&Row),
+) -> anyhow::Result<Written> {
+    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = BufWriter::with_capacity(1 << 20, file);
+    let header = synth::header() + "\n";
+    out.write_all(header.as_bytes())?;
+    let mut w = Written {
+        bytes: header.len() as u64,
+        positives: 0,
+    };
+    let blocks = rows.div_ceil(BLOCK_ROWS as u64);
+    let batch = 4 * rayon::current_num_threads() as u64;
+    let mut next_report = 0.0;
+    for first in (0..blocks).step_by(batch as usize) {
+        let drawn: Vec<(Vec<Row>, String)> = (first..(first + batch).min(blocks))
+            .into_par_iter()
+            .map(|b| {
+                let n = (rows - b * BLOCK_ROWS as u64).min(BLOCK_ROWS as u64) as usize;
+                let mut block = Vec::with_capacity(n);
+                g.block(stream, b, n, &mut block);
+                let mut text = String::with_capacity(n * 160);
+                for r in &block {
+                    synth::write_row(r, &mut text);
+                }
+                (block, text)
+            })
+            .collect();
+        for (block, text) in drawn {
+            block.iter().for_each(&mut each);
+            w.positives += block.iter().map(|r| u64::from(r.label)).sum::<u64>();
+            w.bytes += text.len() as u64;
+            out.write_all(text.as_bytes())
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        let done = ((first + batch).min(blocks) * BLOCK_ROWS as u64).min(rows);
+        if done as f64 >= next_report {
+            eprintln!("synth-ctr: {}: {done} of {rows} rows", path.display());
+            next_report += rows as f64 / 10.0;
+        }
+    }
+    out.flush()
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(w)
+}

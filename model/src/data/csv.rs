@@ -1,0 +1,360 @@
+//! CSV files, in two layouts. Without `spec.data.label`: label first, then
+//! numeric features (the dense layout). With it: a header names the
+//! columns, and the spec picks the label, numeric and categorical ones, as
+//! for Parquet. Named files may be tab-separated (Criteo's layout, as
+//! `distbelief data synth-ctr` writes): a header with a tab in it says so.
+//! Named files are read as a stream, so a 10^7-row file never sits in
+//! memory as text.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+
+use distbelief_api::DataSpec;
+
+use super::sparse::SparseFeatures;
+use super::standardize::{Moments, Stats, standardize};
+use super::{DataError, Dataset, read_file};
+use crate::keys::key_of;
+
+/// CSV: label first, then the features. A first line that does not parse is a header.
+pub(super) fn read_csv(path: &str, scale: f32) -> Result<Dataset, DataError> {
+    parse_csv(path, read_file(path)?, scale)
+}
+
+/// A CSV file's (decompressed) bytes as a dataset; `path` names it in
+/// errors. Public so that the fuzz targets drive the reader without a file.
+pub fn parse_csv(path: &str, bytes: Vec<u8>, scale: f32) -> Result<Dataset, DataError> {
+    let text = String::from_utf8(bytes).map_err(|_| DataError::Format {
+        path: path.to_string(),
+        message: "not UTF-8 text".into(),
+    })?;
+    let mut d = Dataset {
+        sparse: None,
+        features: Vec::new(),
+        labels: Vec::new(),
+        dim: 0,
+    };
+    for (lineno, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |message: String| DataError::Format {
+            path: format!("{path}:{}", lineno + 1),
+            message,
+        };
+        let mut fields = line.split(',').map(str::trim);
+        let label = fields.next().unwrap_or_default();
+        let label: u32 = match label.parse() {
+            Ok(l) => l,
+            Err(_) if lineno == 0 => continue,
+            Err(_) => return Err(bad(format!("label {label:?} is not a class index"))),
+        };
+        let start = d.features.len();
+        for f in fields {
+            let v: f32 = f
+                .parse()
+                .ok()
+                .filter(|v: &f32| v.is_finite())
+                .ok_or_else(|| bad(format!("feature {f:?} is not a finite number")))?;
+            d.features.push(v * scale);
+        }
+        let dim = d.features.len() - start;
+        if d.labels.is_empty() {
+            d.dim = dim;
+        } else if dim != d.dim {
+            return Err(bad(format!(
+                "row has {dim} features, earlier rows {}",
+                d.dim
+            )));
+        }
+        d.labels.push(label);
+    }
+    if d.labels.is_empty() {
+        return Err(DataError::Format {
+            path: path.to_string(),
+            message: "no examples".into(),
+        });
+    }
+    Ok(d)
+}
+
+/// The training or test set of a named-column file: numeric columns
+/// standardised by the training file's rows.
+pub(super) fn load_named(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
+    let train_path = spec.train_csv.as_deref().unwrap_or_default();
+    let (path, stats) = if train {
+        (train_path, None)
+    } else {
+        // Only the training file's moments are needed from it: one pass
+        // that keeps no rows.
+        let mut moments = Moments::new(spec.numeric.len());
+        parse_named(train_path, spec, open(train_path)?, |_, numeric, _| {
+            moments.add(numeric)
+        })?;
+        (
+            spec.test_csv.as_deref().unwrap_or_default(),
+            Some(moments.stats()),
+        )
+    };
+    let mut labels = Vec::new();
+    let mut raw = Vec::new();
+    let mut sparse = SparseFeatures::new(spec.categorical.len());
+    let mut moments = Moments::new(spec.numeric.len());
+    parse_named(path, spec, open(path)?, |y, numeric, keys| {
+        labels.push(y);
+        raw.extend_from_slice(numeric);
+        moments.add(numeric);
+        for k in keys {
+            sparse.push_field(std::slice::from_ref(k), None);
+        }
+    })?;
+    let stats = stats.unwrap_or_else(|| moments.stats());
+    Ok(Dataset {
+        features: standardized(&raw, spec.numeric.len(), &stats),
+        labels,
+        dim: spec.numeric.len(),
+        sparse: Some(sparse),
+    })
+}
+
+/// The training file's row count, read as a stream that keeps nothing.
+pub(super) fn count_named(spec: &DataSpec) -> Result<usize, DataError> {
+    let path = spec.train_csv.as_deref().unwrap_or_default();
+    let mut n = 0;
+    parse_named(path, spec, open(path)?, |_, _, _| n += 1)?;
+    Ok(n)
+}
+
+fn standardized(raw: &[f32], dim: usize, stats: &Stats) -> Vec<f32> {
+    let mut out = Vec::with_capacity(raw.len());
+    if dim > 0 {
+        for row in raw.chunks_exact(dim) {
+            standardize(row, stats, &mut out);
+        }
+    }
+    out
+}
+
+/// A file as a buffered stream, gunzipped when it starts with gzip's magic.
+fn open(path: &str) -> Result<Box<dyn BufRead>, DataError> {
+    let io = |source| DataError::Io {
+        path: path.to_string(),
+        source,
+    };
+    let mut file = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let gzip = file.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
+    Ok(if gzip {
+        Box::new(BufReader::with_capacity(
+            1 << 20,
+            flate2::bufread::MultiGzDecoder::new(file),
+        ))
+    } else {
+        Box::new(file)
+    })
+}
+
+/// What a column of a named file is for.
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Label,
+    Numeric(usize),
+    Categorical(u32),
+    Unused,
+}
+
+/// Reads a named-column file from `input`, handing each row's label, raw
+/// numeric values (NaN where empty) and categorical keys to `row`. Public
+/// so that the fuzz targets drive it without a file.
+pub fn parse_named(
+    path: &str,
+    spec: &DataSpec,
+    mut input: impl BufRead,
+    mut row: impl FnMut(u32, &[f32], &[u64]),
+) -> Result<(), DataError> {
+    let format = |message: String| DataError::Format {
+        path: path.to_string(),
+        message,
+    };
+    let io = |source| DataError::Io {
+        path: path.to_string(),
+        source,
+    };
+    let mut line = Vec::new();
+    if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
+        return Err(format(
+            "is empty; a header line naming the columns comes first".into(),
+        ));
+    }
+    let header = std::str::from_utf8(trim(&line))
+        .map_err(|_| format("the header is not UTF-8 text".into()))?;
+    let sep = if header.contains('\t') { b'\t' } else { b',' };
+    let names: Vec<&str> = header.split(char::from(sep)).map(str::trim).collect();
+    let column = |name: &str| {
+        names.iter().position(|n| *n == name).ok_or_else(|| {
+            format(format!(
+                "has no column {name:?}; its header names {}",
+                names.join(", ")
+            ))
+        })
+    };
+    let mut roles = vec![Role::Unused; names.len()];
+    roles[column(spec.label.as_deref().unwrap_or_default())?] = Role::Label;
+    for (j, c) in spec.numeric.iter().enumerate() {
+        roles[column(c)?] = Role::Numeric(j);
+    }
+    for (f, c) in spec.categorical.iter().enumerate() {
+        roles[column(c)?] = Role::Categorical(f as u32);
+    }
+    let positive = spec.positive_label.as_deref().map(str::as_bytes);
+    let mut numeric = vec![f32::NAN; spec.numeric.len()];
+    let mut keys = vec![0u64; spec.categorical.len()];
+    for n in 2.. {
+        line.clear();
+        if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
+            return Ok(());
+        }
+        let text = trim(&line);
+        if text.is_empty() {
+            continue;
+        }
+        let bad = |message: String| format(format!("line {n}: {message}"));
+        let mut label = None;
+        let mut cells = 0;
+        for (cell, role) in text.split(|&b| b == sep).zip(&roles) {
+            cells += 1;
+            let cell = trim(cell);
+            match *role {
+                Role::Label => {
+                    label = Some(match positive {
+                        Some(p) => u32::from(cell == p),
+                        None => match cell {
+                            b"0" | b"0.0" | b"-1" => 0,
+                            b"1" | b"1.0" => 1,
+                            _ => {
+                                return Err(bad(format!(
+                                    "label {:?} is not 0 or 1 (set spec.data.positiveLabel for a text label)",
+                                    String::from_utf8_lossy(cell)
+                                )));
+                            }
+                        },
+                    })
+                }
+                Role::Numeric(j) => {
+                    numeric[j] = if cell.is_empty() {
+                        f32::NAN
+                    } else {
+                        std::str::from_utf8(cell)
+                            .ok()
+                            .and_then(|c| c.parse::<f32>().ok())
+                            .filter(|v| v.is_finite())
+                            .ok_or_else(|| {
+                                bad(format!(
+                                    "column {:?} holds {:?}, not a finite number",
+                                    spec.numeric[j],
+                                    String::from_utf8_lossy(cell)
+                                ))
+                            })?
+                    }
+                }
+                Role::Categorical(f) => keys[f as usize] = key_of(f, cell),
+                Role::Unused => {}
+            }
+        }
+        if cells != roles.len() {
+            return Err(bad(format!(
+                "has {cells} columns, the header {}",
+                roles.len()
+            )));
+        }
+        row(label.unwrap_or_default(), &numeric, &keys);
+    }
+    Ok(())
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    b.trim_ascii()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(label: &str, numeric: &[&str], categorical: &[&str]) -> DataSpec {
+        DataSpec {
+            label: Some(label.into()),
+            numeric: numeric.iter().map(|s| s.to_string()).collect(),
+            categorical: categorical.iter().map(|s| s.to_string()).collect(),
+            ..DataSpec::default()
+        }
+    }
+
+    fn rows(text: &str, s: &DataSpec) -> Result<Vec<(u32, Vec<f32>, Vec<u64>)>, DataError> {
+        let mut out = Vec::new();
+        parse_named("t.csv", s, text.as_bytes(), |y, x, k| {
+            out.push((y, x.to_vec(), k.to_vec()))
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn named_columns_in_any_order_comma_or_tab() {
+        let s = spec("y", &["a"], &["c"]);
+        let comma = rows("c,a,y,extra\nred,1.5,1,x\nblue,,0,y\n", &s).unwrap();
+        let tab = rows("c\ta\ty\textra\nred\t1.5\t1\tx\nblue\t\t0\ty\n", &s).unwrap();
+        assert_eq!(comma.len(), 2);
+        assert_eq!(comma[0].0, 1);
+        assert_eq!(comma[0].1, vec![1.5]);
+        assert!(comma[1].1[0].is_nan(), "an empty numeric cell is missing");
+        assert_eq!(comma[0].2, vec![key_of(0, b"red")]);
+        assert_eq!(
+            format!("{comma:?}"),
+            format!("{tab:?}"),
+            "the same rows whichever separator"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_line_and_column() {
+        let s = spec("y", &["a"], &["c"]);
+        let e = |text: &str| rows(text, &s).unwrap_err().to_string();
+        assert!(e("").contains("header"));
+        assert!(
+            e("a,y\n1,0\n").contains("no column \"c\""),
+            "{}",
+            e("a,y\n1,0\n")
+        );
+        assert!(e("c,a,y\nr,x,1\n").contains("line 2: column \"a\" holds \"x\""));
+        assert!(e("c,a,y\nr,1,2\n").contains("line 2: label \"2\""));
+        assert!(e("c,a,y\nr,1\n").contains("line 2: has 2 columns, the header 3"));
+        assert!(e("c,a,y\nr,1,1\nr,inf,1\n").contains("line 3"));
+    }
+
+    #[test]
+    fn a_text_label_is_positive_when_it_matches() {
+        let mut s = spec("y", &[], &["c"]);
+        s.positive_label = Some(">50K".into());
+        let r = rows("y,c\n>50K,a\n<=50K,b\n", &s).unwrap();
+        assert_eq!((r[0].0, r[1].0), (1, 0));
+    }
+
+    #[test]
+    fn the_test_set_is_scaled_by_the_training_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let train = dir.path().join("train.csv");
+        let test = dir.path().join("test.csv.gz");
+        std::fs::write(&train, "y,a,c\n1,1,x\n0,3,y\n").unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, b"y,a,c\n1,4,x\n").unwrap();
+        std::fs::write(&test, gz.finish().unwrap()).unwrap();
+        let mut s = spec("y", &["a"], &["c"]);
+        s.train_csv = Some(train.to_str().unwrap().into());
+        s.test_csv = Some(test.to_str().unwrap().into());
+        let tr = load_named(&s, true).unwrap();
+        let te = load_named(&s, false).unwrap();
+        assert_eq!(tr.features, vec![-1.0, 1.0]);
+        assert_eq!(te.features, vec![2.0]);
+        assert_eq!(te.sparse.unwrap().field(0, 0).0, &[key_of(0, b"x")]);
+        assert_eq!(count_named(&s).unwrap(), 2);
+    }
+}
