@@ -101,7 +101,8 @@ struct ShardFigures {
     push_bytes: u64,
     fetch_bytes: u64,
     updates: u64,
-    table_rows: Vec<u64>,
+    /// Per table: rows stored, and rows evicted.
+    table_rows: Vec<(u64, u64)>,
 }
 
 impl Evaluator {
@@ -215,9 +216,9 @@ impl Evaluator {
             f.fetch_bytes += info.fetch_bytes;
             f.updates = info.updates_applied.max(f.updates);
             f.table_rows
-                .resize(f.table_rows.len().max(info.tables.len()), 0);
+                .resize(f.table_rows.len().max(info.tables.len()), (0, 0));
             for (sum, t) in f.table_rows.iter_mut().zip(&info.tables) {
-                *sum += t.rows;
+                *sum = (sum.0 + t.rows, sum.1 + t.evicted);
             }
             shards.push(ShardProgress {
                 shard: info.shard,

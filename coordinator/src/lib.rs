@@ -188,9 +188,18 @@ impl Service {
 impl Coordinator for Service {
     async fn report(&self, req: Request<ProgressReport>) -> Result<Response<ReportReply>, Status> {
         let now = self.shared.now();
-        Ok(Response::new(
-            self.shared.tracker().on_report(req.get_ref(), now),
-        ))
+        let (reply, limit) = {
+            let mut t = self.shared.tracker();
+            let reply = t.on_report(req.get_ref(), now);
+            (reply, t.limit_reached(now))
+        };
+        // A limit (epochs, seconds) stops the job now, not at the next
+        // evaluation tick: with a long evalIntervalSeconds the replicas
+        // would otherwise train on past maxEpochs.
+        if limit.is_some() {
+            self.shared.wake.notify_one();
+        }
+        Ok(Response::new(reply))
     }
 
     async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {

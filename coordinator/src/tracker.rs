@@ -112,7 +112,7 @@ pub struct Tracker {
     best: Option<f64>,
     best_auc: Option<f64>,
     /// Rows stored per table, as the shards last said.
-    table_rows: Vec<u64>,
+    table_rows: Vec<(u64, u64)>,
     time_to_target: Option<f64>,
     train_loss: f64,
     staleness: StalenessHistogram,
@@ -395,8 +395,8 @@ impl Tracker {
         self.updates = updates;
     }
 
-    /// Rows stored per table, summed over the shards.
-    pub fn set_table_rows(&mut self, rows: Vec<u64>) {
+    /// Per table, summed over the shards: rows stored, rows evicted.
+    pub fn set_table_rows(&mut self, rows: Vec<(u64, u64)>) {
         self.table_rows = rows;
     }
 
@@ -434,7 +434,8 @@ impl Tracker {
             best_test_accuracy: self.best,
             test_auc: self.curve.last().and_then(|c| c.test_auc),
             best_test_auc: self.best_auc,
-            table_rows: self.table_rows.clone(),
+            table_rows: self.table_rows.iter().map(|r| r.0).collect(),
+            table_rows_evicted: self.table_rows.iter().map(|r| r.1).collect(),
             time_to_target_seconds: self.time_to_target,
             epochs: self.epochs(),
             staleness: Some(Staleness {

@@ -95,28 +95,41 @@ pub struct TableStats {
     pub refused: u64,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct Row {
-    values: Vec<f32>,
-    accum: Vec<f32>,
+/// A row's bookkeeping beside its values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Meta {
+    key: u64,
     uses: u64,
     /// The table's clock at the row's last update.
     last: u64,
 }
 
-impl Row {
+impl Meta {
     /// Where the row stands in the eviction order: fewest uses first, then
     /// the longest unused.
-    fn rank(&self, key: u64) -> (u64, u64, u64) {
-        (self.uses, self.last, key)
+    fn rank(&self) -> (u64, u64, u64) {
+        (self.uses, self.last, self.key)
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+/// Rows live in slots: `dim` values and the accumulators of slot `s` sit
+/// at `s * dim` and `s * accumulators` of two flat arrays, so the table
+/// makes no allocation per row, and a stored row costs its values, its
+/// bookkeeping and a map entry (bench/sparse measures it).
+#[derive(Debug, Clone)]
 pub struct Table {
     config: TableConfig,
-    rows: HashMap<u64, Row>,
-    /// Every row by its rank: the first is evicted next.
+    /// Each stored key's slot.
+    slots: HashMap<u64, usize>,
+    values: Vec<f32>,
+    accum: Vec<f32>,
+    meta: Vec<Meta>,
+    /// Slots evictions freed, reused before new ones. Without a capacity
+    /// nothing is evicted, so every slot below `meta.len()` holds a row.
+    free: Vec<usize>,
+    /// With a capacity, every row by its rank: the first is evicted next.
+    /// Without one it stays empty: keeping it costs a quarter of a push's
+    /// time on the shard.
     order: BTreeSet<(u64, u64, u64)>,
     /// Pushes so far of keys not admitted yet.
     pending: Pending,
@@ -140,7 +153,11 @@ impl Table {
     pub fn new(config: TableConfig) -> Self {
         Table {
             config,
-            rows: HashMap::new(),
+            slots: HashMap::new(),
+            values: Vec::new(),
+            accum: Vec::new(),
+            meta: Vec::new(),
+            free: Vec::new(),
             order: BTreeSet::new(),
             pending: Pending::default(),
             clock: 0,
@@ -158,11 +175,42 @@ impl Table {
 
     /// Rows stored.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.slots.is_empty()
+    }
+
+    fn capped(&self) -> bool {
+        self.config.capacity.is_some()
+    }
+
+    /// A stored row: its values, accumulators, uses and last update.
+    fn row(&self, key: u64) -> Option<(&[f32], &[f32], u64, u64)> {
+        let &s = self.slots.get(&key)?;
+        let (dim, width) = (self.config.dim, self.config.accumulators());
+        let m = self.meta[s];
+        Some((
+            &self.values[s * dim..(s + 1) * dim],
+            &self.accum[s * width..(s + 1) * width],
+            m.uses,
+            m.last,
+        ))
+    }
+
+    /// Every stored row's key, values, accumulators, uses and last update:
+    /// in eviction order when the table has a capacity, else by slot.
+    fn rows(&self) -> impl Iterator<Item = (u64, &[f32], &[f32], u64, u64)> {
+        let keys: Box<dyn Iterator<Item = u64> + '_> = if self.capped() {
+            Box::new(self.order.iter().map(|&(_, _, key)| key))
+        } else {
+            Box::new(self.meta.iter().map(|m| m.key))
+        };
+        keys.filter_map(|key| {
+            self.row(key)
+                .map(|(v, a, uses, last)| (key, v, a, uses, last))
+        })
     }
 
     pub fn stats(&self) -> TableStats {
@@ -170,7 +218,7 @@ impl Table {
     }
 
     pub fn contains(&self, key: u64) -> bool {
-        self.rows.contains_key(&key)
+        self.slots.contains_key(&key)
     }
 
     /// The rows of `keys`, `dim` values each, into `out`: stored rows as
@@ -185,8 +233,8 @@ impl Table {
             });
         }
         for (key, row) in keys.iter().zip(out.chunks_exact_mut(dim)) {
-            match self.rows.get(key) {
-                Some(r) => row.copy_from_slice(&r.values),
+            match self.slots.get(key) {
+                Some(&s) => row.copy_from_slice(&self.values[s * dim..(s + 1) * dim]),
                 None => initial_row(&self.config, *key, row),
             }
         }
@@ -219,7 +267,7 @@ impl Table {
         steps: u32,
         optimizer: Optimizer,
     ) -> usize {
-        let dim = self.config.dim;
+        let (dim, width, capped) = (self.config.dim, self.config.accumulators(), self.capped());
         let mut updated = 0;
         for (i, &key) in keys.iter().enumerate() {
             let g = &grads[i * dim..(i + 1) * dim];
@@ -229,13 +277,24 @@ impl Table {
                 self.stats.refused += 1;
                 continue;
             }
-            let (row_wise, clock) = (self.config.row_wise, self.clock);
-            let row = self.rows.get_mut(&key).expect("admitted rows exist");
-            self.order.remove(&row.rank(key));
-            update_row(optimizer, row_wise, row, g, sq, steps);
-            row.uses = row.uses.saturating_add(1);
-            row.last = clock;
-            self.order.insert(row.rank(key));
+            let s = self.slots[&key];
+            let m = &mut self.meta[s];
+            if capped {
+                self.order.remove(&m.rank());
+            }
+            update_row(
+                optimizer,
+                self.config.row_wise,
+                &mut self.values[s * dim..(s + 1) * dim],
+                &mut self.accum[s * width..(s + 1) * width],
+                (g, sq),
+                steps,
+            );
+            m.uses = m.uses.saturating_add(1);
+            m.last = self.clock;
+            if capped {
+                self.order.insert(m.rank());
+            }
             updated += 1;
         }
         updated
@@ -280,7 +339,7 @@ impl Table {
     /// Whether `key` has a row now, making one if its count allows (and
     /// room, evicting the least-used row).
     fn admit(&mut self, key: u64) -> bool {
-        if self.rows.contains_key(&key) {
+        if self.slots.contains_key(&key) {
             return true;
         }
         if self.config.min_count > 1 {
@@ -290,35 +349,54 @@ impl Table {
             self.pending.remove(key);
         }
         if let Some(cap) = self.config.capacity {
-            while self.rows.len() >= cap.max(1) {
+            while self.slots.len() >= cap.max(1) {
                 self.evict_one();
             }
         }
+        let s = self.insert_row(key, 0, self.clock);
         let dim = self.config.dim;
-        let mut values = vec![0.0; dim];
-        initial_row(&self.config, key, &mut values);
-        let accum = match self.config.optimizer {
-            Optimizer::Adagrad {
-                initial_accumulator,
-                ..
-            } => vec![initial_accumulator; self.config.accumulators()],
-            Optimizer::Sgd { .. } => Vec::new(),
-        };
-        let row = Row {
-            values,
-            accum,
-            uses: 0,
-            last: self.clock,
-        };
-        self.order.insert(row.rank(key));
-        self.rows.insert(key, row);
+        initial_row(&self.config, key, &mut self.values[s * dim..(s + 1) * dim]);
+        if let Optimizer::Adagrad {
+            initial_accumulator,
+            ..
+        } = self.config.optimizer
+        {
+            let width = self.config.accumulators();
+            self.accum[s * width..(s + 1) * width].fill(initial_accumulator);
+        }
         self.stats.created += 1;
         true
     }
 
+    /// A slot for a new row of `key` (values left for the caller to set),
+    /// placed in the eviction order.
+    fn insert_row(&mut self, key: u64, uses: u64, last: u64) -> usize {
+        let meta = Meta { key, uses, last };
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.meta[s] = meta;
+                s
+            }
+            None => {
+                self.meta.push(meta);
+                let n = self.meta.len();
+                self.values.resize(n * self.config.dim, 0.0);
+                self.accum.resize(n * self.config.accumulators(), 0.0);
+                n - 1
+            }
+        };
+        if self.capped() {
+            self.order.insert(meta.rank());
+        }
+        self.slots.insert(key, s);
+        s
+    }
+
     fn evict_one(&mut self) {
         if let Some((_, _, key)) = self.order.pop_first() {
-            self.rows.remove(&key);
+            if let Some(s) = self.slots.remove(&key) {
+                self.free.push(s);
+            }
             self.stats.evicted += 1;
         }
     }
@@ -373,12 +451,26 @@ impl Pending {
     }
 }
 
+/// Two tables are equal when they hold the same rows (values, uses, age)
+/// in the same eviction order, whatever slots the rows sit in.
+impl PartialEq for Table {
+    fn eq(&self, other: &Self) -> bool {
+        self.config == other.config
+            && self.order == other.order
+            && self.pending == other.pending
+            && self.clock == other.clock
+            && self.stats == other.stats
+            && self.len() == other.len()
+            && self.slots.keys().all(|&k| self.row(k) == other.row(k))
+    }
+}
+
 fn update_row(
     optimizer: Optimizer,
     row_wise: bool,
-    row: &mut Row,
-    g: &[f32],
-    sq: Option<&[f32]>,
+    values: &mut [f32],
+    accum: &mut [f32],
+    (g, sq): (&[f32], Option<&[f32]>),
     steps: u32,
 ) {
     match optimizer {
@@ -394,14 +486,10 @@ fn update_row(
                 Some(sq) => sq.iter().sum::<f32>(),
                 None => g.iter().map(|v| v * v).sum::<f32>() / steps.max(1) as f32,
             } / dim;
-            row.accum[0] += added;
-            sgd(
-                &mut row.values,
-                g,
-                learning_rate / (row.accum[0].sqrt() + epsilon),
-            );
+            accum[0] += added;
+            sgd(values, g, learning_rate / (accum[0].sqrt() + epsilon));
         }
-        o => o.apply_push(&mut row.values, &mut row.accum, g, sq, steps),
+        o => o.apply_push(values, accum, g, sq, steps),
     }
 }
 

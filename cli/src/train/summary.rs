@@ -46,6 +46,9 @@ pub struct Summary {
     pub target_test_auc: Option<f64>,
     /// Rows stored per embedding table at the end, over all shards, by name.
     pub table_rows: std::collections::BTreeMap<String, u64>,
+    /// Rows evicted per table (those with a capacity), over all shards, by
+    /// name.
+    pub table_rows_evicted: std::collections::BTreeMap<String, u64>,
     pub time_to_target_seconds: Option<f64>,
     /// Examples trained on when the evaluation that first reached the target ran.
     pub examples_to_target: Option<u64>,
@@ -125,6 +128,14 @@ impl Summary {
             wall_seconds,
         } = run;
         let st = s.staleness.unwrap_or_default();
+        let by_table = |counts: &[u64]| {
+            job.tables
+                .tables
+                .iter()
+                .zip(counts)
+                .map(|(t, &n)| (t.name.clone(), n))
+                .collect()
+        };
         let per_example = |bytes: u64| {
             if s.examples > 0 {
                 bytes as f64 / s.examples as f64
@@ -144,13 +155,8 @@ impl Summary {
             best_test_auc: s.best_test_auc,
             final_test_log_loss: s.test_auc.and_then(|_| s.curve.last().map(|c| c.test_loss)),
             target_test_auc: job.spec.stop.target_test_auc,
-            table_rows: job
-                .tables
-                .tables
-                .iter()
-                .zip(&s.table_rows)
-                .map(|(t, &n)| (t.name.clone(), n))
-                .collect(),
+            table_rows: by_table(&s.table_rows),
+            table_rows_evicted: by_table(&s.table_rows_evicted),
             time_to_target_seconds: s.time_to_target_seconds,
             examples_to_target: s
                 .curve

@@ -4,10 +4,9 @@
 //! closed by a CRC32. Sizes are checked against the bytes there before
 //! anything is allocated.
 
-use std::collections::{BTreeSet, HashMap};
 use std::io::Write;
 
-use super::{MAX_PENDING, Pending, Row, Table, TableConfig, TableStats};
+use super::{MAX_PENDING, Table, TableConfig, TableStats};
 use crate::checkpoint::Crc;
 use crate::error::PsError;
 
@@ -27,7 +26,7 @@ pub fn encode(t: &Table) -> Vec<u8> {
 /// that a checkpoint can frame a table it streams.
 pub fn encoded_len(t: &Table) -> u64 {
     let row = 24 + 4 * (t.config.dim + t.config.accumulators()) as u64;
-    8 + 12 + 40 + t.rows.len() as u64 * row + 8 + t.pending.len() as u64 * PENDING_BYTES as u64 + 4
+    8 + 12 + 40 + t.len() as u64 * row + 8 + t.pending.len() as u64 * PENDING_BYTES as u64 + 4
 }
 
 /// Streams [`encode`]'s bytes into `w`, a row at a time, so a checkpoint
@@ -45,18 +44,17 @@ pub fn write_to<W: Write>(t: &Table, w: W) -> std::io::Result<()> {
         t.stats.created,
         t.stats.evicted,
         t.stats.refused,
-        t.rows.len() as u64,
+        t.len() as u64,
     ] {
         w.write_all(&v.to_le_bytes())?;
     }
     let mut row_bytes = Vec::with_capacity(24 + 4 * (dim + width));
-    for &(uses, last, key) in &t.order {
-        let row = &t.rows[&key];
+    for (key, values, accum, uses, last) in t.rows() {
         row_bytes.clear();
         for v in [key, uses, last] {
             row_bytes.extend_from_slice(&v.to_le_bytes());
         }
-        for v in row.values.iter().chain(&row.accum) {
+        for v in values.iter().chain(accum) {
             row_bytes.extend_from_slice(&v.to_le_bytes());
         }
         w.write_all(&row_bytes)?;
@@ -159,32 +157,28 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
     if let Some(cap) = config.capacity.map(|c| c.max(1)).filter(|&c| n > c) {
         return Err(format!("holds {n} rows; the capacity is {cap}"));
     }
-    let mut t = Table {
-        config: config.clone(),
-        rows: HashMap::with_capacity(n),
-        order: BTreeSet::new(),
-        pending: Pending::default(),
-        clock,
-        stats,
-    };
+    let mut t = Table::new(config.clone());
+    t.clock = clock;
+    t.stats = stats;
+    t.slots.reserve(n);
+    t.meta.reserve(n);
+    t.values.reserve(n * dim);
+    t.accum.reserve(n * width);
     for _ in 0..n {
         let (key, uses, last) = (r.u64()?, r.u64()?, r.u64()?);
-        let row = Row {
-            values: r.f32s(dim)?,
-            accum: r.f32s(width)?,
-            uses,
-            last,
-        };
-        if row.accum.iter().any(|a| *a < 0.0) {
+        let (values, accum) = (r.f32s(dim)?, r.f32s(width)?);
+        if accum.iter().any(|a| *a < 0.0) {
             return Err(format!("row {key:#x} has a negative accumulator"));
         }
         if last > clock {
             return Err(format!("row {key:#x} was used after the table's clock"));
         }
-        t.order.insert(row.rank(key));
-        if t.rows.insert(key, row).is_some() {
+        if t.slots.contains_key(&key) {
             return Err(format!("row {key:#x} is stored twice"));
         }
+        let s = t.insert_row(key, uses, last);
+        t.values[s * dim..(s + 1) * dim].copy_from_slice(&values);
+        t.accum[s * width..(s + 1) * width].copy_from_slice(&accum);
     }
     let pending = r.count(PENDING_BYTES)?;
     if pending > MAX_PENDING {
@@ -197,7 +191,7 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
         if since > clock {
             return Err(format!("key {key:#x} was seen after the table's clock"));
         }
-        if t.rows.contains_key(&key) || !t.pending.insert(key, count, since) {
+        if t.slots.contains_key(&key) || !t.pending.insert(key, count, since) {
             return Err(format!(
                 "key {key:#x} is pending twice, or pending and stored"
             ));

@@ -119,7 +119,7 @@ fn adagrad_rows_follow_the_dense_rule_and_row_wise_keeps_one_accumulator() {
     for i in 0..4 {
         assert!((p1[i] - (p0[i] - step * g[i])).abs() < 1e-6, "{p1:?}");
     }
-    assert_eq!(t.rows[&9].accum.len(), 1);
+    assert_eq!(t.row(9).map(|r| r.1.len()), Some(1));
 }
 
 #[test]
