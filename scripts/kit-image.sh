@@ -9,8 +9,9 @@
 #
 # Like the Dockerfile's image: /usr/local/bin/distbelief (from
 # target/release/distbelief, or $DISTBELIEF_BINARY) is the entrypoint, the
-# Fashion-MNIST files are at /usr/share/datasets/fashion-mnist and Adult's at
-# /usr/local/share/datasets/adult, the user is
+# Fashion-MNIST files are at /usr/share/datasets/fashion-mnist, Adult's at
+# /usr/local/share/datasets/adult and the synthetic CTR set (made here by the
+# binary, 10^6 rows) at /usr/local/share/datasets/synthetic-ctr, the user is
 # 65532:65532, and /etc/ssl/certs/ca-certificates.crt is copied when the host
 # has it. The binary's shared libraries and dynamic loader come from the host
 # (ldd), so the image runs the binary exactly as built here.
@@ -32,6 +33,11 @@ for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-
 done
 [ -f "$ADULT/adult.parquet.brotli" ] || die "no $ADULT/adult.parquet.brotli: run scripts/setup.sh (it fetches Adult)"
 KIT=$("$ROOT/scripts/kit.sh" path) || exit 1
+CTR=/usr/local/share/datasets/synthetic-ctr
+CTR_DIR=$(mktemp -d)
+chmod 0755 "$CTR_DIR"
+trap 'rm -rf "$CTR_DIR"' EXIT
+"$BIN" data synth-ctr --out "$CTR_DIR" >/dev/null 2>&1 || die "distbelief data synth-ctr failed"
 PYTHON=$(command -v python3) || die "mkimage.py needs python3"
 
 args=(
@@ -39,6 +45,7 @@ args=(
   --add "$BIN:/usr/local/bin/distbelief" --libs-of "$BIN"
   --add "$DATA:$DATA"
   --add "$ADULT:$ADULT"
+  --add "$CTR_DIR:$CTR"
   --entrypoint '["/usr/local/bin/distbelief"]'
 )
 [ -f "$CA" ] && args+=(--add "$CA:$CA")

@@ -962,3 +962,84 @@ fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_appli
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
 }
+
+/// A limit reached between evaluations stops the job then: with 30 s
+/// between evaluations, a one-epoch job must not train on until the next.
+#[test]
+fn max_epochs_stops_the_job_between_evaluations() {
+    let yaml = sparse_job(
+        "adult-epochs",
+        "{maxEpochs: 1, maxSeconds: 120, evalIntervalSeconds: 30}",
+        "",
+    );
+    let mut run = Run::start_with(yaml, &[]);
+    let s = run.finish(Duration::from_secs(180));
+    assert_eq!(s["stop_reason"], "max_epochs", "{s}");
+    let epochs = s["epochs"].as_f64().expect("epochs");
+    assert!((1.0..1.2).contains(&epochs), "trained {epochs} epochs: {s}");
+}
+
+/// `distbelief data synth-ctr` writes Criteo's layout, and the synthetic
+/// CTR example trains on it as shipped (only its data paths point at the
+/// small set made here): 26 categorical fields through one table and the
+/// wide part, read from tab-separated text with named columns.
+#[test]
+fn the_synthetic_ctr_example_learns_from_synth_ctr_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("ctr");
+    let out = Command::new(EXE)
+        .args(["data", "synth-ctr", "--out", data.to_str().unwrap()])
+        .args([
+            "--rows",
+            "100000",
+            "--test-rows",
+            "10000",
+            "--vocab",
+            "10000",
+        ])
+        .output()
+        .expect("distbelief data synth-ctr runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("the planted model's test AUC"), "{said}");
+    let planted: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("planted.json")).unwrap())
+            .expect("planted.json");
+    let planted_auc = planted["planted_test_auc"].as_f64().expect("planted AUC");
+    assert!(planted_auc > 0.8, "{planted}");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/synthetic-ctr.yaml"),
+    )
+    .expect("the example");
+    let yaml = example.replace(
+        "/usr/local/share/datasets/synthetic-ctr",
+        data.to_str().unwrap(),
+    );
+    let mut run = Run::start_with(yaml, &[]);
+    let s = run.finish(Duration::from_secs(300));
+    assert_eq!(s["stop_reason"], "max_epochs", "{s}");
+    let auc = s["final_test_auc"].as_f64().expect("AUC");
+    assert!(
+        auc > 0.72 && auc < planted_auc,
+        "AUC {auc}, planted {planted_auc}: {s}"
+    );
+    let rows = s["table_rows"]["embeddings"].as_u64().expect("rows");
+    let distinct = planted["distinct_keys"].as_u64().expect("distinct keys");
+    assert!(
+        rows > distinct / 2 && rows <= distinct,
+        "{rows} rows of {distinct} keys"
+    );
+    // Bytes follow the keys a batch touches: far below fetching and
+    // pushing every row each step.
+    let moved = s["fetch_bytes_per_example"].as_f64().unwrap()
+        + s["push_bytes_per_example"].as_f64().unwrap();
+    let dense = 2.0 * 4.0 * (rows * 9) as f64 / 256.0;
+    assert!(
+        moved > 0.0 && moved * 10.0 < dense,
+        "{moved} vs {dense}: {s}"
+    );
+}

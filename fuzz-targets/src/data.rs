@@ -1,8 +1,12 @@
-//! The data readers of `distbelief_model::data`: idx (plain or gzip) and CSV.
+//! The data readers of `distbelief_model::data`: idx (plain or gzip), CSV
+//! and CSV with named columns.
 
 use std::io::Write;
 
-use distbelief_model::data::{Dataset, decompress, parse_csv, parse_idx, parse_idx_pair};
+use distbelief_api::DataSpec;
+use distbelief_model::data::{
+    Dataset, decompress, parse_csv, parse_idx, parse_idx_pair, parse_named,
+};
 
 /// One idx file, then the first two bytes split the rest into an images
 /// file and a labels file for the pair reader.
@@ -69,6 +73,39 @@ pub fn csv(data: &[u8]) {
             .collect()
     };
     assert_eq!(bits(&again.features), bits(&d.features));
+}
+
+/// A CSV file with named columns (label `y`, numeric `a`, categorical
+/// `c`): every row read has a 0/1 label, one finite or missing (NaN)
+/// number and one key; the same text read twice gives the same rows.
+pub fn named_csv(data: &[u8]) {
+    let spec = DataSpec {
+        label: Some("y".into()),
+        numeric: vec!["a".into()],
+        categorical: vec!["c".into()],
+        ..DataSpec::default()
+    };
+    let read = || {
+        let mut rows = Vec::new();
+        parse_named("fuzz.csv", &spec, data, |y, x, k| {
+            rows.push((
+                y,
+                x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                k.to_vec(),
+            ))
+        })
+        .map(|()| rows)
+    };
+    let Ok(rows) = read() else {
+        return;
+    };
+    for (y, x, k) in &rows {
+        assert!(*y <= 1, "label {y}");
+        let v = f32::from_bits(x[0]);
+        assert!(x.len() == 1 && (v.is_finite() || v.is_nan()), "{v}");
+        assert_eq!(k.len(), 1);
+    }
+    assert_eq!(read().ok(), Some(rows));
 }
 
 fn check_dataset(d: &Dataset) {

@@ -24,7 +24,7 @@ mod tracker;
 pub use audit::audit_logs;
 pub use chain::chain_forward;
 pub use checkpoint::{catch_up, checkpoint};
-pub use data::{csv, gzip, idx};
+pub use data::{csv, gzip, idx, named_csv};
 pub use job::job_file;
 pub use partition::partition_exchange;
 pub use push::{push, vector_commands};
@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("idx", idx),
     ("gzip", gzip),
     ("csv", csv),
+    ("named_csv", named_csv),
     ("checkpoint", checkpoint),
     ("catch_up", catch_up),
     ("push", push),

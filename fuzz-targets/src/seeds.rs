@@ -51,6 +51,16 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
     let csv = b"label,a,b\n1, 2, 4\n0,0,8\n".to_vec();
     add("csv", "header.csv", csv.clone());
     add("csv", "plain.csv", b"3,0.5,-1e-3,7\n1,2,3,4\n".to_vec());
+    add(
+        "named_csv",
+        "criteo.tsv",
+        b"y\ta\tc\tI2\n1\t2.5\t3f\t0\n0\t\tab\t7\n".to_vec(),
+    );
+    add(
+        "named_csv",
+        "named.csv",
+        b"c,y,a\nred,0,-1e3\n,1,4\n".to_vec(),
+    );
     add("gzip", "labels.idx.gz", gzip(&labels));
     add("gzip", "data.csv.gz", gzip(&csv));
     let mut members = gzip(b"1,2\n");

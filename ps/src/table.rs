@@ -200,16 +200,29 @@ impl Table {
     }
 
     /// Every stored row's key, values, accumulators, uses and last update:
-    /// in eviction order when the table has a capacity, else by slot.
+    /// in eviction order when the table has a capacity, else by slot,
+    /// straight from the arrays. A checkpoint holds the shard's lock while
+    /// it reads them, so this pass must not look each key up.
     fn rows(&self) -> impl Iterator<Item = (u64, &[f32], &[f32], u64, u64)> {
-        let keys: Box<dyn Iterator<Item = u64> + '_> = if self.capped() {
-            Box::new(self.order.iter().map(|&(_, _, key)| key))
+        let slots: Box<dyn Iterator<Item = usize> + '_> = if self.capped() {
+            Box::new(
+                self.order
+                    .iter()
+                    .filter_map(|&(_, _, key)| self.slots.get(&key).copied()),
+            )
         } else {
-            Box::new(self.meta.iter().map(|m| m.key))
+            Box::new(0..self.meta.len())
         };
-        keys.filter_map(|key| {
-            self.row(key)
-                .map(|(v, a, uses, last)| (key, v, a, uses, last))
+        let (dim, width) = (self.config.dim, self.config.accumulators());
+        slots.map(move |s| {
+            let m = self.meta[s];
+            (
+                m.key,
+                &self.values[s * dim..(s + 1) * dim],
+                &self.accum[s * width..(s + 1) * width],
+                m.uses,
+                m.last,
+            )
         })
     }
 

@@ -89,8 +89,23 @@ impl SparseWorker {
         let keys = self.model.keys(&self.sparse, examples);
         let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
         let mut clients = self.clients.clone();
+        let (metrics, stop) = (self.metrics.clone(), self.stop.clone());
         self.runtime.spawn(async move {
-            let values = fetch_table_rows(&mut clients, &keys, &dims).await?;
+            // A fetch changes nothing, so a shard that is busy (a large
+            // checkpoint holds its lock) or away is asked again, rather
+            // than the replica restarting and reloading its data.
+            let mut backoff = distbelief_net::Backoff::default();
+            let values = loop {
+                match fetch_table_rows(&mut clients, &keys, &dims).await {
+                    Ok(values) => break values,
+                    Err(e) if e.is_refusal() || stop.load(Ordering::Relaxed) => return Err(e),
+                    Err(e) => {
+                        metrics.rpc_failures.with_label_values(&["fetch"]).inc();
+                        tracing::warn!("row fetch failed, asking again: {e}");
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                }
+            };
             Ok(keys
                 .into_iter()
                 .zip(&dims)

@@ -312,8 +312,25 @@ fn figures(summary: &Value, doc: &serde_norway::Value, planted: Option<f64>) -> 
         "bytes_per_example": moved,
         "dense_path_bytes_per_example": dense,
         "staleness": summary["staleness"],
+        "replica_restarts": summary["replica_restarts"],
+        "shard_calls_retried": retried(summary["run_dir"].as_str().unwrap_or_default()),
         "run_dir": summary["run_dir"],
     })
+}
+
+/// Fetches and pushes the replicas sent again after a failure or a
+/// deadline (a shard busy with a checkpoint of a large table), from their
+/// logs.
+fn retried(run_dir: &str) -> usize {
+    let logs = Path::new(run_dir).join("logs");
+    (0..2)
+        .map(|r| std::fs::read_to_string(logs.join(format!("worker-{r}.log"))).unwrap_or_default())
+        .map(|log| {
+            log.lines()
+                .filter(|l| l.contains("asking again") || l.contains("sending it again"))
+                .count()
+        })
+        .sum()
 }
 
 /// The ratios and gaps the benchmark exists for.

@@ -221,8 +221,9 @@ pub fn parse_named(
         let bad = |message: String| format(format!("line {n}: {message}"));
         let mut label = None;
         let mut cells = 0;
-        for (cell, role) in text.split(|&b| b == sep).zip(&roles) {
-            cells += 1;
+        for (i, cell) in text.split(|&b| b == sep).enumerate() {
+            cells = i + 1;
+            let Some(role) = roles.get(i) else { continue };
             let cell = trim(cell);
             match *role {
                 Role::Label => {
@@ -289,7 +290,10 @@ mod tests {
         }
     }
 
-    fn rows(text: &str, s: &DataSpec) -> Result<Vec<(u32, Vec<f32>, Vec<u64>)>, DataError> {
+    /// A row as read: label, numeric values, keys.
+    type Row = (u32, Vec<f32>, Vec<u64>);
+
+    fn rows(text: &str, s: &DataSpec) -> Result<Vec<Row>, DataError> {
         let mut out = Vec::new();
         parse_named("t.csv", s, text.as_bytes(), |y, x, k| {
             out.push((y, x.to_vec(), k.to_vec()))
@@ -327,6 +331,7 @@ mod tests {
         assert!(e("c,a,y\nr,x,1\n").contains("line 2: column \"a\" holds \"x\""));
         assert!(e("c,a,y\nr,1,2\n").contains("line 2: label \"2\""));
         assert!(e("c,a,y\nr,1\n").contains("line 2: has 2 columns, the header 3"));
+        assert!(e("c,a,y\nr,1,1,9\n").contains("line 2: has 4 columns, the header 3"));
         assert!(e("c,a,y\nr,1,1\nr,inf,1\n").contains("line 3"));
     }
 

@@ -48,17 +48,22 @@ pub fn write_to<W: Write>(t: &Table, w: W) -> std::io::Result<()> {
     ] {
         w.write_all(&v.to_le_bytes())?;
     }
-    let mut row_bytes = Vec::with_capacity(24 + 4 * (dim + width));
+    // Rows go out a megabyte at a time: one checksum and copy call per
+    // megabyte, not per row.
+    let mut rows = Vec::with_capacity(1 << 20);
     for (key, values, accum, uses, last) in t.rows() {
-        row_bytes.clear();
         for v in [key, uses, last] {
-            row_bytes.extend_from_slice(&v.to_le_bytes());
+            rows.extend_from_slice(&v.to_le_bytes());
         }
         for v in values.iter().chain(accum) {
-            row_bytes.extend_from_slice(&v.to_le_bytes());
+            rows.extend_from_slice(&v.to_le_bytes());
         }
-        w.write_all(&row_bytes)?;
+        if rows.len() >= 1 << 20 {
+            w.write_all(&rows)?;
+            rows.clear();
+        }
     }
+    w.write_all(&rows)?;
     w.write_all(&(t.pending.len() as u64).to_le_bytes())?;
     for &(since, key) in &t.pending.order {
         let (count, _) = t.pending.counts[&key];
