@@ -221,7 +221,8 @@ impl Run {
         let (status, out) = self.exit(timeout, "finish");
         assert!(
             status.success(),
-            "distbelief train failed ({status}); stdout:\n{out}"
+            "distbelief train failed ({status}); stdout:\n{out}\nstderr, last lines:\n{}",
+            last_lines(&self.stderr(), 40)
         );
         let last = out.lines().last().expect("a summary line");
         let summary: serde_json::Value = serde_json::from_str(last).expect("last line is JSON");
@@ -278,6 +279,11 @@ impl Run {
             "eval {saved} vs reported {reported}"
         );
     }
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn kill9(pid: i32) {
