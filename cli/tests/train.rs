@@ -981,8 +981,11 @@ fn max_epochs_stops_the_job_between_evaluations() {
     let mut run = Run::start_with(yaml, &[]);
     let s = run.finish(Duration::from_secs(180));
     assert_eq!(s["stop_reason"], "max_epochs", "{s}");
+    // Replicas see the stop at their next report, so a loaded machine
+    // overshoots a little (1.24 epochs seen in CI); waiting for the next
+    // evaluation would have trained about 10 epochs.
     let epochs = s["epochs"].as_f64().expect("epochs");
-    assert!((1.0..1.2).contains(&epochs), "trained {epochs} epochs: {s}");
+    assert!((1.0..2.0).contains(&epochs), "trained {epochs} epochs: {s}");
 }
 
 /// `distbelief data synth-ctr` writes Criteo's layout, and the synthetic
