@@ -23,10 +23,6 @@ pub struct SparseRun {
 }
 
 impl SparseRun {
-    pub fn best_auc(&self) -> f64 {
-        self.curve.iter().map(|c| c.1).fold(0.0, f64::max)
-    }
-
     pub fn last(&self) -> (u64, f64, f64) {
         self.curve.last().copied().unwrap_or((0, 0.5, f64::NAN))
     }
