@@ -139,6 +139,9 @@ pub struct Chaos {
     next_shard: Option<Instant>,
     next_coordinator: Option<Instant>,
     rng: u64,
+    /// Coordinator faults issued, landed or not: they alternate kill, kill,
+    /// freeze.
+    coordinator_faults: u32,
     pub done: ChaosSummary,
 }
 
@@ -151,6 +154,7 @@ impl Chaos {
             // xorshift needs a non-zero state.
             rng: spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             started: now,
+            coordinator_faults: 0,
             spec,
             done: ChaosSummary::default(),
         }
@@ -183,7 +187,6 @@ impl Chaos {
         {
             self.next_replica = Some(now + every);
             faults.push(Fault::KillReplica(self.pick(replicas)));
-            self.done.replicas_killed += 1;
         }
         if let (Some(at), Some(every)) = (self.next_shard, self.spec.shard_every)
             && now >= at
@@ -195,33 +198,44 @@ impl Chaos {
                 ShardFaults::Freeze => true,
                 ShardFaults::Both => self.next() & 1 == 1,
             };
-            if freeze {
-                self.done.shards_frozen += 1;
-                faults.push(Fault::FreezeShard(shard));
+            faults.push(if freeze {
+                Fault::FreezeShard(shard)
             } else {
-                self.done.shards_killed += 1;
-                faults.push(Fault::KillShard(shard));
-            }
+                Fault::KillShard(shard)
+            });
         }
         if let (Some(at), Some(every)) = (self.next_coordinator, self.spec.coordinator_every)
             && now >= at
         {
             self.next_coordinator = Some(now + every);
             // Kill, kill, freeze: a short chaos period still has both kinds.
-            let d = &mut self.done;
-            if (d.coordinator_killed + d.coordinator_frozen) % 3 == 2 {
-                d.coordinator_frozen += 1;
-                faults.push(Fault::FreezeCoordinator);
+            self.coordinator_faults += 1;
+            faults.push(if self.coordinator_faults % 3 == 0 {
+                Fault::FreezeCoordinator
             } else {
-                d.coordinator_killed += 1;
-                faults.push(Fault::KillCoordinator);
-            }
+                Fault::KillCoordinator
+            });
         }
         self.done.seconds = now
             .duration_since(self.started)
             .min(self.spec.duration)
             .as_secs_f64();
         faults
+    }
+
+    /// Counts a fault that reached a live process. One that found its
+    /// process already gone (a replica the job had just stopped) is not
+    /// counted, so every counted fault has a restart to match it.
+    pub fn landed(&mut self, fault: Fault) {
+        let d = &mut self.done;
+        let n = match fault {
+            Fault::KillReplica(_) => &mut d.replicas_killed,
+            Fault::KillShard(_) => &mut d.shards_killed,
+            Fault::FreezeShard(_) => &mut d.shards_frozen,
+            Fault::KillCoordinator => &mut d.coordinator_killed,
+            Fault::FreezeCoordinator => &mut d.coordinator_frozen,
+        };
+        *n += 1;
     }
 }
 
@@ -264,6 +278,7 @@ mod tests {
         let mut shard_faults = 0;
         for s in 0..=120 {
             for f in c.due(t0 + Duration::from_secs(s), 3, 2) {
+                c.landed(f);
                 match f {
                     Fault::KillReplica(r) => {
                         assert!(r < 3);
@@ -293,9 +308,14 @@ mod tests {
             .collect();
         use Fault::{FreezeCoordinator as F, KillCoordinator as K};
         assert_eq!(faults, [K, K, F, K, K, F]);
+        // Only faults that reached a process count: here the first kill
+        // found the coordinator gone.
+        for f in &faults[1..] {
+            c.landed(*f);
+        }
         assert_eq!(
             (c.done.coordinator_killed, c.done.coordinator_frozen),
-            (4, 2)
+            (3, 2)
         );
     }
 }

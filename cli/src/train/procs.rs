@@ -141,18 +141,32 @@ impl Proc {
         self.incarnation_base + u64::from(self.starts) + 1
     }
 
-    /// SIGKILL, without waiting: the supervisor sees the exit and restarts it.
-    pub fn kill(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGKILL);
+    /// SIGKILL, and waits for the exit, so the supervisor's next look sees
+    /// it and restarts the process. False if it had already ended (its
+    /// status stays for `exited`): a fault that did not land.
+    pub fn kill(&mut self) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return false;
         }
+        signal(child.id(), libc::SIGKILL);
+        let _ = child.wait();
+        true
     }
 
-    /// SIGSTOP: alive but answering nothing, as a hung process.
-    pub fn freeze(&self) {
-        if let Some(pid) = self.pid() {
-            signal(pid, libc::SIGSTOP);
+    /// SIGSTOP: alive but answering nothing, as a hung process. False if it
+    /// had already ended.
+    pub fn freeze(&mut self) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return false;
         }
+        signal(child.id(), libc::SIGSTOP);
+        true
     }
 
     /// Probes `/healthz`; true if it answered 200 within `timeout`. Returns

@@ -34,23 +34,27 @@ impl Runtime {
             let (p, what) = match fault {
                 chaos::Fault::KillReplica(r) => (
                     self.replicas
-                        .iter()
+                        .iter_mut()
                         .find(|p| p.index == r && p.child.is_some()),
                     "SIGKILL",
                 ),
-                chaos::Fault::KillShard(i) => (self.shards.get(i as usize), "SIGKILL"),
-                chaos::Fault::FreezeShard(i) => (self.shards.get(i as usize), "SIGSTOP"),
-                chaos::Fault::KillCoordinator => (Some(&self.coordinator), "SIGKILL"),
-                chaos::Fault::FreezeCoordinator => (Some(&self.coordinator), "SIGSTOP"),
+                chaos::Fault::KillShard(i) => (self.shards.get_mut(i as usize), "SIGKILL"),
+                chaos::Fault::FreezeShard(i) => (self.shards.get_mut(i as usize), "SIGSTOP"),
+                chaos::Fault::KillCoordinator => (Some(&mut self.coordinator), "SIGKILL"),
+                chaos::Fault::FreezeCoordinator => (Some(&mut self.coordinator), "SIGSTOP"),
             };
-            let Some(p) = p.filter(|p| p.child.is_some()) else {
+            let Some(p) = p else {
                 continue;
             };
-            eprintln!("\ndistbelief: chaos: {what} to {}", p.label());
-            match fault {
+            let landed = match fault {
                 chaos::Fault::FreezeShard(_) | chaos::Fault::FreezeCoordinator => p.freeze(),
                 _ => p.kill(),
+            };
+            if !landed {
+                continue;
             }
+            eprintln!("\ndistbelief: chaos: {what} to {}", p.label());
+            chaos.landed(fault);
             if matches!(
                 fault,
                 chaos::Fault::KillCoordinator | chaos::Fault::FreezeCoordinator
