@@ -249,6 +249,10 @@ pub struct SavedModel {
     pub volume_claim_name: Option<String>,
     /// Test accuracy of exactly these parameters.
     pub test_accuracy: f64,
+    /// Test AUC of exactly these parameters and table rows, for a model
+    /// with binary labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_auc: Option<f64>,
     /// The parameter versions summed over shards when they were saved.
     pub version: u64,
 }

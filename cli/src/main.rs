@@ -1,6 +1,7 @@
 //! The one `distbelief` binary. The role is chosen by the subcommand.
 
 mod data;
+mod eval;
 mod roles;
 mod train;
 
@@ -72,6 +73,10 @@ pub struct EvalArgs {
     /// The saved model, as written when the job succeeded.
     #[arg(long)]
     pub model: PathBuf,
+    /// Score on this file instead of the job's test set (csv, parquet or
+    /// libsvm jobs; same layout as the job's test file).
+    #[arg(long)]
+    pub test: Option<String>,
     /// Print one JSON object instead of a sentence.
     #[arg(long)]
     pub json: bool,
@@ -363,7 +368,7 @@ fn main() -> ExitCode {
         Command::Coordinator(a) => roles::coordinator(a),
         Command::Operator(a) => roles::operator(a),
         Command::Crd => roles::crd(),
-        Command::Eval(a) => roles::eval(a),
+        Command::Eval(a) => eval::run(a),
         Command::Audit(a) => roles::audit(a),
         Command::Data(DataCommand::SynthCtr(a)) => data::synth_ctr(a),
     };

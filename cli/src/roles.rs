@@ -8,7 +8,7 @@ use anyhow::Context;
 use distbelief_api::Job;
 use distbelief_net::terminated;
 
-use crate::{AuditArgs, Common, CoordinatorArgs, EvalArgs, OperatorArgs, PsArgs, WorkerArgs};
+use crate::{AuditArgs, Common, CoordinatorArgs, OperatorArgs, PsArgs, WorkerArgs};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -240,40 +240,6 @@ pub fn operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
 
 pub fn crd() -> anyhow::Result<ExitCode> {
     print!("{}", distbelief_api::crd_yaml());
-    Ok(ExitCode::SUCCESS)
-}
-
-pub fn eval(a: EvalArgs) -> anyhow::Result<ExitCode> {
-    let job = distbelief_api::load_job(&a.job)?;
-    if !job.tables.is_empty() || job.layout.loss == distbelief_api::Loss::SigmoidCrossEntropy {
-        anyhow::bail!(
-            "{}: `distbelief eval` cannot score a model with tables or binary labels yet: the saved model holds the dense tensors only (issue 23)",
-            job.name
-        );
-    }
-    let params = distbelief_model::saved::load(&a.model, &job.layout)?;
-    let test = distbelief_model::data::load(&job.spec.data, false)?;
-    let mlp = distbelief_model::Mlp::new(&job.layout);
-    test.check_fits("test data", job.data_inputs(), job.label_classes())?;
-    let (accuracy, loss) = mlp.evaluate(&params, &test);
-    if a.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "job": job.name,
-                "model": a.model.display().to_string(),
-                "testAccuracy": accuracy,
-                "testLoss": loss,
-                "testExamples": test.len(),
-            })
-        );
-    } else {
-        println!(
-            "{}: test accuracy {accuracy:.4}, loss {loss:.4} on {} examples",
-            a.model.display(),
-            test.len()
-        );
-    }
     Ok(ExitCode::SUCCESS)
 }
 

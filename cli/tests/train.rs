@@ -242,34 +242,53 @@ impl Run {
         summary
     }
 
+    /// `distbelief eval --json` of `model` under this run's job file.
+    fn eval(&self, model: &str, more: &[&str]) -> serde_json::Value {
+        let out = Command::new(EXE)
+            .args(["eval", self.dir.path().join("job.yaml").to_str().unwrap()])
+            .args(["--model", model, "--json"])
+            .args(more)
+            .output()
+            .expect("distbelief eval runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("eval prints JSON")
+    }
+
     /// The saved model scores, under `distbelief eval`, the final accuracy
     /// the run reported.
     fn check_model(&self, summary: &serde_json::Value) {
         let model = summary["model"]
             .as_str()
             .expect("a finished run names its model");
-        let out = Command::new(EXE)
-            .args(["eval", self.dir.path().join("job.yaml").to_str().unwrap()])
-            .args(["--model", model, "--json"])
-            .output()
-            .expect("distbelief eval runs");
+        let eval = self.eval(model, &[]);
         if summary["best_test_auc"].is_number() {
-            // The saved model holds no tables yet: eval must say so, not
-            // score the dense tensors alone.
-            let stderr = String::from_utf8_lossy(&out.stderr);
+            // The model with its tables scores what the coordinator
+            // recorded for it as saved (the rows it holds were read after
+            // the last evaluation), in the metadata of the file.
+            let recorded = saved_metadata(model, "test_auc");
+            let auc = eval["testAuc"].as_f64().unwrap();
             assert!(
-                !out.status.success() && stderr.contains("cannot score a model with tables"),
-                "{stderr}"
+                (auc - recorded).abs() <= 1e-9,
+                "eval {auc} vs saved {recorded}"
             );
+            let reported = summary["final_test_auc"].as_f64().unwrap();
+            assert!(
+                (auc - reported).abs() <= 0.01,
+                "eval {auc} vs last evaluation {reported}"
+            );
+            assert!(eval["testLogLoss"].as_f64().unwrap() > 0.0, "{eval}");
+            for (table, rows) in summary["table_rows"].as_object().unwrap() {
+                assert!(
+                    eval["tableRows"][table].as_u64().unwrap() > 0,
+                    "table {table} ({rows} rows on the shards) saved empty: {eval}"
+                );
+            }
             return;
         }
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let eval: serde_json::Value =
-            serde_json::from_slice(&out.stdout).expect("eval prints JSON");
         let (saved, reported) = (
             eval["testAccuracy"].as_f64().unwrap(),
             summary["final_test_accuracy"].as_f64().unwrap(),
@@ -279,6 +298,17 @@ impl Run {
             "eval {saved} vs reported {reported}"
         );
     }
+}
+
+/// A figure from a saved model's safetensors metadata.
+fn saved_metadata(model: &str, key: &str) -> f64 {
+    let bytes = std::fs::read(model).expect("the model is there");
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"][key]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {}", header["__metadata__"]))
 }
 
 fn last_lines(text: &str, n: usize) -> String {
@@ -917,6 +947,11 @@ fn the_adult_example_reaches_auc_0_90_with_2_shards_and_2_replicas_and_loses_no_
     assert!(acknowledged > 0, "{s}");
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
+    // Scored on the whole file (training rows too), standardised as in training.
+    let file = "/usr/local/share/datasets/adult/adult.parquet.brotli";
+    let whole = run.eval(s["model"].as_str().unwrap(), &["--test", file]);
+    assert_eq!(whole["testExamples"], 48_842, "{whole}");
+    assert!(whole["testAuc"].as_f64().unwrap() > 0.9, "{whole}");
     eprintln!(
         "adult: auc {} log loss {} after {} examples in {:.1} s; {}",
         s["best_test_auc"],
@@ -1036,6 +1071,11 @@ fn the_synthetic_ctr_example_learns_from_synth_ctr_data() {
         auc > 0.72 && auc < planted_auc,
         "AUC {auc}, planted {planted_auc}: {s}"
     );
+    // The test file named on the command line scores as the job's own.
+    let model = s["model"].as_str().unwrap();
+    let test = data.join("test.tsv");
+    let named = run.eval(model, &["--test", test.to_str().unwrap()]);
+    assert_eq!(named["testAuc"], run.eval(model, &[])["testAuc"], "{named}");
     let rows = s["table_rows"]["embeddings"].as_u64().expect("rows");
     let distinct = planted["distinct_keys"].as_u64().expect("distinct keys");
     assert!(

@@ -9,10 +9,12 @@ use distbelief_api::{Partitioning, ShardProgress};
 use distbelief_model::Mlp;
 use distbelief_model::WideDeep;
 use distbelief_model::data::Dataset;
-use distbelief_model::wide_deep::{TableRows, auc, log_loss};
+use distbelief_model::keys::initial_row;
+use distbelief_model::saved::SavedTable;
+use distbelief_model::wide_deep::{Score, TableRows};
 use distbelief_proto::staleness::StalenessHistogram;
 use distbelief_proto::v1::JobStatus;
-use distbelief_ps_client::{ShardClient, fetch_all, fetch_table_rows};
+use distbelief_ps_client::{ShardClient, export_table, fetch_all, fetch_table_rows};
 
 use crate::Shared;
 use crate::metrics::CoordinatorMetrics;
@@ -39,17 +41,38 @@ pub(crate) struct Evaluator {
 /// shards at every evaluation, and no others).
 pub(crate) struct SparseTest {
     pub model: WideDeep,
+    /// The job's seed: rows the shards never stored start from it.
+    pub seed: u64,
     pub keys: Vec<Vec<u64>>,
 }
 
 impl SparseTest {
-    pub fn new(model: WideDeep, test: &Dataset) -> Self {
+    pub fn new(model: WideDeep, seed: u64, test: &Dataset) -> Self {
         let all: Vec<usize> = (0..test.len()).collect();
         let keys = match &test.sparse {
             Some(s) => model.keys(s, &all),
             None => Vec::new(),
         };
-        SparseTest { model, keys }
+        SparseTest { model, seed, keys }
+    }
+
+    /// The score of `params` with the tables as saved: the rows the test
+    /// set uses come from `saved`, or start as the shards would start them.
+    fn score_saved(&self, params: &[f32], saved: &[SavedTable], test: &Dataset) -> Score {
+        let rows: Vec<TableRows> = self
+            .model
+            .tables()
+            .tables
+            .iter()
+            .zip(saved)
+            .zip(&self.keys)
+            .map(|((t, s), keys)| {
+                s.rows_for(keys, |k, out| {
+                    initial_row(self.seed, t.id, t.init_scale, k, out)
+                })
+            })
+            .collect();
+        self.model.score(params, test, &rows)
     }
 
     fn dims(&self) -> Vec<usize> {
@@ -57,8 +80,7 @@ impl SparseTest {
     }
 
     /// Accuracy at 0.5, log loss and AUC of `params` with `rows`.
-    fn evaluate(&self, params: &[f32], rows: Vec<Vec<f32>>, test: &Dataset) -> (f64, f64, f64) {
-        const ROWS: usize = 4096;
+    fn evaluate(&self, params: &[f32], rows: Vec<Vec<f32>>, test: &Dataset) -> Score {
         let tables: Vec<TableRows> = self
             .keys
             .iter()
@@ -66,32 +88,7 @@ impl SparseTest {
             .zip(rows)
             .map(|((k, d), v)| TableRows::new(d, k.clone(), v))
             .collect();
-        let Some(sparse) = &test.sparse else {
-            return (0.0, f64::NAN, 0.5);
-        };
-        let mut scratch = self.model.mlp().scratch(ROWS);
-        let mut probs = Vec::with_capacity(test.len());
-        let all: Vec<usize> = (0..test.len()).collect();
-        for part in all.chunks(ROWS) {
-            probs.extend(self.model.predict(
-                params,
-                &test.features,
-                sparse,
-                part,
-                &tables,
-                &mut scratch,
-            ));
-        }
-        let correct = probs
-            .iter()
-            .zip(&test.labels)
-            .filter(|&(&p, &y)| (p >= 0.5) == (y > 0))
-            .count();
-        (
-            correct as f64 / test.len().max(1) as f64,
-            log_loss(&probs, &test.labels),
-            auc(&probs, &test.labels),
-        )
+        self.model.score(params, test, &tables)
     }
 }
 
@@ -167,8 +164,8 @@ impl Evaluator {
                 params
             };
             if let (Some(s), Some(rows)) = (sparse, rows) {
-                let (a, l, auc) = s.evaluate(&params, rows, &test);
-                return (params, a, l, Some(auc));
+                let score = s.evaluate(&params, rows, &test);
+                return (params, score.accuracy, score.log_loss, Some(score.auc));
             }
             let (a, l) = mlp.evaluate(&params, &test);
             (params, a, l, None)
@@ -286,9 +283,20 @@ impl Evaluator {
     }
 
     /// Saves the evaluated parameters as the job's model, if it keeps one.
-    async fn save(&self, params: &[f32], accuracy: f64, version: u64, status: &JobStatus) {
+    /// A model with tables takes every stored row from the shards, and is
+    /// scored again as saved: rows a replica pushed since the evaluation
+    /// are in it, and the figures recorded are the saved model's own.
+    async fn save(&mut self, params: &[f32], accuracy: f64, version: u64, status: &JobStatus) {
         let Some(target) = self.shared.output.clone() else {
             return;
+        };
+        let tables = match self.export_tables().await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("cannot save the model: table rows unavailable: {e}");
+                *self.shared.saved() = Saved::Failed;
+                return;
+            }
         };
         let (job, mlp, params, status) = (
             self.job.clone(),
@@ -296,9 +304,24 @@ impl Evaluator {
             params.to_vec(),
             status.clone(),
         );
+        let (sparse, test) = (self.sparse.clone(), self.test.clone());
         let written = tokio::task::spawn_blocking(move || {
-            let layout = mlp.layout();
-            output::write(&target, &job, layout, &params, accuracy, version, &status)
+            let (accuracy, auc) = match &sparse {
+                Some(s) => {
+                    let score = s.score_saved(&params, &tables, &test);
+                    (score.accuracy, Some(score.auc))
+                }
+                None => (accuracy, None),
+            };
+            let model = output::Model {
+                layout: mlp.layout(),
+                params: &params,
+                tables: &tables,
+                accuracy,
+                auc,
+                version,
+            };
+            output::write(&target, &job, model, &status)
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()));
@@ -306,7 +329,8 @@ impl Evaluator {
             Ok(model) => {
                 tracing::info!(
                     path = model.path,
-                    test_accuracy = format!("{accuracy:.4}"),
+                    test_accuracy = format!("{:.4}", model.test_accuracy),
+                    test_auc = model.test_auc.map(|a| format!("{a:.4}")),
                     "model saved"
                 );
                 *self.shared.saved() = Saved::Written(model);
@@ -316,5 +340,26 @@ impl Evaluator {
                 *self.shared.saved() = Saved::Failed;
             }
         }
+    }
+
+    /// Every stored row of every table, for the saved model.
+    async fn export_tables(&mut self) -> Result<Vec<SavedTable>, String> {
+        let Some(sparse) = self.sparse.clone() else {
+            return Ok(Vec::new());
+        };
+        let mut saved = Vec::new();
+        for t in &sparse.model.tables().tables {
+            let rows = export_table(&mut self.clients, t.id, t.dim, t.capacity.is_some())
+                .await
+                .map_err(|e| format!("table {}: {e}", t.name))?;
+            tracing::info!(table = t.name, rows = rows.keys.len(), "table exported");
+            saved.push(SavedTable {
+                name: t.name.clone(),
+                dim: t.dim,
+                keys: rows.keys,
+                values: rows.values,
+            });
+        }
+        Ok(saved)
     }
 }

@@ -367,6 +367,7 @@ pub async fn serve(
         sparse: (!job.tables.is_empty()).then(|| {
             Arc::new(evaluate::SparseTest::new(
                 WideDeep::new(&job.layout, &job.tables),
+                job.downpour.seed,
                 &test,
             ))
         }),

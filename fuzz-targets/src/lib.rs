@@ -17,6 +17,7 @@ mod frames;
 mod job;
 mod partition;
 mod push;
+mod saved;
 pub mod seeds;
 mod table;
 mod tracker;
@@ -28,6 +29,7 @@ pub use data::{csv, gzip, idx, named_csv};
 pub use job::job_file;
 pub use partition::partition_exchange;
 pub use push::{push, vector_commands};
+pub use saved::saved_model;
 pub use table::table_state;
 pub use tracker::tracker_state;
 
@@ -50,4 +52,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("audit_logs", audit_logs),
     ("tracker_state", tracker_state),
     ("table_state", table_state),
+    ("saved_model", saved_model),
 ];

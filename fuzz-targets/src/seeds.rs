@@ -225,6 +225,7 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
     for o in [1u8, 4 | 8 | 2, 16 | 8 | 1] {
         add("table_state", &format!("table-{o}.bin"), table_state(o));
     }
+    add("saved_model", "model.safetensors", crate::saved::seed());
     out
 }
 

@@ -139,6 +139,36 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
     Ok(d)
 }
 
+/// `path` read as a test set of the job `spec` describes: the same layout
+/// as its test file, standardised as its test set is. An idx test set is
+/// two files, so it cannot be named by one path.
+pub fn load_test_file(spec: &DataSpec, path: &str) -> Result<Dataset, DataError> {
+    let mut spec = spec.clone();
+    let mut d = match spec.format {
+        DataFormat::Idx => {
+            return Err(DataError::Format {
+                path: path.to_string(),
+                message: "an idx test set is two files (images and labels): set testImages and testLabels in a copy of the job file instead".into(),
+            });
+        }
+        DataFormat::Parquet => parquet::load_test_file(&spec, path)?,
+        DataFormat::Csv => {
+            spec.test_csv = Some(path.to_string());
+            return load(&spec, false);
+        }
+        DataFormat::Libsvm => {
+            // Nothing is standardised: the holdout only chose test rows.
+            spec.test_file = Some(path.to_string());
+            spec.holdout = None;
+            return load(&spec, false);
+        }
+    };
+    if let Some(n) = spec.test_limit {
+        d.truncate(n as usize);
+    }
+    Ok(d)
+}
+
 /// Number of training examples, without keeping the features: the
 /// coordinator needs it to count epochs.
 pub fn count_training_examples(spec: &DataSpec) -> Result<usize, DataError> {

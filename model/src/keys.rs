@@ -21,6 +21,19 @@ pub fn shard_of(key: u64, shards: u32) -> u32 {
     (mix(key ^ 0x5851_f42d_4c95_7f2d) % u64::from(shards.max(1))) as u32
 }
 
+/// The values the row of `key` in table `table` starts with, uniform in
+/// [-init_scale, init_scale]: the same on every shard member, restore and
+/// replay, and in `distbelief eval` for a key the saved table lacks.
+pub fn initial_row(seed: u64, table: u32, init_scale: f32, key: u64, out: &mut [f32]) {
+    let mut state = mix(seed ^ mix(u64::from(table) ^ mix(key)));
+    for v in out.iter_mut() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        // 24 random bits: an exact f32 in [0, 1).
+        let unit = (mix(state) >> 40) as f32 / (1u32 << 24) as f32;
+        *v = (2.0 * unit - 1.0) * init_scale;
+    }
+}
+
 /// splitmix64's finalizer.
 pub fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -1,12 +1,16 @@
 //! A trained model on disk: `model.safetensors`, one f32 tensor per entry of
-//! the layout under its layout name and shape, so that any safetensors
-//! reader (PyTorch, candle, ...) can load it.
+//! the layout under its layout name and shape, and each embedding table's
+//! stored keys and rows, so that any safetensors reader (PyTorch, candle,
+//! ...) can load it.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use distbelief_api::Layout;
+use distbelief_api::layout::Tables;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+
+use crate::wide_deep::TableRows;
 
 pub const MODEL_FILE: &str = "model.safetensors";
 
@@ -28,21 +32,80 @@ pub enum SavedModelError {
     Mismatch { path: String, message: String },
 }
 
-/// Writes `params` (the flat vector of `layout`) to `path`, through a
-/// temporary file so that a reader never sees half a model.
+/// A table's stored rows as the model keeps them: its keys, and `dim`
+/// values per key, under `table/<name>/keys` (U64, [rows]) and
+/// `table/<name>/rows` (F32, [rows, dim]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SavedTable {
+    pub name: String,
+    pub dim: usize,
+    pub keys: Vec<u64>,
+    pub values: Vec<f32>,
+}
+
+/// A saved model read back: the flat dense vector and the tables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub params: Vec<f32>,
+    pub tables: Vec<SavedTable>,
+}
+
+// Tensors are written straight from memory, which is their little-endian
+// byte order only on little-endian machines.
+const _: () = assert!(
+    cfg!(target_endian = "little"),
+    "saved models are written on little-endian machines"
+);
+
+fn keys_name(table: &str) -> String {
+    format!("table/{table}/keys")
+}
+
+fn rows_name(table: &str) -> String {
+    format!("table/{table}/rows")
+}
+
+impl SavedTable {
+    /// The rows of `keys` (distinct), for scoring: saved rows as they are,
+    /// the others as `init` says they start. One pass over the saved keys,
+    /// so a large table needs no map of its own.
+    pub fn rows_for(&self, keys: &[u64], init: impl Fn(u64, &mut [f32])) -> TableRows {
+        let want: HashMap<u64, usize> = keys.iter().enumerate().map(|(i, &k)| (k, i)).collect();
+        let dim = self.dim;
+        let mut values = vec![0.0f32; keys.len() * dim];
+        let mut found = vec![false; keys.len()];
+        for (k, row) in self.keys.iter().zip(self.values.chunks_exact(dim)) {
+            if let Some(&i) = want.get(k) {
+                values[i * dim..(i + 1) * dim].copy_from_slice(row);
+                found[i] = true;
+            }
+        }
+        for (i, &k) in keys.iter().enumerate() {
+            if !found[i] {
+                init(k, &mut values[i * dim..(i + 1) * dim]);
+            }
+        }
+        TableRows::new(dim, keys.to_vec(), values)
+    }
+}
+
+/// Writes `params` (the flat vector of `layout`) and `tables` to `path`,
+/// through a temporary file so that a reader never sees half a model.
 pub fn save(
     path: &Path,
     layout: &Layout,
     params: &[f32],
+    tables: &[SavedTable],
     metadata: HashMap<String, String>,
 ) -> Result<(), SavedModelError> {
-    let write_err = |source| SavedModelError::Write {
-        path: path.display().to_string(),
-        source,
+    let p = path.display().to_string();
+    let format = |e: safetensors::SafeTensorError| SavedModelError::Format {
+        path: p.clone(),
+        message: e.to_string(),
     };
     if params.len() != layout.len() {
         return Err(SavedModelError::Mismatch {
-            path: path.display().to_string(),
+            path: p.clone(),
             message: format!(
                 "{} parameters given, the layout has {}",
                 params.len(),
@@ -50,37 +113,69 @@ pub fn save(
             ),
         });
     }
-    let bytes: Vec<u8> = params.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let mut views = Vec::with_capacity(layout.tensors.len());
+    let mut views = Vec::with_capacity(layout.tensors.len() + 2 * tables.len());
     for t in &layout.tensors {
-        let r = t.range();
-        let view = TensorView::new(Dtype::F32, t.shape.clone(), &bytes[r.start * 4..r.end * 4])
-            .map_err(|e| SavedModelError::Format {
-                path: path.display().to_string(),
-                message: e.to_string(),
-            })?;
+        let bytes: &[u8] = bytemuck::cast_slice(&params[t.range()]);
+        let view = TensorView::new(Dtype::F32, t.shape.clone(), bytes).map_err(format)?;
         views.push((t.name.clone(), view));
     }
-    let data = safetensors::tensor::serialize(views, Some(metadata)).map_err(|e| {
-        SavedModelError::Format {
-            path: path.display().to_string(),
-            message: e.to_string(),
+    for t in tables {
+        if t.values.len() != t.keys.len() * t.dim {
+            return Err(SavedModelError::Mismatch {
+                path: p.clone(),
+                message: format!(
+                    "table {} has {} values for {} keys of dimension {}",
+                    t.name,
+                    t.values.len(),
+                    t.keys.len(),
+                    t.dim
+                ),
+            });
         }
-    })?;
+        let keys = TensorView::new(
+            Dtype::U64,
+            vec![t.keys.len()],
+            bytemuck::cast_slice(&t.keys),
+        )
+        .map_err(format)?;
+        let rows = TensorView::new(
+            Dtype::F32,
+            vec![t.keys.len(), t.dim],
+            bytemuck::cast_slice(&t.values),
+        )
+        .map_err(format)?;
+        views.push((keys_name(&t.name), keys));
+        views.push((rows_name(&t.name), rows));
+    }
     let tmp = path.with_extension("safetensors.tmp");
-    std::fs::write(&tmp, data).map_err(write_err)?;
-    std::fs::rename(&tmp, path).map_err(write_err)
+    // Written tensor by tensor: a large table is not copied into one buffer first.
+    safetensors::serialize_to_file(views, Some(metadata), &tmp).map_err(format)?;
+    std::fs::rename(&tmp, path).map_err(|source| SavedModelError::Write {
+        path: p.clone(),
+        source,
+    })
 }
 
-/// Reads a model saved by [`save`] back into the flat vector of `layout`,
-/// checking every tensor's name, type and shape.
-pub fn load(path: &Path, layout: &Layout) -> Result<Vec<f32>, SavedModelError> {
+/// Reads a model saved by [`save`] back: the flat vector of `layout` and
+/// each of `tables`, checking every tensor's name, type and shape.
+pub fn load(path: &Path, layout: &Layout, tables: &Tables) -> Result<Loaded, SavedModelError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| SavedModelError::Read {
         path: p.clone(),
         source,
     })?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| SavedModelError::Format {
+    from_bytes(&bytes, &p, layout, tables)
+}
+
+/// [`load`] of a file's bytes; `p` names it in errors.
+pub fn from_bytes(
+    bytes: &[u8],
+    p: &str,
+    layout: &Layout,
+    tables: &Tables,
+) -> Result<Loaded, SavedModelError> {
+    let p = p.to_string();
+    let file = SafeTensors::deserialize(bytes).map_err(|e| SavedModelError::Format {
         path: p.clone(),
         message: e.to_string(),
     })?;
@@ -88,35 +183,77 @@ pub fn load(path: &Path, layout: &Layout) -> Result<Vec<f32>, SavedModelError> {
         path: p.clone(),
         message,
     };
-    if file.len() != layout.tensors.len() {
+    let expected = layout.tensors.len() + 2 * tables.tables.len();
+    if file.len() != expected {
         return Err(mismatch(format!(
-            "{} tensors, the model has {}",
+            "{} tensors, the model has {expected} ({} dense, 2 for each of {} tables)",
             file.len(),
-            layout.tensors.len()
+            layout.tensors.len(),
+            tables.tables.len()
         )));
     }
+    let tensor = |name: &str, dtype: Dtype| {
+        let view = file
+            .tensor(name)
+            .map_err(|_| mismatch(format!("no tensor {name}")))?;
+        if view.dtype() != dtype {
+            return Err(mismatch(format!(
+                "{name} is {:?}, the model wants {dtype:?}",
+                view.dtype()
+            )));
+        }
+        Ok(view)
+    };
     let mut params = vec![0.0f32; layout.len()];
     for t in &layout.tensors {
-        let view = file
-            .tensor(&t.name)
-            .map_err(|_| mismatch(format!("no tensor {}", t.name)))?;
-        if view.dtype() != Dtype::F32 || view.shape() != t.shape.as_slice() {
+        let view = tensor(&t.name, Dtype::F32)?;
+        if view.shape() != t.shape.as_slice() {
             return Err(mismatch(format!(
-                "{} is {:?} {:?}, the model wants F32 {:?}",
+                "{} has shape {:?}, the model wants {:?}",
                 t.name,
-                view.dtype(),
                 view.shape(),
                 t.shape
             )));
         }
-        for (dst, src) in params[t.range()]
-            .iter_mut()
-            .zip(view.data().chunks_exact(4))
-        {
-            *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-        }
+        read_f32(view.data(), &mut params[t.range()]);
     }
-    Ok(params)
+    let mut saved = Vec::with_capacity(tables.tables.len());
+    for t in &tables.tables {
+        let (kn, rn) = (keys_name(&t.name), rows_name(&t.name));
+        let keys = tensor(&kn, Dtype::U64)?;
+        let rows = tensor(&rn, Dtype::F32)?;
+        let n = keys.shape().first().copied().unwrap_or(0);
+        if keys.shape().len() != 1 || rows.shape() != [n, t.dim] {
+            return Err(mismatch(format!(
+                "{kn} has shape {:?} and {rn} {:?}; the model wants [rows] and [rows, {}]",
+                keys.shape(),
+                rows.shape(),
+                t.dim
+            )));
+        }
+        let mut values = vec![0.0f32; n * t.dim];
+        read_f32(rows.data(), &mut values);
+        saved.push(SavedTable {
+            name: t.name.clone(),
+            dim: t.dim,
+            keys: keys
+                .data()
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+            values,
+        });
+    }
+    Ok(Loaded {
+        params,
+        tables: saved,
+    })
+}
+
+fn read_f32(bytes: &[u8], out: &mut [f32]) {
+    for (dst, src) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+    }
 }
 
 #[cfg(test)]
@@ -147,8 +284,8 @@ mod tests {
         let l = layout(4);
         let params: Vec<f32> = (0..l.len()).map(|i| i as f32 * 0.25 - 3.0).collect();
         let meta = HashMap::from([("job".to_string(), "t".to_string())]);
-        save(&path, &l, &params, meta).unwrap();
-        assert_eq!(load(&path, &l).unwrap(), params);
+        save(&path, &l, &params, &[], meta).unwrap();
+        assert_eq!(load(&path, &l, &Tables::default()).unwrap().params, params);
 
         let bytes = std::fs::read(&path).unwrap();
         let file = SafeTensors::deserialize(&bytes).unwrap();
@@ -162,13 +299,92 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(MODEL_FILE);
         let small = layout(4);
-        save(&path, &small, &vec![0.5; small.len()], HashMap::new()).unwrap();
-        let err = load(&path, &layout(6)).unwrap_err().to_string();
+        save(&path, &small, &vec![0.5; small.len()], &[], HashMap::new()).unwrap();
+        let none = Tables::default();
+        let err = load(&path, &layout(6), &none).unwrap_err().to_string();
         assert!(err.contains("dense0/weight"), "{err}");
         std::fs::write(&path, b"not a model").unwrap();
         assert!(matches!(
-            load(&path, &small),
+            load(&path, &small, &none),
             Err(SavedModelError::Format { .. })
         ));
+    }
+
+    fn tables(dims: &[(&str, usize)]) -> Tables {
+        Tables {
+            fields: vec!["f".into()],
+            tables: dims
+                .iter()
+                .enumerate()
+                .map(|(id, &(name, dim))| distbelief_api::layout::KeyedTable {
+                    id: id as u32,
+                    name: name.into(),
+                    dim,
+                    fields: vec![0],
+                    capacity: None,
+                    min_count: 1,
+                    row_wise: false,
+                    init_scale: 0.1,
+                })
+                .collect(),
+            wide: None,
+        }
+    }
+
+    #[test]
+    fn tables_are_saved_as_keys_and_rows_and_read_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(MODEL_FILE);
+        let l = layout(2);
+        let params = vec![0.25; l.len()];
+        let saved = vec![
+            SavedTable {
+                name: "user".into(),
+                dim: 3,
+                keys: vec![u64::MAX, 7],
+                values: vec![1.0, 2.0, 3.0, -1.0, -2.0, -3.0],
+            },
+            SavedTable {
+                name: "wide".into(),
+                dim: 1,
+                keys: Vec::new(),
+                values: Vec::new(),
+            },
+        ];
+        save(&path, &l, &params, &saved, HashMap::new()).unwrap();
+        let t = tables(&[("user", 3), ("wide", 1)]);
+        let back = load(&path, &l, &t).unwrap();
+        assert_eq!((back.params, back.tables), (params, saved));
+
+        let bytes = std::fs::read(&path).unwrap();
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(file.tensor("table/user/rows").unwrap().shape(), &[2, 3]);
+        assert_eq!(file.tensor("table/user/keys").unwrap().dtype(), Dtype::U64);
+
+        // A job whose table has another dimension, or lacks a table, is told which.
+        let err = load(&path, &l, &tables(&[("user", 4), ("wide", 1)]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("table/user/rows") && err.contains("4]"),
+            "{err}"
+        );
+        let err = load(&path, &l, &tables(&[("user", 3)]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("2 for each of 1 tables"), "{err}");
+    }
+
+    #[test]
+    fn rows_for_takes_saved_rows_and_starts_the_others_as_the_shards_would() {
+        let table = SavedTable {
+            name: "t".into(),
+            dim: 2,
+            keys: vec![10, 20],
+            values: vec![1.0, 1.5, 2.0, 2.5],
+        };
+        let rows = table.rows_for(&[20, 30], |k, out| out.fill(k as f32));
+        assert_eq!(rows.row(20), [2.0, 2.5]);
+        assert_eq!(rows.row(30), [30.0, 30.0]);
     }
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use distbelief_api::layout::{Layout, Tables};
 use ndarray::{ArrayView2, ArrayViewMut2};
 
-use crate::data::SparseFeatures;
+use crate::data::{Dataset, SparseFeatures};
 use crate::mlp::{Extra, Mlp, Scratch};
 
 #[derive(Debug, Clone)]
@@ -245,6 +245,46 @@ impl WideDeep {
             .zip(&wide)
             .map(|(z, w)| 1.0 / (1.0 + (-(z + w)).exp()))
             .collect()
+    }
+}
+
+/// A binary model's figures on a test set.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Score {
+    /// Share of examples on the right side of 0.5.
+    pub accuracy: f64,
+    pub log_loss: f64,
+    pub auc: f64,
+}
+
+impl WideDeep {
+    /// Scores `params` with `rows` (every key the test set uses, per table)
+    /// on all of `test`.
+    pub fn score(&self, params: &[f32], test: &Dataset, rows: &[TableRows]) -> Score {
+        const ROWS: usize = 4096;
+        let Some(sparse) = &test.sparse else {
+            return Score {
+                accuracy: 0.0,
+                log_loss: f64::NAN,
+                auc: 0.5,
+            };
+        };
+        let mut scratch = self.mlp.scratch(ROWS);
+        let mut probs = Vec::with_capacity(test.len());
+        let all: Vec<usize> = (0..test.len()).collect();
+        for part in all.chunks(ROWS) {
+            probs.extend(self.predict(params, &test.features, sparse, part, rows, &mut scratch));
+        }
+        let correct = probs
+            .iter()
+            .zip(&test.labels)
+            .filter(|&(&p, &y)| (p >= 0.5) == (y > 0))
+            .count();
+        Score {
+            accuracy: correct as f64 / test.len().max(1) as f64,
+            log_loss: log_loss(&probs, &test.labels),
+            auc: auc(&probs, &test.labels),
+        }
     }
 }
 

@@ -16,8 +16,10 @@ use distbelief_proto::v1::{
 use tonic::transport::Channel;
 
 mod error;
+mod export;
 
 pub use error::ClientError;
+pub use export::{ExportedRows, export_table};
 
 /// The audit trail's line formats, which replicas write too.
 pub use distbelief_ps::audit;

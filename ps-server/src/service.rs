@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::parameter_server_server::ParameterServer;
 use distbelief_proto::v1::{
-    CatchUpReply, CatchUpRequest, ChainConfig, FetchRequest, GradientChunk, GradientEncoding,
-    InfoRequest, InstallReply, ParameterChunk, PushReply, RowsReply, RowsRequest, ShardInfo,
-    StateBytes, TableInfo, VectorCommands, VectorReply,
+    CatchUpReply, CatchUpRequest, ChainConfig, ExportReply, ExportRequest, FetchRequest,
+    GradientChunk, GradientEncoding, InfoRequest, InstallReply, ParameterChunk, PushReply,
+    RowsReply, RowsRequest, ShardInfo, StateBytes, TableInfo, VectorCommands, VectorReply,
 };
 use futures::Stream;
 use tokio::sync::Semaphore;
@@ -415,6 +415,32 @@ fn rows_reply(s: &Shard, req: &RowsRequest) -> Result<RowsReply, PsError> {
     })
 }
 
+/// A page of a table's stored rows, no larger than one message.
+fn export_reply(s: &Shard, req: &ExportRequest) -> Result<ExportReply, PsError> {
+    if req.shard != s.index {
+        return Err(PsError::WrongShard {
+            expected: s.index,
+            got: req.shard,
+        });
+    }
+    let dim = s
+        .tables
+        .get(req.table as usize)
+        .map_or(1, |table| table.dim());
+    let fit = (distbelief_net::MAX_MESSAGE - 4096) / (8 + 4 * dim);
+    let max_rows = (req.max_rows as usize).clamp(1, fit);
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    let from = usize::try_from(req.from_slot).unwrap_or(usize::MAX);
+    let next = s.export_rows(req.table, from, max_rows, &mut keys, &mut values)?;
+    Ok(ExportReply {
+        keys: keys.iter().flat_map(|k| k.to_le_bytes()).collect(),
+        rows: encode_f32(&values),
+        next_slot: next.map(|n| n as u64),
+        version: s.version,
+        shard_epoch: s.epoch(),
+    })
+}
+
 /// A shard that is alive but cannot take a push now. Not Unavailable: a
 /// client moves on from an unavailable head and has it checked as dead.
 pub(crate) fn busy(why: &str) -> Status {
@@ -513,6 +539,21 @@ impl ParameterServer for ShardService {
         let keys: usize = req.tables.iter().map(|t| t.keys.len()).sum();
         let rows: usize = reply.rows.iter().map(|r| r.len()).sum();
         self.metrics.fetch_bytes.inc_by((keys + rows) as u64);
+        Ok(Response::new(reply))
+    }
+
+    async fn export_rows(
+        &self,
+        req: Request<ExportRequest>,
+    ) -> Result<Response<ExportReply>, Status> {
+        if let Some(m) = &self.chain
+            && !m.in_chain()
+        {
+            return Err(m.not_head());
+        }
+        let req = req.into_inner();
+        let reply =
+            tokio::task::block_in_place(|| export_reply(&self.read(), &req)).map_err(status)?;
         Ok(Response::new(reply))
     }
 

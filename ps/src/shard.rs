@@ -231,6 +231,18 @@ impl Shard {
         self.table(table)?.fetch(keys, out)
     }
 
+    /// A page of `table`'s stored rows (see [`Table::export`]).
+    pub fn export_rows(
+        &self,
+        table: u32,
+        from: usize,
+        max_rows: usize,
+        keys: &mut Vec<u64>,
+        values: &mut Vec<f32>,
+    ) -> Result<Option<usize>, PsError> {
+        Ok(self.table(table)?.export(from, max_rows, keys, values))
+    }
+
     /// Per table: rows stored and what happened to them.
     pub fn table_stats(&self) -> Vec<(usize, TableStats)> {
         self.tables.iter().map(|t| (t.len(), t.stats())).collect()

@@ -10,7 +10,6 @@
 use std::collections::{BTreeSet, HashMap};
 
 use distbelief_model::Optimizer;
-use distbelief_model::keys::mix;
 pub use distbelief_model::keys::{key_of, shard_of};
 use distbelief_model::optimizer::sgd;
 
@@ -140,13 +139,7 @@ pub struct Table {
 
 /// The values a row of `key` starts with.
 pub fn initial_row(config: &TableConfig, key: u64, out: &mut [f32]) {
-    let mut state = mix(config.seed ^ mix(u64::from(config.id) ^ mix(key)));
-    for v in out.iter_mut() {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        // 24 random bits: an exact f32 in [0, 1).
-        let unit = (mix(state) >> 40) as f32 / (1u32 << 24) as f32;
-        *v = (2.0 * unit - 1.0) * config.init_scale;
-    }
+    distbelief_model::keys::initial_row(config.seed, config.id, config.init_scale, key, out);
 }
 
 impl Table {
@@ -252,6 +245,35 @@ impl Table {
             }
         }
         Ok(())
+    }
+
+    /// Up to `max_rows` stored rows from slot `from` on, appended to `keys`
+    /// and `values`; the slot to go on from, or None when no slot is left.
+    /// Slots only grow, so paging through them while pushes go on misses no
+    /// row that stays stored; with a capacity, a row evicted and stored
+    /// again meanwhile can come twice, and one stored in a freed slot
+    /// already passed can be missed.
+    pub fn export(
+        &self,
+        from: usize,
+        max_rows: usize,
+        keys: &mut Vec<u64>,
+        values: &mut Vec<f32>,
+    ) -> Option<usize> {
+        let dim = self.config.dim;
+        let mut s = from;
+        let mut taken = 0;
+        while s < self.meta.len() && taken < max_rows.max(1) {
+            let key = self.meta[s].key;
+            // A freed slot keeps the key it last held; only a capped table frees slots.
+            if !self.capped() || self.slots.get(&key) == Some(&s) {
+                keys.push(key);
+                values.extend_from_slice(&self.values[s * dim..(s + 1) * dim]);
+                taken += 1;
+            }
+            s += 1;
+        }
+        (s < self.meta.len()).then_some(s)
     }
 
     /// Applies one push: for each of `keys` (distinct), the sum of `steps`

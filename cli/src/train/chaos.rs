@@ -210,7 +210,7 @@ impl Chaos {
             self.next_coordinator = Some(now + every);
             // Kill, kill, freeze: a short chaos period still has both kinds.
             self.coordinator_faults += 1;
-            faults.push(if self.coordinator_faults % 3 == 0 {
+            faults.push(if self.coordinator_faults.is_multiple_of(3) {
                 Fault::FreezeCoordinator
             } else {
                 Fault::KillCoordinator

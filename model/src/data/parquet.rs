@@ -21,6 +21,16 @@ struct Rows {
 
 /// The training or the test set.
 pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
+    load_with(spec, train, None)
+}
+
+/// The rows of `path` as a test set of this job: standardised by the
+/// job's own training rows (holdout rows left out, as in training).
+pub fn load_test_file(spec: &DataSpec, path: &str) -> Result<Dataset, DataError> {
+    load_with(spec, false, Some(path))
+}
+
+fn load_with(spec: &DataSpec, train: bool, test: Option<&str>) -> Result<Dataset, DataError> {
     let train_path = spec.train_file.as_deref().unwrap_or_default();
     let all = read(spec, train_path)?;
     let (train_rows, test_rows): (Vec<usize>, Vec<usize>) = match spec.holdout {
@@ -33,11 +43,12 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
         moments.add(&all.numeric[i * dim..(i + 1) * dim]);
     }
     let stats = moments.stats();
-    let (rows, from) = match (train, spec.holdout) {
-        (true, _) => (train_rows, all),
-        (false, Some(_)) => (test_rows, all),
-        (false, None) => {
-            let test = read(spec, spec.test_file.as_deref().unwrap_or_default())?;
+    let (rows, from) = match (train, spec.holdout, test) {
+        (true, _, _) => (train_rows, all),
+        (false, Some(_), None) => (test_rows, all),
+        (false, None, None) | (false, _, Some(_)) => {
+            let path = test.or(spec.test_file.as_deref()).unwrap_or_default();
+            let test = read(spec, path)?;
             ((0..test.labels.len()).collect(), test)
         }
     };

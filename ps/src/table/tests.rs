@@ -273,3 +273,55 @@ fn a_full_set_of_pending_keys_forgets_the_oldest_so_new_keys_still_count() {
     assert!(!p.counts.contains_key(&0) && p.counts.contains_key(&1));
     assert_eq!(p.bump(u64::MAX, 1 << 30), 2);
 }
+
+/// Pages through `t` two rows at a time, as the export RPC does.
+fn exported(t: &Table) -> Vec<(u64, Vec<f32>)> {
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    let mut from = Some(0);
+    while let Some(at) = from {
+        let before = keys.len();
+        from = t.export(at, 2, &mut keys, &mut values);
+        assert!(
+            keys.len() - before <= 2,
+            "a page holds at most what was asked"
+        );
+    }
+    let mut rows: Vec<(u64, Vec<f32>)> = keys
+        .iter()
+        .zip(values.chunks_exact(t.dim()))
+        .map(|(&k, v)| (k, v.to_vec()))
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    rows
+}
+
+#[test]
+fn an_export_pages_through_every_stored_row_once_and_skips_freed_slots() {
+    let g = [0.1; 4];
+    let mut t = Table::new(config(ADAGRAD));
+    assert!(exported(&t).is_empty());
+    for key in [9, 4, 7, 1, 3] {
+        t.apply(&[key], &g, None, 1).unwrap();
+    }
+    let rows = exported(&t);
+    assert_eq!(
+        rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [1, 3, 4, 7, 9]
+    );
+    for (key, values) in &rows {
+        assert_eq!(&fetched(&t, &[*key]), values, "key {key}");
+    }
+    // A capped table frees slots on eviction and reuses them.
+    let mut t = Table::new(TableConfig {
+        capacity: Some(3),
+        ..config(SGD)
+    });
+    for key in [1, 2, 3, 1, 3, 4, 5, 6] {
+        t.apply(&[key], &g, None, 1).unwrap();
+    }
+    let keys: Vec<u64> = exported(&t).iter().map(|r| r.0).collect();
+    let mut stored: Vec<u64> = (1..=6).filter(|&k| t.contains(k)).collect();
+    stored.sort();
+    assert_eq!(keys, stored);
+    assert_eq!(keys.len(), 3);
+}
