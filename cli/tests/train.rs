@@ -156,19 +156,25 @@ impl Run {
 
     /// Waits until the progress lines show a test accuracy of `at_least`.
     fn wait_for_accuracy(&self, at_least: f64, timeout: Duration) {
+        self.wait_for_figure("test acc ", at_least, timeout);
+    }
+
+    /// Waits until the progress lines show `figure` ("test acc ", "test
+    /// auc ") at `at_least`.
+    fn wait_for_figure(&self, figure: &str, at_least: f64, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
             let best = self
                 .stderr()
                 .lines()
-                .filter_map(|l| l.split("test acc ").nth(1)?.split(' ').next()?.parse().ok())
+                .filter_map(|l| l.split(figure).nth(1)?.split(' ').next()?.parse().ok())
                 .fold(0.0f64, f64::max);
             if best >= at_least {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "test accuracy {at_least} not reached within {timeout:?} (best {best}):\n{}",
+                "{figure}{at_least} not reached within {timeout:?} (best {best}):\n{}",
                 self.stderr()
             );
             std::thread::sleep(Duration::from_millis(100));
@@ -963,8 +969,9 @@ fn the_adult_example_reaches_auc_0_90_with_2_shards_and_2_replicas_and_loses_no_
 }
 
 /// A sparse job under the chaos of the dense one: replicas killed, shard
-/// members killed or frozen, with replication 2. Its pushes carry table rows,
-/// and the audit counts them as any push.
+/// members killed or frozen, with replication 2, and the coordinator killed
+/// and frozen. Its pushes carry table rows, and the audit counts them as any
+/// push; the model saved at the end holds the tables (`check_model`).
 #[test]
 fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_applies_none_twice() {
     let yaml = sparse_job(
@@ -983,11 +990,19 @@ fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_appli
         "  replicas:\n    count: 2\n",
         "  replicas:\n    count: 2\n    maxRestarts: 30\n",
     );
-    let mut run = Run::start_with(yaml, &["--chaos", "replica=8s,shard=12s,for=60s,seed=5"]);
+    let mut run = Run::start_with(
+        yaml,
+        &[
+            "--chaos",
+            "replica=8s,shard=12s,coordinator=15s,for=60s,seed=5",
+        ],
+    );
     let s = run.finish(Duration::from_secs(200));
     assert_eq!(s["outcome"], "finished", "{s}");
     let chaos = &s["chaos"];
     assert!(chaos["replicas_killed"].as_u64().unwrap() >= 1, "{s}");
+    assert!(chaos["coordinator_killed"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(s["progress_regressions"], 0, "{s}");
     assert!(
         chaos["shards_killed"].as_u64().unwrap() + chaos["shards_frozen"].as_u64().unwrap() >= 1,
         "{s}"
@@ -1002,6 +1017,58 @@ fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_appli
     assert!(acknowledged > 0, "{s}");
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
+}
+
+/// A sparse job stopped with SIGTERM and resumed: the shards restore their
+/// tables from the checkpoints, so the resumed run's first evaluation goes
+/// on from the AUC it stopped at, and no acknowledged push is lost across
+/// both halves.
+#[test]
+fn a_resumed_sparse_run_keeps_its_tables_and_loses_no_push() {
+    let yaml = sparse_job(
+        "adult-resume",
+        "{targetTestAuc: 0.9, maxEpochs: 40, maxSeconds: 150, evalIntervalSeconds: 0.5}",
+        "  faults: {slowReplicas: [{replica: 0, factor: 100}, {replica: 1, factor: 100}]}\n",
+    )
+    .replace("learningRate: 0.05", "learningRate: 0.01");
+    let mut first = Run::start_with(yaml.clone(), &["--audit"]);
+    first.wait_for_figure("test auc ", 0.85, Duration::from_secs(120));
+    let s1 = first.interrupt(Duration::from_secs(30));
+    let (acknowledged1, _, lost1, duplicated1) = audit(&s1);
+    assert_eq!((lost1, duplicated1), (0, 0), "{s1}");
+    assert!(s1["table_rows"]["embeddings"].as_u64().unwrap() > 0, "{s1}");
+    let stopped_at = s1["final_test_auc"]
+        .as_f64()
+        .expect("an AUC before the stop");
+    let seconds1 = s1["train_seconds"].as_f64().unwrap();
+
+    let mut second = Run::resume(&first, yaml, &["--audit"]);
+    let s2 = second.finish(Duration::from_secs(240));
+    assert_eq!(s2["stop_reason"], "target_reached", "{s2}");
+    let (acknowledged, applied, lost, duplicated) = audit(&s2);
+    assert!(acknowledged > acknowledged1, "{s1}\n{s2}");
+    assert_eq!((lost, duplicated), (0, 0), "{s2}");
+    assert!(applied >= acknowledged, "{s2}");
+    let curve: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(second.run_dir().join("curve.json")).expect("curve.json"),
+    )
+    .expect("curve JSON");
+    let first_auc = curve
+        .as_array()
+        .expect("curve points")
+        .iter()
+        .find(|p| p["seconds"].as_f64().unwrap() > seconds1)
+        .and_then(|p| p["test_auc"].as_f64())
+        .expect("an evaluation after the resume");
+    // Fresh tables would score about 0.5 to 0.8 here.
+    assert!(
+        first_auc >= stopped_at - 0.02,
+        "the resumed run's first AUC ({first_auc}) fell back from {stopped_at}: {curve}"
+    );
+    eprintln!(
+        "sparse resume: stopped at AUC {stopped_at:.4} after {seconds1:.1} s, first AUC after the resume {first_auc:.4}, final {}; {}",
+        s2["final_test_auc"], s2["audit"]
+    );
 }
 
 /// A limit reached between evaluations stops the job then: with 30 s

@@ -17,6 +17,7 @@ pub fn curve_json(curve: &[CurvePoint]) -> String {
                 "seconds": c.seconds,
                 "examples": c.examples,
                 "test_accuracy": c.test_accuracy,
+                "test_auc": c.test_auc,
                 "test_loss": c.test_loss,
                 "train_loss": c.train_loss,
             })
