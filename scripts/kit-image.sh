@@ -15,6 +15,9 @@
 # 65532:65532, and /etc/ssl/certs/ca-certificates.crt is copied when the host
 # has it. The binary's shared libraries and dynamic loader come from the host
 # (ldd), so the image runs the binary exactly as built here.
+#
+# DISTBELIEF_IMAGE_DATA=none builds the image without any data set: the
+# binary alone, as for a job whose data comes from a volume.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 die() { printf 'kit-image.sh: %s\n' "$*" >&2; exit 1; }
@@ -31,23 +34,25 @@ CA=/etc/ssl/certs/ca-certificates.crt
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
   [ -f "$DATA/$f" ] || die "no $DATA/$f: run scripts/setup.sh (it installs dataset-fashion-mnist)"
 done
-[ -f "$ADULT/adult.parquet.brotli" ] || die "no $ADULT/adult.parquet.brotli: run scripts/setup.sh (it fetches Adult)"
+WITH_DATA=1
+[ "${DISTBELIEF_IMAGE_DATA:-all}" = none ] && WITH_DATA=
 KIT=$("$ROOT/scripts/kit.sh" path) || exit 1
 CTR=/usr/local/share/datasets/synthetic-ctr
 CTR_DIR=$(mktemp -d)
 chmod 0755 "$CTR_DIR"
 trap 'rm -rf "$CTR_DIR"' EXIT
-"$BIN" data synth-ctr --out "$CTR_DIR" >/dev/null 2>&1 || die "distbelief data synth-ctr failed"
+if [ -n "$WITH_DATA" ]; then
+  [ -f "$ADULT/adult.parquet.brotli" ] || die "no $ADULT/adult.parquet.brotli: run scripts/setup.sh (it fetches Adult)"
+  "$BIN" data synth-ctr --out "$CTR_DIR" >/dev/null 2>&1 || die "distbelief data synth-ctr failed"
+fi
 PYTHON=$(command -v python3) || die "mkimage.py needs python3"
 
 args=(
   --out "$OUT.tmp" --ref "$REF" --user 65532:65532
   --add "$BIN:/usr/local/bin/distbelief" --libs-of "$BIN"
-  --add "$DATA:$DATA"
-  --add "$ADULT:$ADULT"
-  --add "$CTR_DIR:$CTR"
   --entrypoint '["/usr/local/bin/distbelief"]'
 )
+[ -z "$WITH_DATA" ] || args+=(--add "$DATA:$DATA" --add "$ADULT:$ADULT" --add "$CTR_DIR:$CTR")
 [ -f "$CA" ] && args+=(--add "$CA:$CA")
 
 rm -f "$OUT.tmp"

@@ -48,6 +48,77 @@ macro_rules! sandblaster {
     };
 }
 
+/// A pod template's field that the operator owns.
+macro_rules! owned {
+    (container $role:literal, $main:literal, $field:literal) => {
+        spec(
+            concat!("spec.", $role, ".template.spec.containers[", $main, "].", $field),
+            concat!(
+                "!has(self.", $role, ") || !has(self.", $role, ".template) || !has(self.", $role,
+                ".template.spec) || !has(self.", $role, ".template.spec.containers) || self.", $role,
+                ".template.spec.containers.all(c, c.name != '", $main, "' || !has(c.", $field, "))"
+            ),
+            MSG_OWNED,
+        )
+    };
+    (pod $role:literal, $field:literal, $message:expr) => {
+        spec(
+            concat!("spec.", $role, ".template.spec.", $field),
+            concat!(
+                "!has(self.", $role, ") || !has(self.", $role, ".template) || !has(self.", $role,
+                ".template.spec) || !has(self.", $role, ".template.spec.", $field, ")"
+            ),
+            $message,
+        )
+    };
+    (role $role:literal, $main:literal) => {
+        [
+            owned!(container $role, $main, "command"),
+            owned!(container $role, $main, "args"),
+            owned!(container $role, $main, "ports"),
+            owned!(container $role, $main, "livenessProbe"),
+            owned!(container $role, $main, "readinessProbe"),
+            owned!(container $role, $main, "startupProbe"),
+            owned!(pod $role, "restartPolicy", MSG_OWNED),
+        ]
+    };
+}
+
+pub const MSG_OWNED: &str = "is set by the operator; a pod template cannot override it";
+pub const MSG_COORDINATOR_ACCOUNT: &str =
+    "is the operator's: the coordinator publishes the job's status with it";
+
+/// The roles whose pods take a template: the spec field and the main
+/// container's name.
+pub const TEMPLATE_ROLES: [(&str, &str); 3] = [
+    ("parameterServers", "ps"),
+    ("replicas", "replica"),
+    ("coordinator", "coordinator"),
+];
+
+/// The rules on the roles' pod templates, by role as in TEMPLATE_ROLES:
+/// the main container's owned fields, then the pod's restartPolicy.
+pub const TEMPLATE_RULES: [[AdmissionRule; 7]; 3] = [
+    owned!(role "parameterServers", "ps"),
+    owned!(role "replicas", "replica"),
+    owned!(role "coordinator", "coordinator"),
+];
+
+/// The coordinator's service account is the one its Role is bound to.
+pub const COORDINATOR_ACCOUNT_RULE: AdmissionRule = owned!(
+    pod "coordinator",
+    "serviceAccountName",
+    MSG_COORDINATOR_ACCOUNT
+);
+
+/// Every rule the CRD carries: [`RULES`], then the templates' rules.
+pub fn all_rules() -> impl Iterator<Item = &'static AdmissionRule> {
+    RULES
+        .iter()
+        .chain(TEMPLATE_RULES.iter().flatten())
+        .chain(std::iter::once(&COORDINATOR_ACCOUNT_RULE))
+}
+
 pub const MSG_AT_LEAST_1: &str = "must be at least 1";
 pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";

@@ -6,7 +6,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 
-use crate::admission::{IMMUTABLE, RULES};
+use crate::admission::{IMMUTABLE, all_rules};
 use crate::spec::DistBeliefJob;
 
 const ROOT_DESCRIPTION: &str = "A DistBeliefJob: a distributed training job run by the distbelief operator (Kubernetes) or `distbelief train` (one machine).";
@@ -111,7 +111,7 @@ fn bound_sizes(spec: &mut Value) {
 }
 
 fn add_rules(root: &mut Value) {
-    for r in RULES {
+    for r in all_rules() {
         let target = if r.on_object {
             &mut *root
         } else {
@@ -168,8 +168,7 @@ mod tests {
         let v = serde_json::to_value(crd()).unwrap();
         let root = &v["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
         let text = root.to_string();
-        for cel in RULES
-            .iter()
+        for cel in all_rules()
             .map(|r| r.cel)
             .chain(IMMUTABLE.iter().map(|f| f.cel))
         {

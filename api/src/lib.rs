@@ -9,6 +9,7 @@ pub mod layout;
 mod load;
 pub mod spec;
 pub mod status;
+pub mod template;
 mod validate;
 
 pub use crd::{crd, crd_yaml};

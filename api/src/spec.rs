@@ -9,6 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::status::DistBeliefJobStatus;
+pub use crate::template::PodTemplate;
 
 pub const API_GROUP: &str = "distbelief.dev";
 pub const API_VERSION: &str = "distbelief.dev/v1alpha1";
@@ -55,6 +56,10 @@ pub struct DistBeliefJobSpec {
     /// Model replicas. Default: 1 replica, 3 restarts.
     #[serde(default)]
     pub replicas: ReplicaSpec,
+    /// Kubernetes only: the coordinator's resources and pod template.
+    /// Default: the operator's resources, no template.
+    #[serde(default, skip_serializing_if = "CoordinatorSpec::is_empty")]
+    pub coordinator: CoordinatorSpec,
     /// When the job is done. Default: 10 epochs or 3600 seconds, no accuracy target.
     #[serde(default)]
     pub stop: StopSpec,
@@ -618,6 +623,10 @@ pub struct ParameterServerSpec {
     /// Kubernetes only: CPU and memory of each shard's container. Default: none set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Kubernetes only: a pod template laid over every shard pod (its main
+    /// container is named ps). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplate>,
 }
 
 impl Default for ParameterServerSpec {
@@ -627,7 +636,31 @@ impl Default for ParameterServerSpec {
             replication: 1,
             max_restarts: default_max_restarts(),
             resources: None,
+            template: None,
         }
+    }
+}
+
+/// Kubernetes only: the coordinator's pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CoordinatorSpec {
+    /// CPU and memory of the coordinator's container. It holds the test set
+    /// and evaluates it, and with tables holds every stored row while it
+    /// saves the model. Default: the operator's (the chart's
+    /// coordinator.resources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// A pod template laid over the coordinator's pod (its main container
+    /// is named coordinator; its serviceAccountName is the operator's, as
+    /// the coordinator publishes status with it). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplate>,
+}
+
+impl CoordinatorSpec {
+    pub fn is_empty(&self) -> bool {
+        self == &CoordinatorSpec::default()
     }
 }
 
@@ -663,6 +696,10 @@ pub struct ReplicaSpec {
     /// partitioned replica gets no straggler backups. Default: 1.
     #[serde(default = "one")]
     pub partitions: u32,
+    /// Kubernetes only: a pod template laid over every replica pod (its main
+    /// container is named replica). Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PodTemplate>,
 }
 
 impl Default for ReplicaSpec {
@@ -673,6 +710,7 @@ impl Default for ReplicaSpec {
             resources: None,
             stragglers: StragglerSpec::default(),
             partitions: 1,
+            template: None,
         }
     }
 }

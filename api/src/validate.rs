@@ -118,6 +118,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         fail("spec.model.hidden", None);
     }
     sparse::check(s, &mut fail);
+    check_templates(s, &mut fail);
 
     let d = &s.data;
     match d.format {
@@ -473,3 +474,39 @@ mod sparse;
 
 #[cfg(test)]
 mod tests;
+
+/// The roles' pod templates: each must read as a Kubernetes pod template,
+/// with no field it does not know, and leave the operator's fields alone.
+fn check_templates(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<String>)) {
+    let templates = [
+        s.parameter_servers.template.as_ref(),
+        s.replicas.template.as_ref(),
+        s.coordinator.template.as_ref(),
+    ];
+    for ((role, main), template) in admission::TEMPLATE_ROLES.into_iter().zip(templates) {
+        let Some(t) = template else {
+            continue;
+        };
+        if let Err(errors) = t.parse() {
+            for e in errors {
+                fail(&format!("spec.{role}.template"), Some(e));
+            }
+        }
+        for f in t.owned_fields_set(main) {
+            fail(
+                &format!("spec.{role}.template.spec.{f}"),
+                Some(admission::MSG_OWNED.into()),
+            );
+        }
+        if t.sets("restartPolicy") {
+            fail(
+                &format!("spec.{role}.template.spec.restartPolicy"),
+                Some(admission::MSG_OWNED.into()),
+            );
+        }
+        if main == "coordinator" && t.sets("serviceAccountName") {
+            let rule = admission::COORDINATOR_ACCOUNT_RULE;
+            fail(rule.field, Some(rule.message.into()));
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! `distbelief data`: writes the synthetic CTR set that `model::synth`
-//! draws, block by block on every core, in row order.
+//! draws, block by block on every core, in row order; copies a data set
+//! onto a volume from an image that has no shell.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -32,6 +33,56 @@ pub struct SynthCtrArgs {
     /// The seed: the same seed and sizes write the same files.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+}
+
+#[derive(Args)]
+pub struct CopyArgs {
+    /// The directory whose files (and subdirectories) to copy.
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Where they go; created if missing.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Copies `from` into `out`, each file through a `.part` file renamed when
+/// complete, so that a reader (a job waiting for its data) never sees half
+/// a file.
+pub fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let (files, bytes) = copy_dir(&a.from, &a.out)?;
+    anyhow::ensure!(files > 0, "{} holds no file to copy", a.from.display());
+    println!(
+        "copied {files} files, {bytes} bytes, from {} to {} in {:.1} s",
+        a.from.display(),
+        a.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn copy_dir(from: &Path, out: &Path) -> anyhow::Result<(u64, u64)> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let entries =
+        std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))?;
+    let (mut files, mut bytes) = (0, 0);
+    for entry in entries {
+        let entry = entry.with_context(|| format!("cannot read {}", from.display()))?;
+        let (src, dst) = (entry.path(), out.join(entry.file_name()));
+        if entry.file_type()?.is_dir() {
+            let (f, b) = copy_dir(&src, &dst)?;
+            (files, bytes) = (files + f, bytes + b);
+            continue;
+        }
+        let part = dst.with_extension("part");
+        let n = std::fs::copy(&src, &part)
+            .with_context(|| format!("cannot copy {} to {}", src.display(), part.display()))?;
+        std::fs::rename(&part, &dst)
+            .with_context(|| format!("cannot rename {} to {}", part.display(), dst.display()))?;
+        println!("{} ({n} bytes)", dst.display());
+        (files, bytes) = (files + 1, bytes + n);
+    }
+    Ok((files, bytes))
 }
 
 pub fn synth_ctr(a: SynthCtrArgs) -> anyhow::Result<ExitCode> {

@@ -51,6 +51,9 @@ enum DataCommand {
     /// (label, 13 numeric, 26 categorical fields; tab-separated, with a
     /// header) and print the planted model's test AUC and log loss.
     SynthCtr(data::SynthCtrArgs),
+    /// Copy a data set's files from one directory to another, each file
+    /// complete or not at all: fills a volume from an image without a shell.
+    Copy(data::CopyArgs),
 }
 
 #[derive(Args)]
@@ -324,6 +327,10 @@ pub struct OperatorArgs {
         default_value_t = 300
     )]
     pub restart_backoff_max_seconds: u64,
+    /// The coordinator's container resources (JSON, as a pod's
+    /// `resources`) for jobs that set no spec.coordinator.resources.
+    #[arg(long, env = "DISTBELIEF_COORDINATOR_RESOURCES")]
+    pub coordinator_resources: Option<String>,
 }
 
 /// Tensor messages are a few MiB each. By default glibc serves such
@@ -371,6 +378,7 @@ fn main() -> ExitCode {
         Command::Eval(a) => eval::run(a),
         Command::Audit(a) => roles::audit(a),
         Command::Data(DataCommand::SynthCtr(a)) => data::synth_ctr(a),
+        Command::Data(DataCommand::Copy(a)) => data::copy(a),
     };
     match result {
         Ok(code) => code,

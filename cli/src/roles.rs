@@ -177,6 +177,9 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             (None, None, _) => None,
         };
         let opts = distbelief_coordinator::CoordinatorOptions {
+            // On Kubernetes data may arrive after the pod (a volume being
+            // filled); locally a bad path should end the run at once.
+            wait_for_data: publish.is_some(),
             shards: a.shards.clone(),
             rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
             publish,
@@ -201,7 +204,14 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
+    let coordinator_resources = match a.coordinator_resources.as_deref().map(str::trim) {
+        None | Some("" | "null" | "{}") => None,
+        Some(text) => Some(serde_json::from_str(text).with_context(|| {
+            format!("--coordinator-resources is not a pod's resources in JSON: {text}")
+        })?),
+    };
     let config = distbelief_operator::Config {
+        coordinator_resources,
         image: a.image,
         image_pull_policy: a.image_pull_policy,
         network_policy: a.network_policy,

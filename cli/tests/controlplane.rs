@@ -267,20 +267,79 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
     distbelief_api::parse_job("job.json", &serde_json::to_string(&job).unwrap())
         .expect("and runs locally");
     immutable_fields_refuse_a_change_with_the_local_message(&kit, &ns).await;
+    templates_are_admitted_and_owned_fields_refused(&kit, &ns).await;
     // Every shipped job is admitted.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for dir in ["examples", "deploy/examples"] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "yaml") {
-                let job: Value =
-                    serde_norway::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                let text = std::fs::read_to_string(&path).unwrap();
+                let job = serde_norway::Deserializer::from_str(&text)
+                    .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+                    .find(|d| d["kind"] == "DistBeliefJob")
+                    .expect("a DistBeliefJob in every example");
                 dry_run(&kit, &ns, &job)
                     .await
                     .unwrap_or_else(|e| panic!("{} is refused: {e}", path.display()));
             }
         }
     }
+}
+
+/// A pod template with what clusters ask of pods (tolerations, a priority
+/// class, env, a volume, a sidecar) is admitted on every role; one that sets
+/// a field the operator owns is refused with the local validator's message.
+async fn templates_are_admitted_and_owned_fields_refused(kit: &Kit, ns: &str) {
+    use distbelief_api::admission::{COORDINATOR_ACCOUNT_RULE, TEMPLATE_ROLES, TEMPLATE_RULES};
+    for ((role, main), rules) in TEMPLATE_ROLES.into_iter().zip(TEMPLATE_RULES) {
+        let mut job = example_job("templated");
+        job["spec"][role]["template"] = json!({
+            "metadata": {"labels": {"team": "ads"}, "annotations": {"note": "x"}},
+            "spec": {
+                "priorityClassName": "batch",
+                "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "containers": [
+                    {"name": main, "env": [{"name": "EXTRA", "value": "1"}],
+                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+                    {"name": "sidecar", "image": "localhost/pause:3.10", "command": ["/pause"]}
+                ]
+            }
+        });
+        local_ok(&job);
+        dry_run(kit, ns, &job)
+            .await
+            .unwrap_or_else(|e| panic!("{role}: a good template is refused: {e}"));
+        for rule in rules
+            .iter()
+            .chain((main == "coordinator").then_some(&COORDINATOR_ACCOUNT_RULE))
+        {
+            let field = rule.field.rsplit('.').next().unwrap();
+            let mut job = example_job("owned");
+            job["spec"][role]["template"] = if rule.field.contains(".containers[") {
+                let value = match field {
+                    "command" | "args" => json!(["sh"]),
+                    "ports" => json!([{"containerPort": 80}]),
+                    _ => json!({"periodSeconds": 1}),
+                };
+                json!({"spec": {"containers": [{"name": main, field: value}]}})
+            } else {
+                json!({"spec": {field: "Always"}})
+            };
+            let local = local_errors(&job);
+            assert_eq!(local, [format!("{}: {}", rule.field, rule.message)]);
+            let server = dry_run(kit, ns, &job)
+                .await
+                .expect_err(&format!("{}: the API server admitted it", rule.field));
+            assert!(server.contains(&local[0]), "{}: {server}", rule.field);
+        }
+    }
+}
+
+fn local_ok(job: &Value) {
+    let text = serde_json::to_string(job).unwrap();
+    distbelief_api::parse_job("job.json", &text).unwrap_or_else(|e| panic!("{e}: {job}"));
 }
 
 /// The two layout-defining fields of a stored job refuse a change with the
@@ -1185,4 +1244,154 @@ async fn kit_a_replica_pod_refused_by_a_quota_is_reported_then_created_once_it_f
         "kit_quota: {refusals} refusals over the wait, 0 restarts, 0 reschedules; replicas created {:.1} s after the quota was raised",
         took.as_secs_f64()
     );
+}
+
+/// Templates reach the pods the operator makes, through the real API
+/// server's server-side apply: the shards' StatefulSet, the coordinator and
+/// the replicas carry their role's labels, tolerations, env, volume and
+/// sidecar, and the coordinator the resources the operator was given.
+#[tokio::test]
+async fn kit_pod_templates_and_coordinator_resources_reach_every_role() {
+    let Some(kit) = kit::kit("kit_templates").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-templates").await;
+    let resources = r#"{"requests":{"cpu":"100m","memory":"256Mi"},"limits":{"memory":"2Gi"}}"#;
+    let _op = kit.operator(&ns, "solo", &["--coordinator-resources", resources]);
+    let mut job = example_job("tpl");
+    for (role, main) in distbelief_api::admission::TEMPLATE_ROLES {
+        job["spec"][role]["template"] = json!({
+            "metadata": {"labels": {"team": "ads"}},
+            "spec": {
+                "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "containers": [
+                    {"name": main, "env": [{"name": "ROLE_NOTE", "value": main}],
+                     "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+                    {"name": "sidecar", "image": "localhost/pause:3.10"}
+                ]
+            }
+        });
+    }
+    create_job(&kit, &ns, &job).await;
+    let check = |role: &str,
+                 meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                 spec: &k8s_openapi::api::core::v1::PodSpec| {
+        let labels = meta.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get("team").map(String::as_str),
+            Some("ads"),
+            "{role}"
+        );
+        assert_eq!(
+            labels.get("distbelief.dev/role").map(String::as_str),
+            Some(role)
+        );
+        assert!(
+            spec.tolerations
+                .iter()
+                .flatten()
+                .any(|t| t.key.as_deref() == Some("spot")),
+            "{role}"
+        );
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [role, "sidecar"], "{role}");
+        let main = &spec.containers[0];
+        let env: Vec<&str> = main.env.iter().flatten().map(|e| e.name.as_str()).collect();
+        assert!(
+            env.contains(&"ROLE_NOTE") && env.contains(&"DISTBELIEF_JOB"),
+            "{role}: {env:?}"
+        );
+        assert!(
+            main.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == "scratch"),
+            "{role}"
+        );
+        assert!(
+            main.volume_mounts.iter().flatten().any(|m| m.name == "job"),
+            "{role}"
+        );
+        assert!(
+            spec.volumes.iter().flatten().any(|v| v.name == "scratch"),
+            "{role}"
+        );
+    };
+    let sts: StatefulSet = wait_for(
+        Duration::from_secs(60),
+        "the shards' StatefulSet",
+        || async {
+            Api::<StatefulSet>::namespaced(kit.client.clone(), &ns)
+                .get("tpl-ps")
+                .await
+                .ok()
+        },
+    )
+    .await;
+    let template = sts.spec.unwrap().template;
+    check(
+        "ps",
+        &template.metadata.unwrap_or_default(),
+        &template.spec.unwrap(),
+    );
+    servers_ready(&kit, &ns, "tpl", 2).await;
+    let coordinator = kit.pods(&ns).get("tpl-coordinator").await.unwrap();
+    let spec = coordinator.spec.unwrap();
+    check("coordinator", &coordinator.metadata, &spec);
+    let limits = spec.containers[0]
+        .resources
+        .clone()
+        .unwrap()
+        .limits
+        .unwrap();
+    assert_eq!(limits["memory"].0, "2Gi");
+    let replica = wait_for(Duration::from_secs(60), "a replica pod", || async {
+        let names = pod_names(&kit, &ns, "distbelief.dev/role=replica").await;
+        names.into_iter().next()
+    })
+    .await;
+    let pod = kit.pods(&ns).get(&replica).await.unwrap();
+    check("replica", &pod.metadata, &pod.spec.unwrap());
+    println!("kit_templates: the template reached the StatefulSet, the coordinator and {replica}");
+}
+
+/// Safe drains: with replication 2 the shards' disruption budget lets the
+/// Eviction API take one member pod, and refuses (429) a second, the other
+/// member of the same shard, while the first is not back.
+#[tokio::test]
+async fn kit_with_replication_2_an_eviction_takes_one_member_and_refuses_the_other() {
+    let Some(kit) = kit::kit("kit_drains").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-drains").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("dr");
+    job["spec"]["parameterServers"]["replication"] = json!(2);
+    create_job(&kit, &ns, &job).await;
+    // Pods k and k+1 are the members of shard k / 2.
+    servers_ready(&kit, &ns, "dr", 4).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(kit.client.clone(), &ns);
+    wait_for(
+        Duration::from_secs(60),
+        "one disruption allowed",
+        || async {
+            let pdb = budgets.get("dr-ps").await.ok()?;
+            (pdb.status?.disruptions_allowed == 1).then_some(())
+        },
+    )
+    .await;
+    let pods = kit.pods(&ns);
+    pods.evict("dr-ps-0", &kube::api::EvictParams::default())
+        .await
+        .expect("the first member's eviction is allowed");
+    let refused = pods
+        .evict("dr-ps-1", &kube::api::EvictParams::default())
+        .await
+        .expect_err("the other member of shard 0 must stay");
+    match &refused {
+        kube::Error::Api(s) => assert_eq!(s.code, 429, "{refused}"),
+        e => panic!("expected 429 from the Eviction API, got {e}"),
+    }
+    println!("kit_drains: dr-ps-0 evicted; dr-ps-1 refused: {refused}");
 }

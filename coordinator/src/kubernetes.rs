@@ -59,6 +59,17 @@ pub async fn apply(target: &Target, progress: &Progress) -> Result<(), kube::Err
     .map(|_| ())
 }
 
+/// Sets or (None) clears `status.progress.dataError`. A merge patch, not an
+/// apply: the progress this coordinator applies later leaves it alone, and
+/// only this call clears it.
+pub async fn set_data_error(target: &Target, error: Option<&str>) -> Result<(), kube::Error> {
+    let api: Api<DistBeliefJob> = Api::namespaced(target.client.clone(), &target.namespace);
+    let patch = json!({"status": {"progress": {"dataError": error}}});
+    api.patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
 /// Publishes progress when it changes, and the final progress until it
 /// lands: the operator finishes the job when it reads `done`.
 pub(crate) struct Publisher {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use distbelief_api::{Job, ShardProgress};
-use distbelief_model::data::{self, DataError};
+use distbelief_model::data::{self, DataError, Dataset};
 use distbelief_model::{Mlp, WideDeep};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{
@@ -83,6 +83,8 @@ pub struct CoordinatorOptions {
     /// On Kubernetes, the job's uid: a state saved for another job of the
     /// same name is not restored.
     pub job_uid: String,
+    /// Read unreadable data again until it reads, instead of failing.
+    pub wait_for_data: bool,
 }
 
 impl CoordinatorOptions {
@@ -98,6 +100,7 @@ impl CoordinatorOptions {
             heartbeat: Default::default(),
             state: None,
             job_uid: String::new(),
+            wait_for_data: false,
         }
     }
 }
@@ -238,6 +241,72 @@ impl Coordinator for Service {
     }
 }
 
+/// The test set and the training set's size. With `wait_for_data` (on
+/// Kubernetes), data that cannot be read yet (a volume still being filled,
+/// a path that names nothing) is read again until it can, with the reason
+/// in `status.progress.dataError`, instead of the pod failing over and
+/// over; otherwise the error ends the coordinator. None if `shutdown`
+/// came first.
+async fn load_data(
+    job: &Job,
+    opts: &CoordinatorOptions,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<Option<(Dataset, usize)>, CoordinatorError> {
+    let mut delay = Duration::from_secs(2);
+    let mut said = false;
+    loop {
+        let spec = job.spec.data.clone();
+        let (inputs, classes) = (job.data_inputs(), job.label_classes());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let test = data::load(&spec, false)?;
+            test.check_fits("test data", inputs, classes)?;
+            Ok::<_, DataError>((test, data::count_training_examples(&spec)?))
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(DataError::Format {
+                path: "test data".into(),
+                message: e.to_string(),
+            })
+        });
+        let error = match loaded {
+            Ok(v) => {
+                if said {
+                    tracing::info!("the job's data reads now");
+                    #[cfg(feature = "kubernetes")]
+                    publish_data_error(opts, None).await;
+                }
+                return Ok(Some(v));
+            }
+            Err(e) if opts.wait_for_data => e,
+            Err(e) => return Err(e.into()),
+        };
+        tracing::warn!("cannot read the job's data, trying again in {delay:?}: {error}");
+        #[cfg(feature = "kubernetes")]
+        publish_data_error(opts, Some(&error.to_string())).await;
+        said = true;
+        opts.heartbeat.beat();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = &mut *shutdown => return Ok(None),
+        }
+        delay = (delay * 2).min(DATA_RETRY_MAX);
+    }
+}
+
+/// The longest wait between two attempts at reading the data: well inside
+/// the liveness probe's 60 s heartbeat.
+const DATA_RETRY_MAX: Duration = Duration::from_secs(30);
+
+#[cfg(feature = "kubernetes")]
+async fn publish_data_error(opts: &CoordinatorOptions, error: Option<&str>) {
+    if let Some(target) = &opts.publish
+        && let Err(e) = kubernetes::set_data_error(target, error).await
+    {
+        tracing::warn!("cannot write the data error to the job's status: {e}");
+    }
+}
+
 /// Runs the coordinator on `listener` until `shutdown` resolves.
 pub async fn serve(
     job: &Job,
@@ -247,20 +316,11 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
     let metrics = CoordinatorMetrics::register(registry)?;
-    let spec = job.spec.data.clone();
-    let (test, training_examples) = tokio::task::spawn_blocking(move || {
-        Ok::<_, DataError>((
-            data::load(&spec, false)?,
-            data::count_training_examples(&spec)?,
-        ))
-    })
-    .await
-    .map_err(|e| DataError::Format {
-        path: "test data".into(),
-        message: e.to_string(),
-    })??;
+    let mut shutdown = Box::pin(shutdown);
+    let Some((test, training_examples)) = load_data(job, &opts, &mut shutdown).await? else {
+        return Ok(());
+    };
     let mlp = Mlp::new(&job.layout);
-    test.check_fits("test data", job.data_inputs(), job.label_classes())?;
     let clients = shard_clients(job, &opts.shards, opts.rpc_timeout)?;
     tracing::info!(
         test_examples = test.len(),

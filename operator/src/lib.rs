@@ -25,6 +25,8 @@ pub struct Config {
     /// its shards and coordinator.
     pub network_policy: bool,
     pub backoff: Backoff,
+    /// The coordinator's container resources when a job sets none.
+    pub coordinator_resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
 }
 
 impl Default for Config {
@@ -37,6 +39,7 @@ impl Default for Config {
                 initial: Duration::from_secs(10),
                 max: Duration::from_secs(300),
             },
+            coordinator_resources: None,
         }
     }
 }

@@ -367,3 +367,79 @@ fn an_unreplicated_shard_survives_a_hiccup_that_a_replicated_member_does_not() {
         "the chain goes on without a member"
     );
 }
+
+/// The merge rule, on the pods of every role: a template's labels,
+/// tolerations, priority class, volumes, env, mounts and sidecar are laid
+/// over what the operator builds, and the operator's own labels, env,
+/// volumes, command and probes stand.
+#[test]
+fn pod_templates_are_laid_over_every_role_by_the_merge_rule() {
+    use distbelief_api::PodTemplate;
+    let cfg = common::config();
+    let mut job = common::job("tpl");
+    let template = |main: &str| {
+        Some(PodTemplate(serde_json::json!({
+            "metadata": {"labels": {"team": "ads", "distbelief.dev/role": "mine"}},
+            "spec": {
+                "priorityClassName": "batch",
+                "nodeSelector": {"pool": "training"},
+                "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+                "securityContext": {"supplementalGroups": [4000]},
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "fmnist", "readOnly": true}},
+                    {"name": "job", "emptyDir": {}}
+                ],
+                "containers": [
+                    {"name": main,
+                     "env": [{"name": "RUST_LOG", "value": "debug"}, {"name": "DISTBELIEF_JOB", "value": "/x"}],
+                     "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": true}],
+                     "resources": {"limits": {"memory": "1Gi"}}},
+                    {"name": "log-shipper", "image": "fluent/fluent-bit:3.1", "args": ["-c", "/etc/fb.conf"]}
+                ]
+            }
+        })))
+    };
+    job.spec.parameter_servers.template = template("ps");
+    job.spec.replicas.template = template("replica");
+    job.spec.coordinator.template = template("coordinator");
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let sts = c.ps_stateful_set.spec.clone().unwrap().template;
+    let coordinator = c.coordinator_pod.clone().unwrap();
+    let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
+    let docs = vec![
+        serde_json::to_value(&sts).unwrap(),
+        serde_json::to_value(&coordinator).unwrap(),
+        serde_json::to_value(&replica).unwrap(),
+    ];
+    insta::assert_snapshot!("templated-pods", yaml(&docs));
+
+    for (role, meta, spec) in [
+        ("ps", sts.metadata.unwrap(), sts.spec.unwrap()),
+        ("coordinator", coordinator.metadata, coordinator.spec.unwrap()),
+        ("replica", replica.metadata, replica.spec.unwrap()),
+    ] {
+        let labels = meta.labels.unwrap();
+        assert_eq!(labels["team"], "ads", "{role}");
+        assert_eq!(labels["distbelief.dev/role"], role, "the operator's label wins");
+        assert_eq!(spec.priority_class_name.as_deref(), Some("batch"));
+        assert_eq!(spec.node_selector.unwrap()["pool"], "training");
+        let security = spec.security_context.unwrap();
+        assert_eq!(security.supplemental_groups, Some(vec![4000]));
+        assert_eq!(security.run_as_user, Some(65532), "{role}: fields merge one by one");
+        let volumes = spec.volumes.unwrap();
+        let job_volume = volumes.iter().find(|v| v.name == "job").unwrap();
+        assert!(job_volume.config_map.is_some() && job_volume.empty_dir.is_none(), "{role}");
+        assert!(volumes.iter().any(|v| v.name == "data"), "{role}");
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [role, "log-shipper"]);
+        let main = &spec.containers[0];
+        let env = main.env.as_ref().unwrap();
+        let value = |k: &str| env.iter().find(|e| e.name == k).and_then(|e| e.value.clone());
+        assert_eq!(value("RUST_LOG").as_deref(), Some("debug"));
+        assert_eq!(value("DISTBELIEF_JOB").as_deref(), Some("/etc/distbelief/job.yaml"));
+        assert!(main.startup_probe.is_some() && main.liveness_probe.is_some());
+        let limits = main.resources.as_ref().unwrap().limits.as_ref().unwrap();
+        assert_eq!(limits["memory"].0, "1Gi");
+    }
+}

@@ -312,6 +312,11 @@ setup_kit() {
   log "$kit/load-image.sh ($(du -m "$work/image.tar" | cut -f1) MiB)"
   timeout 300 "$kit/load-image.sh" "$work/image.tar" || return 1
   rm -f "$work/image.tar"
+  NODATA_IMAGE=$IMAGE_REPO-nodata:$IMAGE_TAG
+  log "scripts/kit-image.sh (no data set) -> $NODATA_IMAGE"
+  DISTBELIEF_IMAGE_DATA=none DISTBELIEF_BINARY=$BINARY timeout 300 scripts/kit-image.sh "$work/nodata.tar" "$NODATA_IMAGE" || return 1
+  timeout 300 "$kit/load-image.sh" "$work/nodata.tar" || return 1
+  rm -f "$work/nodata.tar"
   prune_kit_images
 }
 
@@ -321,8 +326,9 @@ prune_kit_images() {
   local sock ref
   sock="$(dirname "$KUBECONFIG")/containerd/containerd.sock"   # $K8S_STATE/containerd/...
   { [ -S "$sock" ] && have ctr; } || return 0
-  for ref in $(timeout 30 ctr --address "$sock" -n k8s.io images ls -q 2>/dev/null | grep "^$IMAGE_REPO:e2e-"); do
+  for ref in $(timeout 30 ctr --address "$sock" -n k8s.io images ls -q 2>/dev/null | grep -E "^$IMAGE_REPO(-nodata)?:e2e-"); do
     [ "$ref" = "$IMAGE_REPO:$IMAGE_TAG" ] && continue
+    [ "$ref" = "$NODATA_IMAGE" ] && continue
     timeout 30 ctr --address "$sock" -n k8s.io images rm "$ref" >/dev/null 2>&1 && log "removed older image $ref"
   done
   return 0
@@ -571,6 +577,163 @@ adult() { sparse_example "$ADULT" 0.90; }
 # Criteo's layout, 10^6 rows of the image's synth-ctr set, 1 epoch.
 CTR=synthetic-ctr
 synthetic_ctr() { sparse_example "$CTR" 0.78; }
+
+# Pod templates on every role (the kit only: the sidecar is the kit's pause
+# image): labels, a priority class, a toleration, env, an extra volume and a
+# sidecar. Every role's pod must carry them all, and the job succeed.
+TEMPLATED=fashion-mnist-templated
+TEMPLATE_PRIORITY=distbelief-e2e-training
+templated() {
+  local name=$TEMPLATED
+  templated_checked=
+  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML || { echo "cannot create PriorityClass $TEMPLATE_PRIORITY"; return 1; }
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata: {name: $TEMPLATE_PRIORITY}
+value: 1000
+description: the distbelief e2e suite's pod template step
+YAML
+  python3 - "$EXAMPLE" "$work/templated.yaml" "$name" "$TEMPLATE_PRIORITY" <<'PY' || { echo "could not derive $name"; return 1; }
+import json, sys
+src, dst, name, priority = sys.argv[1:]
+def template(main):
+    return json.dumps({
+        "metadata": {"labels": {"e2e-template": "yes"}},
+        "spec": {
+            "priorityClassName": priority,
+            "tolerations": [{"key": "distbelief.dev/e2e", "operator": "Exists", "effect": "NoSchedule"}],
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "containers": [
+                {"name": main, "env": [{"name": "E2E_TEMPLATE", "value": main}],
+                 "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+                {"name": "sidecar", "image": "localhost/pause:3.10", "imagePullPolicy": "Never"},
+            ],
+        },
+    })
+s = open(src).read()
+for old, new in [
+    ("  name: fashion-mnist-downpour\n", f"  name: {name}\n"),
+    ("    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n",
+     "    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n    trainLimit: 12000\n    testLimit: 2000\n"),
+    ("    shards: 2\n    maxRestarts: 3\n", f"    shards: 2\n    maxRestarts: 3\n    template: {template('ps')}\n"),
+    ("    count: 2\n    maxRestarts: 3\n", f"    count: 2\n    maxRestarts: 3\n    template: {template('replica')}\n"),
+    ("  stop:\n", f"  coordinator:\n    template: {template('coordinator')}\n  stop:\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.8\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+open(dst, "w").write(s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/templated.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$name (pod templates on every role)"
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_templated_pods_then_finished || return 1
+  log "$name: final phase $J_PHASE, testAccuracy $J_ACC; every role's pod carried its template: ${templated_checked:-no}"
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+  "${KUBECTL[@]}" delete priorityclass "$TEMPLATE_PRIORITY" --wait=false >/dev/null || true
+  [ -n "$templated_checked" ] || { echo "$name: no pod of some role carried the template (labels, priority, toleration, volume, env, sidecar)"; return 1; }
+  [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$J_ACC" 0.8 || { echo "$name: testAccuracy $J_ACC < 0.8"; return 1; }
+}
+# Until a pod of every role has been seen carrying the whole template, looks
+# at the job's pods at every poll; done once the job is.
+# shellcheck disable=SC2317  # called through job_wait
+t_templated_pods_then_finished() {
+  [ -n "$templated_checked" ] || "${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$TEMPLATED" -o json 2>/dev/null |
+    python3 -c '
+import json, sys
+seen = set()
+for p in json.load(sys.stdin)["items"]:
+    role = p["metadata"]["labels"].get("distbelief.dev/role")
+    spec = p["spec"]
+    main = next((c for c in spec["containers"] if c["name"] == role), {})
+    env = {e["name"] for e in main.get("env", [])}
+    if (p["metadata"]["labels"].get("e2e-template") == "yes"
+            and spec.get("priorityClassName") == sys.argv[1]
+            and spec.get("priority") == 1000
+            and any(t.get("key") == "distbelief.dev/e2e" for t in spec.get("tolerations", []))
+            and any(v["name"] == "scratch" for v in spec.get("volumes", []))
+            and any(m["name"] == "scratch" for m in main.get("volumeMounts", []))
+            and any(c["name"] == "sidecar" for c in spec["containers"])
+            and {"E2E_TEMPLATE", "DISTBELIEF_JOB"} <= env):
+        seen.add(role)
+sys.exit(0 if {"ps", "coordinator", "replica"} <= seen else 1)
+' "$TEMPLATE_PRIORITY" && templated_checked=1
+  t_finished
+}
+
+# Data on a volume (the kit only: the image without data is built there):
+# examples/fashion-mnist-pvc.yaml as shipped, but smaller, its fill Job on
+# this suite's image and its training job on the image that has no data.
+PVC_EXAMPLE=examples/fashion-mnist-pvc.yaml
+PVC_JOB=fashion-mnist-pvc
+NODATA_IMAGE=""
+derive_pvc_job() { # derive_pvc_job OUT NAME [TEST_IMAGES]
+  python3 - "$PVC_EXAMPLE" "$1" "$2" "$IMAGE_REPO:$IMAGE_TAG" "$NODATA_IMAGE" "${3:-}" <<'PY'
+import sys
+src, dst, name, image, nodata, test_images = sys.argv[1:]
+s = open(src).read()
+edits = [
+    ("          image: distbelief:latest\n", f"          image: {image}\n"),
+    ("  name: fashion-mnist-pvc\nspec:\n", f"  name: {name}\nspec:\n  image: {nodata}\n"),
+    ("    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n",
+     "    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n    trainLimit: 12000\n    testLimit: 2000\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.8\n"),
+]
+if test_images:
+    edits.append(("    testImages: /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz\n",
+                  f"    testImages: {test_images}\n"))
+for old, new in edits:
+    if old not in s:
+        sys.exit(f"no {old!r} in {src}")
+    s = s.replace(old, new, 1)
+open(dst, "w").write(s)
+PY
+}
+pvc_example() {
+  local images
+  derive_pvc_job "$work/pvc.yaml" "$PVC_JOB" || { echo "could not derive $PVC_JOB"; return 1; }
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/pvc.yaml" >/dev/null || return 1
+  log "applied $PVC_EXAMPLE: claim fashion-mnist, Job fill-fashion-mnist ($IMAGE_REPO:$IMAGE_TAG), job $PVC_JOB on $NODATA_IMAGE"
+  "${KUBECTL[@]}" wait -n "$JOB_NS" --for=condition=complete job/fill-fashion-mnist --timeout=240s >/dev/null ||
+    { echo "the fill Job did not complete"; "${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-fashion-mnist 2>&1 | tail -n 5; return 1; }
+  log "fill-fashion-mnist: $("${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-fashion-mnist 2>/dev/null | tail -n 1)"
+  job_wait "$PVC_JOB" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  images=$("${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$PVC_JOB-coordinator,reason=Pulled" \
+    -o 'jsonpath={range .items[*]}{.message}{"\n"}{end}' 2>/dev/null | head -n 1)
+  log "$PVC_JOB: final phase $J_PHASE, testAccuracy $J_ACC; coordinator image: ${images:-(no Pulled event seen)}"
+  [ "$J_PHASE" = Succeeded ] || { echo "$PVC_JOB: phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$J_ACC" 0.8 || { echo "$PVC_JOB: testAccuracy $J_ACC < 0.8"; return 1; }
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$PVC_JOB" --wait=false >/dev/null || return 1
+}
+# A data path that names nothing on the claim: the coordinator waits, the
+# job says why in a DataReadable=False condition and a DataUnreadable
+# event, and the coordinator's container does not restart.
+pvc_wrong_path() {
+  local name=$PVC_JOB-wrong cond="" restarts events end
+  derive_pvc_job "$work/pvc-wrong.yaml" "$name" /usr/share/datasets/fashion-mnist/nothing-here.gz ||
+    { echo "could not derive $name"; return 1; }
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/pvc-wrong.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$name (testImages names nothing on the claim)"
+  end=$(until_time 180)
+  while [ "$SECONDS" -lt "$end" ]; do
+    cond=$(jp "dbj/$name" '{.status.conditions[?(@.type=="DataReadable")].status}|{.status.conditions[?(@.type=="DataReadable")].message}')
+    [ "${cond%%|*}" = False ] && break
+    sleep 2
+  done
+  log "$name: DataReadable ${cond:-(none)}"
+  [ "${cond%%|*}" = False ] || { echo "$name: no DataReadable=False condition within 180 s"; return 1; }
+  case "$cond" in *nothing-here*) ;; *) echo "$name: the condition does not name the path: $cond"; return 1 ;; esac
+  events=$("${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$name,reason=DataUnreadable" -o name 2>/dev/null | wc -l)
+  [ "$events" -ge 1 ] || { echo "$name: no DataUnreadable event"; return 1; }
+  # Two more attempts at the data (2 s, then 4 s apart): still no restart.
+  sleep 8
+  restarts=$("${KUBECTL[@]}" get pod -n "$JOB_NS" "$name-coordinator" -o 'jsonpath={.status.containerStatuses[?(@.name=="coordinator")].restartCount}' 2>/dev/null)
+  log "$name: $events DataUnreadable event(s); coordinator restarts: ${restarts:-?}; phase $(jp "dbj/$name" '{.status.phase}')"
+  [ "${restarts:-1}" = 0 ] || { echo "$name: the coordinator restarted ($restarts): a crash loop"; return 1; }
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+  "${KUBECTL[@]}" delete -n "$JOB_NS" job/fill-fashion-mnist pvc/fashion-mnist --wait=false >/dev/null 2>&1 || true
+}
 
 # Model parallelism: the example's replica split into 2 partition pods that
 # find each other through the job's headless partitions Service; on a
@@ -1064,6 +1227,17 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
     step "$MODEL_PARALLEL (smaller): a replica of 2 partition pods trading activations reaches Succeeded" model_parallel
+    if [ "$mode" = kit ]; then
+      step "$TEMPLATED: pod templates put labels, a priority class, a toleration, env, a volume and a sidecar on every role's pods, and the job reaches Succeeded" templated
+      if step "$PVC_EXAMPLE: a Job fills the claim, and the job, on an image without data, reads it and reaches Succeeded" pvc_example; then
+        step "$PVC_JOB with a data path that names nothing: DataReadable=False and a DataUnreadable event, no coordinator restart" pvc_wrong_path
+      else
+        skip "$PVC_JOB with a wrong data path (the claim was not filled)"
+      fi
+    else
+      skip "$TEMPLATED (its sidecar is the kit's pause image)"
+      skip "$PVC_EXAMPLE (the image without data is built on the kit only)"
+    fi
     step "$ADULT (tables on the shards) reaches Succeeded with bestTestAuc >= 0.90 in status.progress" adult
     step "$CTR (Criteo layout, tab-separated with named columns) reaches Succeeded with bestTestAuc >= 0.78" synthetic_ctr
     step "fashion-mnist-replicated (2 members per shard): a member pod of shard 0 and the coordinator's pod are deleted and a member of shard 1 frozen mid-run (restarted by its liveness probe within 5 s); the job reaches Succeeded and status.progress never goes back" replicated

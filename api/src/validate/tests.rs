@@ -1061,3 +1061,76 @@ fn a_sandblaster_job_validates_with_its_defaults_and_seeds_the_shards() {
     assert_eq!(sb.backup_after, 0.9);
     assert_eq!(job.downpour.seed, 7, "the shards initialise from its seed");
 }
+
+/// The template of `role` (a TEMPLATE_ROLES name) in `job`.
+fn template_of<'a>(
+    job: &'a mut DistBeliefJob,
+    role: &str,
+) -> &'a mut Option<crate::template::PodTemplate> {
+    match role {
+        "parameterServers" => &mut job.spec.parameter_servers.template,
+        "replicas" => &mut job.spec.replicas.template,
+        _ => &mut job.spec.coordinator.template,
+    }
+}
+
+#[test]
+fn each_template_rule_gives_the_admission_message() {
+    use crate::admission::{COORDINATOR_ACCOUNT_RULE, TEMPLATE_ROLES, TEMPLATE_RULES};
+    use crate::template::PodTemplate;
+    for ((role, main), rules) in TEMPLATE_ROLES.into_iter().zip(TEMPLATE_RULES) {
+        // A template that sets only what it may is fine.
+        let mut raw = minimal_resource();
+        *template_of(&mut raw, role) = Some(PodTemplate(serde_json::json!({
+            "metadata": {"labels": {"team": "ads"}},
+            "spec": {
+                "priorityClassName": "batch",
+                "containers": [
+                    {"name": main, "env": [{"name": "X", "value": "1"}]},
+                    {"name": "sidecar", "image": "busybox", "command": ["sleep", "1d"]}
+                ]
+            }
+        })));
+        validate(&raw).unwrap_or_else(|e| panic!("{role}: {e}"));
+        for rule in rules {
+            let field = rule.field.rsplit('.').next().unwrap();
+            let spec = if rule.field.ends_with("restartPolicy") {
+                serde_json::json!({"restartPolicy": "Always", "containers": []})
+            } else {
+                serde_json::json!({"containers": [{"name": main, field: null}]})
+            };
+            let mut spec = spec;
+            if let Some(c) = spec["containers"].get_mut(0) {
+                c[field] = serde_json::json!(["x"]);
+                if field.ends_with("Probe") {
+                    c[field] = serde_json::json!({"periodSeconds": 1});
+                } else if field == "ports" {
+                    c[field] = serde_json::json!([{"containerPort": 1}]);
+                }
+            }
+            let mut raw = minimal_resource();
+            *template_of(&mut raw, role) = Some(PodTemplate(serde_json::json!({"spec": spec})));
+            let (_, errors) = invalid(validate(&raw));
+            assert_eq!(errors.len(), 1, "{}: {errors:?}", rule.field);
+            assert_eq!(
+                (errors[0].field.as_str(), errors[0].message.as_str()),
+                (rule.field, rule.message)
+            );
+        }
+    }
+    let mut raw = minimal_resource();
+    raw.spec.coordinator.template = Some(PodTemplate(serde_json::json!({
+        "spec": {"serviceAccountName": "mine"}
+    })));
+    let (_, errors) = invalid(validate(&raw));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].field, COORDINATOR_ACCOUNT_RULE.field);
+    // A field Kubernetes' pod template does not have is named.
+    let mut raw = minimal_resource();
+    raw.spec.replicas.template = Some(PodTemplate(serde_json::json!({
+        "spec": {"tolerationz": []}
+    })));
+    let (_, errors) = invalid(validate(&raw));
+    assert_eq!(errors[0].field, "spec.replicas.template");
+    assert_eq!(errors[0].message, "unknown field spec.tolerationz");
+}

@@ -20,6 +20,7 @@ use serde_json::json;
 mod pod;
 mod servers;
 mod target;
+mod template;
 
 pub use target::{Target, target};
 
@@ -335,6 +336,8 @@ fn replica_pod(
         spec.hostname = Some(name);
         spec.subdomain = Some(t.partition_service_name());
     }
+    let replica_template = t.job.spec.replicas.template.as_ref();
+    template::lay_over(&mut metadata, &mut spec, replica_template, "replica");
     Pod {
         metadata,
         spec: Some(spec),

@@ -181,6 +181,10 @@ impl Target<'_> {
                 ..Default::default()
             }),
             resources,
+            // A process that fails says why in its last log lines (a data
+            // path it cannot read, a bad flag): they become the container's
+            // termination message, which the job's events quote.
+            termination_message_policy: Some("FallbackToLogsOnError".into()),
             startup_probe: Some(healthz(STARTUP)),
             liveness_probe: Some(healthz(self.liveness(role))),
             ..Default::default()

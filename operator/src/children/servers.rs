@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pod::{env, env_field, mount, tcp_ready};
+use super::template;
 use super::{
     CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, OUTPUT_DIR, PARTITION_PORT, PS_PORT,
     Target,
@@ -124,11 +125,14 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
             }
         }
     }
+    let mut pod_meta = ObjectMeta {
+        labels: Some(t.labels("ps")),
+        ..Default::default()
+    };
+    let ps_template = spec.parameter_servers.template.as_ref();
+    template::lay_over(&mut pod_meta, &mut pod_spec, ps_template, "ps");
     sts_spec.template = PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(t.labels("ps")),
-            ..Default::default()
-        }),
+        metadata: Some(pod_meta),
         spec: Some(pod_spec),
     };
     let stateful_set = StatefulSet {
@@ -207,13 +211,25 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
             env("DISTBELIEF_OUTPUT_CLAIM", claim.clone()),
         ]);
     }
-    let mut container = t.container("coordinator", vars, None);
+    let c = &t.job.spec.coordinator;
+    let resources = c
+        .resources
+        .clone()
+        .or_else(|| t.cfg.coordinator_resources.clone());
+    let mut container = t.container("coordinator", vars, resources);
     // Replicas start once the coordinator answers: it loads the test set first.
     container.readiness_probe = Some(tcp_ready("grpc"));
     let mut pod_spec: PodSpec = t.pod_spec(container, "OnFailure", Some(coordinator.clone()));
     t.mount_output(&mut pod_spec, false);
+    let mut metadata = t.metadata(&coordinator, "coordinator");
+    template::lay_over(
+        &mut metadata,
+        &mut pod_spec,
+        c.template.as_ref(),
+        "coordinator",
+    );
     let pod = Pod {
-        metadata: t.metadata(&coordinator, "coordinator"),
+        metadata,
         spec: Some(pod_spec),
         status: None,
     };

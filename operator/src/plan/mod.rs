@@ -171,7 +171,51 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         }
     }
     creation_condition(&mut plan, generation, now);
+    data_condition(&mut plan, &progress, generation, now);
     plan
+}
+
+/// Condition type and event reason of data the coordinator cannot read.
+pub const DATA_READABLE: &str = "DataReadable";
+
+/// `DataReadable`, from the coordinator's `progress.dataError`: False with
+/// the error (and a warning event when it turns so) while the coordinator
+/// waits for the data, True once it has read it after that.
+fn data_condition(plan: &mut Plan, progress: &Progress, generation: Option<i64>, now: Timestamp) {
+    let was_false = plan
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == DATA_READABLE && c.status == "False");
+    match &progress.data_error {
+        Some(e) => {
+            let message = format!(
+                "the coordinator cannot read the job's data and tries again every 30 s at most: {e}"
+            );
+            if !was_false {
+                plan.note(true, "DataUnreadable", message.clone());
+            }
+            set_condition(
+                &mut plan.status.conditions,
+                DATA_READABLE,
+                false,
+                "DataUnreadable".into(),
+                message,
+                generation,
+                now,
+            );
+        }
+        None if was_false => set_condition(
+            &mut plan.status.conditions,
+            DATA_READABLE,
+            true,
+            "DataRead".into(),
+            "the coordinator has read the job's data".into(),
+            generation,
+            now,
+        ),
+        None => {}
+    }
 }
 
 /// Condition and event reason of a pod the API server refused to create.
@@ -543,6 +587,13 @@ fn phase(
             c.reason, c.message
         );
         (Phase::Pending, CREATION_REFUSED, message)
+    } else if let Some(e) = job
+        .status
+        .as_ref()
+        .and_then(|s| s.progress.as_ref()?.data_error.as_ref())
+    {
+        let message = format!("the coordinator cannot read the job's data yet: {e}");
+        (Phase::Pending, "DataUnreadable", message)
     } else {
         let message = format!(
             "waiting for the job's servers before starting replicas: {}/{} shard processes ready, coordinator {}",

@@ -33,11 +33,30 @@ pub fn is_finished(p: &Pod) -> bool {
     matches!(phase_of(p), "Failed" | "Succeeded")
 }
 
+/// The pod's phase, or for a pod that is never restarted in place (a
+/// replica), how its main container ended: a sidecar from the job's
+/// template that runs on keeps the pod Running, and must not hide a failed
+/// or finished replica.
 pub fn phase_of(p: &Pod) -> &str {
-    p.status
+    let phase = p
+        .status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
-        .unwrap_or("Pending")
+        .unwrap_or("Pending");
+    let never = p
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.restart_policy.as_deref() == Some("Never"));
+    match terminated(p) {
+        Some(t) if never && matches!(phase, "Pending" | "Running") => {
+            if t.exit_code == 0 {
+                "Succeeded"
+            } else {
+                "Failed"
+            }
+        }
+        _ => phase,
+    }
 }
 
 pub fn is_ready(p: &Pod) -> bool {
@@ -76,12 +95,15 @@ pub fn gave_up_waiting(p: &Pod) -> bool {
     terminated(p).is_some_and(|t| t.exit_code == EXIT_SERVERS_UNAVAILABLE)
 }
 
+/// How the pod's main container (named after its role) ended, if it has.
 fn terminated(p: &Pod) -> Option<&ContainerStateTerminated> {
+    let main = role(p);
     p.status
         .as_ref()?
         .container_statuses
         .as_ref()?
         .iter()
+        .filter(|c| main.is_none_or(|m| c.name == m))
         .find_map(|c| c.state.as_ref()?.terminated.as_ref())
 }
 
@@ -104,16 +126,60 @@ pub fn finished_at(p: &Pod) -> Option<Timestamp> {
     changed.or_else(|| p.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
-/// "exit code 1: Error", or the pod's own reason.
+/// "exit code 1: Error", with the last line the process wrote when it
+/// failed (its termination message), or the pod's own reason.
 pub fn failure(p: &Pod) -> String {
     if let Some(t) = terminated(p) {
-        return match &t.reason {
+        let mut said = match &t.reason {
             Some(r) => format!("exit code {}: {r}", t.exit_code),
             None => format!("exit code {}", t.exit_code),
         };
+        let last = t
+            .message
+            .as_deref()
+            .and_then(|m| m.lines().rev().find(|l| !l.trim().is_empty()));
+        if let Some(line) = last {
+            // Bounded: an event's message is short.
+            said.push_str(": ");
+            said.extend(line.trim().chars().take(300));
+        }
+        return said;
     }
     p.status
         .as_ref()
         .and_then(|s| s.reason.clone())
         .unwrap_or_else(|| "failed".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(role: &str, restart: &str, main_exit: i32) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {"distbelief.dev/role": role}},
+            "spec": {"restartPolicy": restart, "containers": []},
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {"name": "sidecar", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
+                     "state": {"running": {}}},
+                    {"name": role, "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                     "state": {"terminated": {"exitCode": main_exit, "reason": "Error"}}}
+                ]
+            }
+        }))
+        .expect("fixture pod")
+    }
+
+    #[test]
+    fn a_replica_ends_with_its_main_container_whatever_a_sidecar_does() {
+        let failed = pod("replica", "Never", 3);
+        assert_eq!(phase_of(&failed), "Failed");
+        assert_eq!(failure(&failed), "exit code 3: Error");
+        assert_eq!(phase_of(&pod("replica", "Never", 0)), "Succeeded");
+        // The kubelet restarts a shard's container in place: its pod runs on.
+        assert_eq!(phase_of(&pod("ps", "Always", 1)), "Running");
+    }
 }
