@@ -99,6 +99,11 @@ pub struct DistBeliefJobStatus {
     /// Training progress, written by the job's coordinator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// Written by the coordinator: why it cannot read the job's data yet (a
+    /// missing path, a volume not filled). It reads the data again every
+    /// 30 s at most, and clears this once it can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_error: Option<String>,
 }
 
 /// Where shard checkpoints live.
@@ -211,11 +216,6 @@ pub struct Progress {
     /// The trained model, once the job has succeeded and saved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<SavedModel>,
-    /// Why the coordinator cannot read the job's data yet (a missing path,
-    /// a volume not filled); it reads it again every 30 s at most, and
-    /// clears this once it can.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_error: Option<String>,
 }
 
 /// Sandblaster L-BFGS's progress.

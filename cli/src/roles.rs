@@ -197,8 +197,9 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
         };
         let registry = registry("coordinator", None)?;
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;
-        let listener = bind(a.listen).await?;
-        distbelief_coordinator::serve(&job, opts, listener, &registry, terminated()).await?;
+        // Bound once the data is read: see `Listen::At`.
+        let listen = distbelief_coordinator::Listen::At(a.listen);
+        distbelief_coordinator::serve(&job, opts, listen, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }

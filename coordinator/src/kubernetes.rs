@@ -59,12 +59,13 @@ pub async fn apply(target: &Target, progress: &Progress) -> Result<(), kube::Err
     .map(|_| ())
 }
 
-/// Sets or (None) clears `status.progress.dataError`. A merge patch, not an
-/// apply: the progress this coordinator applies later leaves it alone, and
-/// only this call clears it.
+/// Sets or (None) clears `status.dataError`. A merge patch, not an apply:
+/// the progress this coordinator applies later leaves it alone, and only
+/// this call clears it. (Not in `progress`, whose required figures a
+/// coordinator that has read no data cannot give.)
 pub async fn set_data_error(target: &Target, error: Option<&str>) -> Result<(), kube::Error> {
     let api: Api<DistBeliefJob> = Api::namespaced(target.client.clone(), &target.namespace);
-    let patch = json!({"status": {"progress": {"dataError": error}}});
+    let patch = json!({"status": {"dataError": error}});
     api.patch_status(&target.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ())

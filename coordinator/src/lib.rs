@@ -49,6 +49,11 @@ pub enum CoordinatorError {
     Chains(String),
     #[error("{0}")]
     State(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 impl CoordinatorError {
@@ -61,6 +66,7 @@ impl CoordinatorError {
             CoordinatorError::Transport(_) => "transport",
             CoordinatorError::Chains(_) => "chains",
             CoordinatorError::State(_) => "state",
+            CoordinatorError::Listen { .. } => "listen",
         }
     }
 }
@@ -244,7 +250,7 @@ impl Coordinator for Service {
 /// The test set and the training set's size. With `wait_for_data` (on
 /// Kubernetes), data that cannot be read yet (a volume still being filled,
 /// a path that names nothing) is read again until it can, with the reason
-/// in `status.progress.dataError`, instead of the pod failing over and
+/// in `status.dataError`, instead of the pod failing over and
 /// over; otherwise the error ends the coordinator. None if `shutdown`
 /// came first.
 async fn load_data(
@@ -307,11 +313,27 @@ async fn publish_data_error(opts: &CoordinatorOptions, error: Option<&str>) {
     }
 }
 
-/// Runs the coordinator on `listener` until `shutdown` resolves.
+/// Where the coordinator listens.
+pub enum Listen {
+    /// A socket bound already (tests bind port 0 to learn the port).
+    Bound(TcpListener),
+    /// An address bound once the data has been read: until then nothing
+    /// answers on it, so a TCP readiness probe (Kubernetes') holds the
+    /// replicas back while the coordinator waits for its data.
+    At(std::net::SocketAddr),
+}
+
+impl From<TcpListener> for Listen {
+    fn from(l: TcpListener) -> Self {
+        Listen::Bound(l)
+    }
+}
+
+/// Runs the coordinator on `listen` until `shutdown` resolves.
 pub async fn serve(
     job: &Job,
     opts: CoordinatorOptions,
-    listener: TcpListener,
+    listen: impl Into<Listen>,
     registry: &prometheus::Registry,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
@@ -319,6 +341,12 @@ pub async fn serve(
     let mut shutdown = Box::pin(shutdown);
     let Some((test, training_examples)) = load_data(job, &opts, &mut shutdown).await? else {
         return Ok(());
+    };
+    let listener = match listen.into() {
+        Listen::Bound(l) => l,
+        Listen::At(addr) => TcpListener::bind(addr)
+            .await
+            .map_err(|source| CoordinatorError::Listen { addr, source })?,
     };
     let mlp = Mlp::new(&job.layout);
     let clients = shard_clients(job, &opts.shards, opts.rpc_timeout)?;

@@ -55,8 +55,6 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
             .collect(),
         shards: shards.to_vec(),
         model: None,
-        // Set and cleared by `kubernetes::set_data_error` alone.
-        data_error: None,
         sandblaster: s.sandblaster.as_ref().map(sandblaster),
     }
 }

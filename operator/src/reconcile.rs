@@ -487,17 +487,20 @@ async fn write_status(
     }
 }
 
-/// The status document the operator applies; `progress` belongs to the coordinator.
+/// The status document the operator applies; `progress` and `dataError`
+/// belong to the coordinator.
 pub fn status_patch(
     name: &str,
     status: &DistBeliefJobStatus,
 ) -> Result<serde_json::Value, serde_json::Error> {
     let mut status = serde_json::to_value(DistBeliefJobStatus {
         progress: None,
+        data_error: None,
         ..status.clone()
     })?;
     if let Some(s) = status.as_object_mut() {
         s.remove("progress");
+        s.remove("dataError");
     }
     Ok(json!({
         "apiVersion": distbelief_api::API_VERSION,
@@ -511,6 +514,7 @@ fn status_of(obj: &DynamicObject) -> Option<DistBeliefJobStatus> {
     let mut s: DistBeliefJobStatus =
         serde_json::from_value(obj.data.get("status")?.clone()).ok()?;
     s.progress = None;
+    s.data_error = None;
     Some(s)
 }
 

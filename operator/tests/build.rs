@@ -416,28 +416,49 @@ fn pod_templates_are_laid_over_every_role_by_the_merge_rule() {
 
     for (role, meta, spec) in [
         ("ps", sts.metadata.unwrap(), sts.spec.unwrap()),
-        ("coordinator", coordinator.metadata, coordinator.spec.unwrap()),
+        (
+            "coordinator",
+            coordinator.metadata,
+            coordinator.spec.unwrap(),
+        ),
         ("replica", replica.metadata, replica.spec.unwrap()),
     ] {
         let labels = meta.labels.unwrap();
         assert_eq!(labels["team"], "ads", "{role}");
-        assert_eq!(labels["distbelief.dev/role"], role, "the operator's label wins");
+        assert_eq!(
+            labels["distbelief.dev/role"], role,
+            "the operator's label wins"
+        );
         assert_eq!(spec.priority_class_name.as_deref(), Some("batch"));
         assert_eq!(spec.node_selector.unwrap()["pool"], "training");
         let security = spec.security_context.unwrap();
         assert_eq!(security.supplemental_groups, Some(vec![4000]));
-        assert_eq!(security.run_as_user, Some(65532), "{role}: fields merge one by one");
+        assert_eq!(
+            security.run_as_user,
+            Some(65532),
+            "{role}: fields merge one by one"
+        );
         let volumes = spec.volumes.unwrap();
         let job_volume = volumes.iter().find(|v| v.name == "job").unwrap();
-        assert!(job_volume.config_map.is_some() && job_volume.empty_dir.is_none(), "{role}");
+        assert!(
+            job_volume.config_map.is_some() && job_volume.empty_dir.is_none(),
+            "{role}"
+        );
         assert!(volumes.iter().any(|v| v.name == "data"), "{role}");
         let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, [role, "log-shipper"]);
         let main = &spec.containers[0];
         let env = main.env.as_ref().unwrap();
-        let value = |k: &str| env.iter().find(|e| e.name == k).and_then(|e| e.value.clone());
+        let value = |k: &str| {
+            env.iter()
+                .find(|e| e.name == k)
+                .and_then(|e| e.value.clone())
+        };
         assert_eq!(value("RUST_LOG").as_deref(), Some("debug"));
-        assert_eq!(value("DISTBELIEF_JOB").as_deref(), Some("/etc/distbelief/job.yaml"));
+        assert_eq!(
+            value("DISTBELIEF_JOB").as_deref(),
+            Some("/etc/distbelief/job.yaml")
+        );
         assert!(main.startup_probe.is_some() && main.liveness_probe.is_some());
         let limits = main.resources.as_ref().unwrap().limits.as_ref().unwrap();
         assert_eq!(limits["memory"].0, "1Gi");

@@ -434,3 +434,39 @@ fn a_replicated_shard_with_one_member_down_keeps_the_job_running() {
         "shard 0 has no member serving"
     );
 }
+
+#[test]
+fn data_the_coordinator_cannot_read_is_a_condition_and_one_event() {
+    let condition = |p: &Plan| {
+        p.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "DataReadable")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let now = Timestamp::now();
+    // The coordinator waits for its data: no replica is ready yet.
+    let mut pods = common::running_pods("fm");
+    pods.retain(|p| !p.name_any().contains("replica"));
+    let mut status = json!({"checkpointStorage": "PersistentVolumeClaim"});
+    status["dataError"] = json!("cannot read /data/t10k.gz: No such file or directory");
+    let waiting = decide(&job(status.clone(), json!({})), &pods, now);
+    let (on, reason, message) = condition(&waiting).expect("a DataReadable condition");
+    assert_eq!((on.as_str(), reason.as_str()), ("False", "DataUnreadable"));
+    assert!(message.contains("/data/t10k.gz"), "{message}");
+    let events: Vec<_> = waiting
+        .notes
+        .iter()
+        .filter(|n| n.reason == "DataUnreadable")
+        .collect();
+    assert_eq!(events.len(), 1);
+    assert!(events[0].warning);
+    // Said once: the next reconcile, from the status it wrote, adds no event.
+    status["conditions"] = serde_json::to_value(&waiting.status.conditions).unwrap();
+    let again = decide(&job(status.clone(), json!({})), &pods, now);
+    assert!(again.notes.iter().all(|n| n.reason != "DataUnreadable"));
+    // The coordinator read it: the condition turns True.
+    status.as_object_mut().unwrap().remove("dataError");
+    let read = decide(&job(status, json!({})), &pods, now);
+    assert_eq!(condition(&read).map(|c| c.0).as_deref(), Some("True"));
+}

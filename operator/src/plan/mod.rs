@@ -171,23 +171,29 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         }
     }
     creation_condition(&mut plan, generation, now);
-    data_condition(&mut plan, &progress, generation, now);
+    let data_error = old.data_error.clone();
+    data_condition(&mut plan, data_error.as_deref(), generation, now);
     plan
 }
 
 /// Condition type and event reason of data the coordinator cannot read.
 pub const DATA_READABLE: &str = "DataReadable";
 
-/// `DataReadable`, from the coordinator's `progress.dataError`: False with
+/// `DataReadable`, from the coordinator's `status.dataError`: False with
 /// the error (and a warning event when it turns so) while the coordinator
 /// waits for the data, True once it has read it after that.
-fn data_condition(plan: &mut Plan, progress: &Progress, generation: Option<i64>, now: Timestamp) {
+fn data_condition(
+    plan: &mut Plan,
+    data_error: Option<&str>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     let was_false = plan
         .status
         .conditions
         .iter()
         .any(|c| c.type_ == DATA_READABLE && c.status == "False");
-    match &progress.data_error {
+    match data_error {
         Some(e) => {
             let message = format!(
                 "the coordinator cannot read the job's data and tries again every 30 s at most: {e}"
@@ -587,11 +593,7 @@ fn phase(
             c.reason, c.message
         );
         (Phase::Pending, CREATION_REFUSED, message)
-    } else if let Some(e) = job
-        .status
-        .as_ref()
-        .and_then(|s| s.progress.as_ref()?.data_error.as_ref())
-    {
+    } else if let Some(e) = job.status.as_ref().and_then(|s| s.data_error.as_ref()) {
         let message = format!("the coordinator cannot read the job's data yet: {e}");
         (Phase::Pending, "DataUnreadable", message)
     } else {
