@@ -200,3 +200,38 @@ fn write(
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(w)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_takes_every_file_and_subdirectory_and_leaves_no_part_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, out) = (dir.path().join("from"), dir.path().join("out/deeper"));
+        std::fs::create_dir_all(from.join("sub")).unwrap();
+        std::fs::write(from.join("train.gz"), b"12345").unwrap();
+        std::fs::write(from.join("sub/test.gz"), b"67").unwrap();
+        assert_eq!(copy_dir(&from, &out).unwrap(), (2, 7));
+        assert_eq!(std::fs::read(out.join("train.gz")).unwrap(), b"12345");
+        assert_eq!(std::fs::read(out.join("sub/test.gz")).unwrap(), b"67");
+        let names: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".part")), "{names:?}");
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let e = copy(CopyArgs {
+            from: empty,
+            out: dir.path().join("x"),
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("holds no file"), "{e}");
+        let missing = copy_dir(&dir.path().join("nowhere"), &out).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("cannot read"),
+            "{missing:#}"
+        );
+    }
+}

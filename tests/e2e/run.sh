@@ -708,9 +708,9 @@ pvc_example() {
 }
 # A data path that names nothing on the claim: the coordinator waits, the
 # job says why in a DataReadable=False condition and a DataUnreadable
-# event, and the coordinator's container does not restart.
+# event, the coordinator's container does not restart, and no replica starts.
 pvc_wrong_path() {
-  local name=$PVC_JOB-wrong cond="" restarts events end
+  local name=$PVC_JOB-wrong cond="" restarts events end replicas
   derive_pvc_job "$work/pvc-wrong.yaml" "$name" /usr/share/datasets/fashion-mnist/nothing-here.gz ||
     { echo "could not derive $name"; return 1; }
   "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/pvc-wrong.yaml" >/dev/null || return 1
@@ -729,8 +729,12 @@ pvc_wrong_path() {
   # Two more attempts at the data (2 s, then 4 s apart): still no restart.
   sleep 8
   restarts=$("${KUBECTL[@]}" get pod -n "$JOB_NS" "$name-coordinator" -o 'jsonpath={.status.containerStatuses[?(@.name=="coordinator")].restartCount}' 2>/dev/null)
-  log "$name: $events DataUnreadable event(s); coordinator restarts: ${restarts:-?}; phase $(jp "dbj/$name" '{.status.phase}')"
+  replicas=$(pods "$name" distbelief.dev/role=replica | wc -l)
+  log "$name: $events DataUnreadable event(s); coordinator restarts: ${restarts:-?}; replica pods: $replicas; phase $(jp "dbj/$name" '{.status.phase}')"
   [ "${restarts:-1}" = 0 ] || { echo "$name: the coordinator restarted ($restarts): a crash loop"; return 1; }
+  # The coordinator listens only once its data is read, so its readiness
+  # holds the replicas back.
+  [ "$replicas" -eq 0 ] || { echo "$name: $replicas replica pods started while the coordinator had no data"; return 1; }
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
   "${KUBECTL[@]}" delete -n "$JOB_NS" job/fill-fashion-mnist pvc/fashion-mnist --wait=false >/dev/null 2>&1 || true
 }
