@@ -454,6 +454,8 @@ fn data_the_coordinator_cannot_read_is_a_condition_and_one_event() {
     let (on, reason, message) = condition(&waiting).expect("a DataReadable condition");
     assert_eq!((on.as_str(), reason.as_str()), ("False", "DataUnreadable"));
     assert!(message.contains("/data/t10k.gz"), "{message}");
+    // The coordinator's field is not the operator's to write back.
+    assert_eq!(waiting.status.data_error, None);
     let events: Vec<_> = waiting
         .notes
         .iter()

@@ -98,6 +98,7 @@ pub fn invalid(
         ..Plan::default()
     };
     plan.status.progress = None;
+    plan.status.data_error = None;
     plan.status.observed_generation = generation;
     finish(&mut plan, generation, Phase::Failed, reason, &message, now);
     plan
@@ -113,9 +114,13 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
     let job = t.job;
     let old = job.status.clone().unwrap_or_default();
     let generation = job.metadata.generation;
+    // The coordinator's parts of status are not the plan's: left in, they
+    // would make the plan differ from the operator's status forever, and
+    // every reconcile write it again.
     let mut plan = Plan {
         status: DistBeliefJobStatus {
             progress: None,
+            data_error: None,
             observed_generation: generation,
             ..old.clone()
         },
