@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use distbelief_api::Job;
-use distbelief_model::keys::initial_row;
 use distbelief_model::saved::{self, Loaded};
 use distbelief_model::wide_deep::TableRows;
 use distbelief_model::{Mlp, WideDeep};
@@ -71,14 +70,5 @@ fn table_rows(
         Some(s) => wd.keys(s, &all),
         None => vec![Vec::new(); job.tables.tables.len()],
     };
-    let seed = job.downpour.seed;
-    job.tables
-        .tables
-        .iter()
-        .zip(&model.tables)
-        .zip(&keys)
-        .map(|((t, saved), keys)| {
-            saved.rows_for(keys, |k, out| initial_row(seed, t.id, t.init_scale, k, out))
-        })
-        .collect()
+    saved::rows_of(&job.tables, &model.tables, &keys, job.downpour.seed)
 }

@@ -9,8 +9,7 @@ use distbelief_api::{Partitioning, ShardProgress};
 use distbelief_model::Mlp;
 use distbelief_model::WideDeep;
 use distbelief_model::data::Dataset;
-use distbelief_model::keys::initial_row;
-use distbelief_model::saved::SavedTable;
+use distbelief_model::saved::{self, SavedTable};
 use distbelief_model::wide_deep::{Score, TableRows};
 use distbelief_proto::staleness::StalenessHistogram;
 use distbelief_proto::v1::JobStatus;
@@ -59,19 +58,7 @@ impl SparseTest {
     /// The score of `params` with the tables as saved: the rows the test
     /// set uses come from `saved`, or start as the shards would start them.
     fn score_saved(&self, params: &[f32], saved: &[SavedTable], test: &Dataset) -> Score {
-        let rows: Vec<TableRows> = self
-            .model
-            .tables()
-            .tables
-            .iter()
-            .zip(saved)
-            .zip(&self.keys)
-            .map(|((t, s), keys)| {
-                s.rows_for(keys, |k, out| {
-                    initial_row(self.seed, t.id, t.init_scale, k, out)
-                })
-            })
-            .collect();
+        let rows = saved::rows_of(self.model.tables(), saved, &self.keys, self.seed);
         self.model.score(params, test, &rows)
     }
 

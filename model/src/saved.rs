@@ -89,6 +89,28 @@ impl SavedTable {
     }
 }
 
+/// For each of `tables`, the rows of its `keys` as scoring needs them:
+/// from `saved`, or, for a key the file lacks, as the shards would start it
+/// from the job's `seed`.
+pub fn rows_of(
+    tables: &Tables,
+    saved: &[SavedTable],
+    keys: &[Vec<u64>],
+    seed: u64,
+) -> Vec<TableRows> {
+    tables
+        .tables
+        .iter()
+        .zip(saved)
+        .zip(keys)
+        .map(|((t, s), keys)| {
+            s.rows_for(keys, |k, out| {
+                crate::keys::initial_row(seed, t.id, t.init_scale, k, out)
+            })
+        })
+        .collect()
+}
+
 /// Writes `params` (the flat vector of `layout`) and `tables` to `path`,
 /// through a temporary file so that a reader never sees half a model.
 pub fn save(
@@ -239,7 +261,11 @@ pub fn from_bytes(
             keys: keys
                 .data()
                 .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(c);
+                    u64::from_le_bytes(b)
+                })
                 .collect(),
             values,
         });

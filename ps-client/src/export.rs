@@ -74,12 +74,11 @@ impl ShardClient {
                     "export of table {table} went back from slot {slot}"
                 )));
             }
-            out.keys.extend(
-                reply
-                    .keys
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
-            );
+            out.keys.extend(reply.keys.chunks_exact(8).map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                u64::from_le_bytes(b)
+            }));
             let at = out.values.len();
             out.values.resize(at + reply.rows.len() / 4, 0.0);
             if decode_f32_into(&reply.rows, &mut out.values[at..]).is_none() {
