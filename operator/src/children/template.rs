@@ -4,7 +4,7 @@
 //! lists of named entries (containers, initContainers, volumes, env,
 //! volumeMounts, imagePullSecrets) merge by name, a new name added and a
 //! known one merged into the operator's entry; other lists (tolerations,
-//! topologySpreadConstraints, args of a sidecar) are the template's. Three
+//! topologySpreadConstraints, a container's args) are the template's. Three
 //! exceptions keep the job working: the operator's labels, and its own env
 //! variables, volumes and volume mounts, win over the template's of the same
 //! name; and the owned fields (the main container's command, args, ports and
