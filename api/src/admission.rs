@@ -186,6 +186,11 @@ pub const RULES: &[AdmissionRule] = &[
         MSG_POSITIVE,
     ),
     spec(
+        "spec.data.dataShardExamples",
+        "self.data.dataShardExamples >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
         "spec.data.trainLimit",
         "!has(self.data.trainLimit) || self.data.trainLimit >= 1",
         "must be at least 1 when set",
@@ -453,14 +458,27 @@ pub struct ImmutableField {
     pub field: &'static str,
     /// CEL transition rule over `self` and `oldSelf` (the spec).
     pub cel: &'static str,
+    /// Whether `new` changes the field in a way the rule refuses.
     changed: fn(&DistBeliefJobSpec, &DistBeliefJobSpec) -> bool,
+    /// For a field fixed only under some algorithms: which, and why.
+    when: &'static str,
 }
 
 impl ImmutableField {
     /// The message both the API server and the local runtime give.
     pub fn message(&self) -> String {
-        format!("{} {MSG_IMMUTABLE}", self.field)
+        format!("{} {MSG_IMMUTABLE}{}", self.field, self.when)
     }
+}
+
+/// Whether the replicas may be scaled: synchronous SGD waits for a fixed
+/// number of gradients each step, and averaging adds 1/replicas of every
+/// move, so both need the count they started with.
+fn scalable(s: &DistBeliefJobSpec) -> bool {
+    s.algorithm
+        .downpour
+        .as_ref()
+        .is_none_or(|d| d.synchronous.is_none() && d.averaging.is_none())
 }
 
 /// Every immutable part of the spec. The API server defaults every field
@@ -473,21 +491,25 @@ pub const IMMUTABLE: &[ImmutableField] = &[
         field: "spec.model",
         cel: "self.model == oldSelf.model",
         changed: |a, b| a.model != b.model,
+        when: "",
     },
     ImmutableField {
         field: "spec.data",
         cel: "self.data == oldSelf.data",
         changed: |a, b| a.data != b.data,
+        when: "",
     },
     ImmutableField {
         field: "spec.algorithm",
         cel: "self.algorithm == oldSelf.algorithm",
         changed: |a, b| a.algorithm != b.algorithm,
+        when: "",
     },
     ImmutableField {
         field: "spec.parameterServers.shards",
         cel: "self.parameterServers.shards == oldSelf.parameterServers.shards",
         changed: |a, b| a.parameter_servers.shards != b.parameter_servers.shards,
+        when: "",
     },
     // Pod k of the StatefulSet is member k mod R of shard k / R, and its
     // claim holds that member's checkpoints.
@@ -495,11 +517,14 @@ pub const IMMUTABLE: &[ImmutableField] = &[
         field: "spec.parameterServers.replication",
         cel: "(has(self.parameterServers) && has(self.parameterServers.replication) ? self.parameterServers.replication : 1) == (has(oldSelf.parameterServers) && has(oldSelf.parameterServers.replication) ? oldSelf.parameterServers.replication : 1)",
         changed: |a, b| a.parameter_servers.replication != b.parameter_servers.replication,
+        when: "",
     },
+    // Otherwise the replicas scale: the coordinator hands out the data.
     ImmutableField {
         field: "spec.replicas.count",
-        cel: "self.replicas.count == oldSelf.replicas.count",
-        changed: |a, b| a.replicas.count != b.replicas.count,
+        cel: "self.replicas.count == oldSelf.replicas.count || !has(self.algorithm.downpour) || (!has(self.algorithm.downpour.synchronous) && !has(self.algorithm.downpour.averaging))",
+        changed: |a, b| a.replicas.count != b.replicas.count && !scalable(b),
+        when: " under synchronous SGD or averaging, which count on a fixed number of replicas",
     },
     // The partitions decide the order in which the shards store the
     // parameters (each shard holds one partition's slices).
@@ -507,16 +532,19 @@ pub const IMMUTABLE: &[ImmutableField] = &[
         field: "spec.replicas.partitions",
         cel: "(has(self.replicas) && has(self.replicas.partitions) ? self.replicas.partitions : 1) == (has(oldSelf.replicas) && has(oldSelf.replicas.partitions) ? oldSelf.replicas.partitions : 1)",
         changed: |a, b| a.replicas.partitions != b.replicas.partitions,
+        when: "",
     },
     ImmutableField {
         field: "spec.checkpoint",
         cel: "self.checkpoint == oldSelf.checkpoint",
         changed: |a, b| a.checkpoint != b.checkpoint,
+        when: "",
     },
     ImmutableField {
         field: "spec.output",
         cel: "has(self.output) == has(oldSelf.output) && (!has(self.output) || self.output == oldSelf.output)",
         changed: |a, b| a.output != b.output,
+        when: "",
     },
 ];
 
@@ -586,15 +614,35 @@ mod immutable_tests {
             .into_iter()
             .map(|(f, _)| f)
             .collect();
+        assert_eq!(fields, ["spec.parameterServers.replication"]);
+    }
+
+    #[test]
+    fn replicas_scale_unless_synchronous_or_averaging() {
+        let plain = spec("");
+        let mut scaled = plain.clone();
+        scaled.replicas.count = 5;
+        assert!(immutable_changes(&plain, &scaled).is_empty());
+        let mut averaging = plain.clone();
+        averaging.algorithm.downpour.as_mut().unwrap().averaging =
+            Some(crate::AveragingSpec { period_steps: 4 });
+        let mut scaled = averaging.clone();
+        scaled.replicas.count = 5;
         assert_eq!(
-            fields,
-            ["spec.parameterServers.replication", "spec.replicas.count"]
+            immutable_changes(&averaging, &scaled),
+            [(
+                "spec.replicas.count",
+                "spec.replicas.count cannot change after the job is created under synchronous SGD or averaging, which count on a fixed number of replicas".to_string()
+            )]
         );
     }
 
     #[test]
     fn every_field_is_caught_and_named_once() {
-        let old = spec("");
+        let mut old = spec("");
+        // The replicas scale otherwise.
+        old.algorithm.downpour.as_mut().unwrap().averaging =
+            Some(crate::AveragingSpec { period_steps: 4 });
         let edits: [fn(&mut DistBeliefJobSpec); 9] = [
             |s| s.model.hidden[0].units = 9,
             |s| s.data.train_limit = Some(5),

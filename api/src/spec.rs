@@ -34,13 +34,18 @@ pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".status.replicasReady"}"#,
     printcolumn = r#"{"name":"Step","type":"integer","jsonPath":".status.progress.step"}"#,
     printcolumn = r#"{"name":"Accuracy","type":"number","jsonPath":".status.progress.testAccuracy"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    scale(
+        spec_replicas_path = ".spec.replicas.count",
+        status_replicas_path = ".status.replicasReady",
+        label_selector_path = ".status.selector"
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 // What a running job is made of cannot change under it: shards hold a
-// parameter layout derived from the model, replicas hold a slice of the
-// data. The knobs that steer a run (suspend, restarts, stragglers, TTL)
-// stay mutable. The rules on values and on changes are in `admission`,
+// parameter layout derived from the model. The knobs that steer a run
+// (replicas, suspend, restarts, stragglers, TTL) stay mutable; the replica
+// count through the scale subresource too. The rules on values and on changes are in `admission`,
 // added to the schema by `crate::crd`.
 pub struct DistBeliefJobSpec {
     /// The network to train. Required.
@@ -320,6 +325,14 @@ pub struct DataSpec {
     /// Use only the first N test examples. Default: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_limit: Option<u32>,
+    /// Examples per data shard, rounded up to whole mini-batches. Downpour
+    /// replicas take the training data from the coordinator one data shard
+    /// at a time, so replicas can come and go without skipping or repeating
+    /// any: a dead, removed or superseded replica's unfinished data shard is
+    /// handed out again. Smaller data shards lose less work to a failure;
+    /// each costs one request to the coordinator. Default: 2048.
+    #[serde(default = "default_data_shard_examples")]
+    pub data_shard_examples: u32,
     /// parquet or libsvm: the training file. Required for those formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_file: Option<String>,
@@ -375,6 +388,7 @@ impl Default for DataSpec {
             input_scale: default_input_scale(),
             train_limit: None,
             test_limit: None,
+            data_shard_examples: default_data_shard_examples(),
             train_file: None,
             test_file: None,
             holdout: None,
@@ -525,6 +539,17 @@ pub struct DownpourSpec {
     /// synchronous. Default: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub averaging: Option<AveragingSpec>,
+    /// Local steps: between pushes a replica also moves its own copy of the
+    /// parameters by each mini-batch's gradient, with the shards' update rule
+    /// (Adagrad's accumulator estimated as replicas times its own squares),
+    /// so the next mini-batch is computed where the shards are going. Pushes
+    /// still carry plain gradients, and fetched parameters replace the copy
+    /// (keeping the moves not yet pushed). With it, examples to a target
+    /// hardly depend on nPush. Dense models with asynchronous uncompressed
+    /// pushes only: ignored with synchronous, averaging (which always steps
+    /// locally), compression and tables. Default: true.
+    #[serde(default = "yes")]
+    pub local_steps: bool,
 }
 
 impl Default for DownpourSpec {
@@ -542,6 +567,7 @@ impl Default for DownpourSpec {
             compression: None,
             synchronous: None,
             averaging: None,
+            local_steps: true,
         }
     }
 }
@@ -847,6 +873,10 @@ fn default_initial_accumulator() -> f64 {
 fn default_epsilon() -> f64 {
     1e-8
 }
+fn default_data_shard_examples() -> u32 {
+    2048
+}
+
 fn default_batch_size() -> u32 {
     128
 }

@@ -70,6 +70,10 @@ pub struct DistBeliefJobStatus {
     /// Replicas whose pods are running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas_ready: Option<u32>,
+    /// The label selector of the job's replica pods, for the scale
+    /// subresource (`kubectl scale`, HorizontalPodAutoscalers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
     /// Replica pods recreated after a failure, counted against spec.replicas.maxRestarts.
     #[serde(default)]
     pub replica_restarts: u32,

@@ -45,6 +45,12 @@ impl Job {
         self.partitioning.parts()
     }
 
+    /// Examples per data shard: the spec's, in whole mini-batches.
+    pub fn data_shard_examples(&self) -> usize {
+        let batch = self.downpour.batch_size.max(1) as usize;
+        (self.spec.data.data_shard_examples as usize).div_ceil(batch) * batch
+    }
+
     /// Each shard's range of the stored parameter vector.
     pub fn shard_ranges(&self) -> Vec<std::ops::Range<usize>> {
         self.partitioning.shard_ranges(self.shards())
@@ -152,6 +158,9 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     }
     if d.test_limit == Some(0) {
         fail("spec.data.testLimit", None);
+    }
+    if d.data_shard_examples == 0 {
+        fail("spec.data.dataShardExamples", None);
     }
 
     let downpour = match (&s.algorithm.downpour, &s.algorithm.sandblaster) {

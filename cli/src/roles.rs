@@ -135,8 +135,19 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         start_metrics(&a.common, &registry, &opts.heartbeat).await?;
         // Exit 0 means "stopped by the coordinator": a replica stopped by a
         // signal says so (128 + SIGTERM), so that a supervisor restarts it.
+        // A signal stops it gracefully: its pushes in flight finish and its
+        // data shard goes back to the coordinator, within a bound.
+        let terminating = opts.terminating.clone();
+        let signalled = async {
+            terminated().await;
+            terminating.store(true, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(TERMINATION_GRACE).await;
+        };
         tokio::select! {
             r = distbelief_worker::run_replica(job, opts, &registry) => match r {
+                Ok(_) if terminating.load(std::sync::atomic::Ordering::Relaxed) => {
+                    Ok(ExitCode::from(143))
+                }
                 Ok(_) => Ok(ExitCode::SUCCESS),
                 // Said apart from other failures: a supervisor replaces this
                 // replica without charging its restart budget.
@@ -146,10 +157,15 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
                 }
                 Err(e) => Err(e.into()),
             },
-            _ = terminated() => Ok(ExitCode::from(143)),
+            () = signalled => Ok(ExitCode::from(143)),
         }
     })
 }
+
+/// How long a signalled replica may take to stop gracefully (its drain is
+/// bounded at 10 s) before it exits regardless: inside Kubernetes' default
+/// 30 s grace period.
+const TERMINATION_GRACE: Duration = Duration::from_secs(15);
 
 pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;

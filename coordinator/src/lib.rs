@@ -3,6 +3,7 @@
 //! and applies the stopping rule.
 
 pub mod chains;
+pub mod data_shards;
 mod evaluate;
 mod keeper;
 #[cfg(feature = "kubernetes")]
@@ -24,8 +25,9 @@ use distbelief_model::data::{self, DataError, Dataset};
 use distbelief_model::{Mlp, WideDeep};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{
-    ChainConfig, ChainRequest, CommitReply, GrantPushed, JobStatus, PortionCommit, PortionRequest,
-    PortionWork, ProgressReport, PushedReply, ReportReply, StatusRequest,
+    ChainConfig, ChainRequest, CommitReply, DataShardReply, DataShardRequest, GrantPushed,
+    JobStatus, PortionCommit, PortionRequest, PortionWork, ProgressReport, PushedReply,
+    ReportReply, StatusRequest,
 };
 use distbelief_ps_client::{ClientError, shard_clients};
 use tokio::net::TcpListener;
@@ -238,6 +240,17 @@ impl Coordinator for Service {
         Ok(Response::new(PushedReply {}))
     }
 
+    async fn next_data_shard(
+        &self,
+        req: Request<DataShardRequest>,
+    ) -> Result<Response<DataShardReply>, Status> {
+        let now = self.shared.now();
+        let reply = self.shared.tracker().next_data_shard(req.get_ref(), now);
+        reply
+            .map(Response::new)
+            .map_err(Status::failed_precondition)
+    }
+
     async fn chain(&self, req: Request<ChainRequest>) -> Result<Response<ChainConfig>, Status> {
         let keeper =
             self.shared.chains.as_ref().ok_or_else(|| {
@@ -363,6 +376,10 @@ pub async fn serve(
         training_examples,
     )
     .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds));
+    if job.sandblaster.is_none() {
+        let n = data::data_shards(training_examples, job.data_shard_examples());
+        tracker = tracker.with_data_shards(n, job.downpour.seed);
+    }
     // With a store, only saved progress is shown, from the start on.
     let (clock_base, shown) = match &opts.state {
         Some(store) => {

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use distbelief_api::StopSpec;
 use distbelief_proto::staleness::StalenessHistogram;
 use distbelief_proto::v1::{
-    Action, CurvePoint, JobStatus, ProgressReport, ReplicaProgress, ReportReply, Staleness,
+    Action, CurvePoint, DataShardId, DataShardProgress, DataShardReply, DataShardRequest,
+    JobStatus, ProgressReport, ReplicaProgress, ReportReply, Staleness,
 };
 
+use crate::data_shards::{DataShards, Holder, Lease};
 use backup::Race;
 
 mod backup;
@@ -83,6 +85,15 @@ impl Replica {
         self.race.as_ref().filter(|r| r.is_running())
     }
 
+    /// Whether process `incarnation` owns the replica's data now: the
+    /// current one, or either side of a running race.
+    fn is_live(&self, incarnation: u64) -> bool {
+        self.incarnation == incarnation
+            || self
+                .running_race()
+                .is_some_and(|r| r.backup == incarnation || r.straggler == incarnation)
+    }
+
     /// The backup won: it becomes the replica's process, and the straggler's
     /// work since the fork, which the backup re-did, is no longer counted.
     fn promote(&mut self, race: &Race) {
@@ -125,7 +136,18 @@ pub struct Tracker {
     /// A stop asked for by the algorithm (Sandblaster's L-BFGS), applied
     /// like a limit: with one last evaluation and the model saved.
     stop_requested: Option<StopReason>,
+    /// Downpour: the training data, handed out in data shards.
+    data: Option<DataShards>,
+    /// When the coordinator last heard from any replica, and since when it
+    /// has heard from them without a gap: a replica is silent only if others
+    /// were heard meanwhile (a frozen coordinator hears no one).
+    heard: (f64, f64),
 }
+
+/// Seconds a replica may go unheard before its data shards are handed out
+/// again: a replica reports every 0.5 s, and a replaced one's shards go back
+/// as soon as its successor reports.
+const SILENT_SECONDS: f64 = 10.0;
 
 impl Tracker {
     pub fn new(stop: StopSpec, warm_start_steps: u32, training_examples: usize) -> Self {
@@ -150,7 +172,16 @@ impl Tracker {
             updates: 0,
             generation: 0,
             done: None,
+            data: None,
+            heard: (f64::NEG_INFINITY, 0.0),
         }
+    }
+
+    /// Hands out the training data from a queue of `data_shards` data
+    /// shards per epoch (Downpour).
+    pub fn with_data_shards(mut self, data_shards: u32, seed: u64) -> Self {
+        self.data = Some(DataShards::new(data_shards, seed));
+        self
     }
 
     pub fn with_backup_window(mut self, seconds: f64) -> Self {
@@ -197,6 +228,7 @@ impl Tracker {
             action: Action::Stop as i32,
             ..ReportReply::default()
         };
+        self.hear(now);
         if r.partition > 0 {
             return self.follow(r);
         }
@@ -283,6 +315,7 @@ impl Tracker {
         let fence = rep
             .running_race()
             .map_or(rep.incarnation, |race| race.straggler);
+        self.requeue_gone(now);
         if !self.warm_start_done {
             let leader_steps = self.replicas.get(&0).map_or(0, Replica::total_steps);
             if leader_steps >= self.warm_start_steps {
@@ -303,6 +336,103 @@ impl Tracker {
             start_step,
             fence,
         }
+    }
+
+    fn hear(&mut self, now: f64) {
+        let (last, since) = self.heard;
+        if now - last > SILENT_SECONDS / 2.0 {
+            self.heard.1 = now;
+        } else {
+            self.heard.1 = since;
+        }
+        self.heard.0 = now;
+    }
+
+    /// Hands out again the data shards of processes that no longer own
+    /// their replica's data (replaced, or beaten in a race) and of replicas
+    /// silent for `SILENT_SECONDS` while others were heard (dead and not
+    /// replaced, or removed).
+    fn requeue_gone(&mut self, now: f64) {
+        let Some(data) = self.data.as_mut() else {
+            return;
+        };
+        let heard_since = self.heard.1;
+        let replicas = &self.replicas;
+        let n = data.requeue(|h| match replicas.get(&h.replica) {
+            Some(rep) => {
+                !rep.is_live(h.incarnation)
+                    || now - rep.last_report.max(heard_since) > SILENT_SECONDS
+            }
+            None => now - heard_since > SILENT_SECONDS,
+        });
+        if n > 0 {
+            tracing::info!(
+                data_shards = n,
+                "data shards handed out again: their replica is gone"
+            );
+        }
+    }
+
+    /// A replica asks for its next data shard. Err when the job has no
+    /// queue (Sandblaster) or the request names a data shard that cannot be.
+    pub fn next_data_shard(
+        &mut self,
+        r: &DataShardRequest,
+        now: f64,
+    ) -> Result<DataShardReply, String> {
+        let reply = |action: Action, lease: Option<Lease>| DataShardReply {
+            action: action as i32,
+            shard: lease.map(|l| DataShardId {
+                epoch: l.epoch,
+                shard: l.shard,
+            }),
+        };
+        if self.data.is_none() {
+            return Err("this job hands out no data shards (it runs Sandblaster)".into());
+        }
+        self.hear(now);
+        self.requeue_gone(now);
+        if self.done.is_some() {
+            return Ok(reply(Action::Stop, None));
+        }
+        let Some(rep) = self.replicas.get(&r.replica) else {
+            return Ok(reply(Action::Wait, None));
+        };
+        if rep.retired.contains(&r.incarnation) || r.incarnation < rep.incarnation {
+            return Ok(reply(Action::Stop, None));
+        }
+        if !rep.is_live(r.incarnation) {
+            // Not reported yet: it is let in by its first report.
+            return Ok(reply(Action::Wait, None));
+        }
+        let data = self.data.as_mut().expect("checked above");
+        let h = Holder {
+            replica: r.replica,
+            incarnation: r.incarnation,
+        };
+        if r.release {
+            let n = data.requeue(|x| x == h);
+            tracing::info!(
+                replica = r.replica,
+                data_shards = n,
+                "a stopping replica handed its data shards back"
+            );
+            return Ok(reply(Action::Stop, None));
+        }
+        // A retried request, or a partition following its partition 0.
+        if let Some(l) = data.handed(h, r.sequence) {
+            return Ok(reply(Action::Train, Some(l)));
+        }
+        if r.partition > 0 {
+            return Ok(reply(Action::Wait, None));
+        }
+        if let Some(f) = r.finished {
+            data.finish(Lease {
+                epoch: f.epoch,
+                shard: f.shard,
+            })?;
+        }
+        Ok(reply(Action::Train, data.next(h, r.sequence)))
     }
 
     /// A partition other than 0 does what its replica's partition 0 was told,
@@ -464,6 +594,13 @@ impl Tracker {
                 .collect(),
             curve: self.curve.clone(),
             warm_start_done: self.warm_start_done,
+            data_shards: self.data.as_ref().map(|d| DataShardProgress {
+                per_epoch: d.per_epoch(),
+                epochs_complete: d.epochs_complete(),
+                trained: d.trained(),
+                requeued: d.requeued(),
+                trained_again: d.trained_again(),
+            }),
         }
     }
 }

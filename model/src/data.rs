@@ -89,18 +89,25 @@ impl Dataset {
     }
 }
 
-/// Which examples belong to a replica: every `replicas`-th, starting at
-/// `replica`, so replicas never share an example.
-pub fn replica_indices(n: usize, replica: usize, replicas: usize) -> Vec<usize> {
-    (replica..n).step_by(replicas.max(1)).collect()
+/// How many data shards `n` training examples make at `size` examples each.
+pub fn data_shards(n: usize, size: usize) -> u32 {
+    u32::try_from(n.div_ceil(size.max(1))).unwrap_or(u32::MAX)
 }
 
-/// The order of an epoch: a shuffle that depends only on (seed, replica, epoch).
-pub fn epoch_order(indices: &[usize], seed: u64, replica: u32, epoch: u64) -> Vec<usize> {
+/// The examples of data shard `shard` of `count`, in epoch `epoch`'s order:
+/// every `count`-th example from `shard` on (so that data shards sample the
+/// whole file, however it is sorted), shuffled by (seed, shard, epoch).
+pub fn data_shard_order(n: usize, count: u32, shard: u32, seed: u64, epoch: u64) -> Vec<usize> {
+    let mine: Vec<usize> = (shard as usize..n).step_by(count.max(1) as usize).collect();
+    epoch_order(&mine, seed, shard, epoch)
+}
+
+/// The order of an epoch: a shuffle that depends only on (seed, part, epoch).
+pub fn epoch_order(indices: &[usize], seed: u64, part: u32, epoch: u64) -> Vec<usize> {
     use rand::SeedableRng;
     use rand::seq::SliceRandom;
     let mut order = indices.to_vec();
-    let mix = seed ^ (u64::from(replica) << 40) ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mix = seed ^ (u64::from(part) << 40) ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(mix));
     order
 }
@@ -406,18 +413,21 @@ mod tests {
     }
 
     #[test]
-    fn replicas_split_disjointly_and_shuffle_per_epoch() {
-        let a = replica_indices(10, 0, 3);
-        let b = replica_indices(10, 1, 3);
-        let c = replica_indices(10, 2, 3);
-        assert_eq!(a.len() + b.len() + c.len(), 10);
-        assert!(a.iter().all(|i| !b.contains(i) && !c.contains(i)));
-        let e0 = epoch_order(&a, 1, 0, 0);
-        let e1 = epoch_order(&a, 1, 0, 1);
+    fn data_shards_cover_every_example_once_and_shuffle_per_epoch() {
+        let count = data_shards(10, 4);
+        assert_eq!(count, 3);
+        let mut all: Vec<usize> = (0..count)
+            .flat_map(|s| data_shard_order(10, count, s, 1, 0))
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        let e0 = data_shard_order(10, count, 1, 1, 0);
+        let e1 = data_shard_order(10, count, 1, 1, 1);
         assert_ne!(e0, e1);
-        assert_eq!(e0, epoch_order(&a, 1, 0, 0));
+        assert_eq!(e0, data_shard_order(10, count, 1, 1, 0));
         let mut sorted = e1.clone();
-        sorted.sort();
-        assert_eq!(sorted, a);
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![1, 4, 7]);
+        assert_eq!(data_shards(0, 4), 0);
     }
 }

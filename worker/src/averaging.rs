@@ -1,8 +1,12 @@
-//! Parameter averaging: the replica trains its own copy of the parameters
-//! with the job's update rule, and every period pushes how far that copy has
-//! moved since it last came from the shards. Each shard adds 1/replicas of
-//! every such move, so when all replicas start a period from the same
-//! parameters the shard ends it at their average.
+//! The replica's own steps on its copy of the parameters.
+//!
+//! * Parameter averaging (`LocalTraining`): the replica trains its copy with
+//!   the job's update rule, and every period pushes how far that copy has
+//!   moved since it last came from the shards. Each shard adds 1/replicas of
+//!   every such move, so when all replicas start a period from the same
+//!   parameters the shard ends it at their average.
+//! * Local steps (`Lookahead`): the replica pushes gradients as usual, and
+//!   between pushes steps its copy by them too.
 
 use std::ops::Range;
 
@@ -43,6 +47,77 @@ impl LocalTraining {
     }
 }
 
+/// Downpour's local steps: between two pushes the replica also moves its own
+/// copy of the parameters by each mini-batch's gradient, so the next
+/// mini-batch is computed where the shard is going rather than where it was
+/// at the last fetch. Without them, the k gradients of a push of k
+/// mini-batches are all taken at one point, and examples to a target grow
+/// with nPush. Pushes still carry plain gradients: the shards' update stays
+/// the only one that counts, and parameters fetched from a shard replace the
+/// local copy, plus the moves of the gradients not yet pushed.
+///
+/// Adagrad's step needs the shard's accumulator, which the replica does not
+/// fetch. It is estimated as the initial value plus `replicas` times this
+/// replica's own squares: each replica adds about as much to the shard's.
+pub struct Lookahead {
+    optimizer: Optimizer,
+    /// Adagrad: the estimate of the shards' accumulators.
+    accum: Vec<f32>,
+    replicas: f32,
+    /// The local moves of the gradients not yet pushed.
+    unpushed: Vec<f32>,
+}
+
+impl Lookahead {
+    pub fn new(optimizer: Optimizer, len: usize, replicas: usize) -> Self {
+        Lookahead {
+            optimizer,
+            accum: optimizer.new_accumulators(len),
+            replicas: replicas.max(1) as f32,
+            unpushed: vec![0.0; len],
+        }
+    }
+
+    /// Moves `params` by one mini-batch's gradient `grad`.
+    pub fn step(&mut self, params: &mut [f32], grad: &[f32]) {
+        match self.optimizer {
+            Optimizer::Sgd { learning_rate } => {
+                for ((p, u), g) in params.iter_mut().zip(&mut self.unpushed).zip(grad) {
+                    let d = -learning_rate * g;
+                    *p += d;
+                    *u += d;
+                }
+            }
+            Optimizer::Adagrad {
+                learning_rate,
+                epsilon,
+                ..
+            } => {
+                let r = self.replicas;
+                let moves = params.iter_mut().zip(&mut self.unpushed);
+                for (((p, u), a), g) in moves.zip(&mut self.accum).zip(grad) {
+                    *a += r * g * g;
+                    let d = -learning_rate * g / (a.sqrt() + epsilon);
+                    *p += d;
+                    *u += d;
+                }
+            }
+        }
+    }
+
+    /// The gradients stepped on so far have been handed to the shards.
+    pub fn pushed(&mut self) {
+        self.unpushed.fill(0.0);
+    }
+
+    /// `params`, freshly fetched into `range`, get the moves not yet pushed.
+    pub fn reapply(&self, range: Range<usize>, params: &mut [f32]) {
+        for (p, u) in params[range.clone()].iter_mut().zip(&self.unpushed[range]) {
+            *p += u;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +138,60 @@ mod tests {
         local.rebase(0..3, &params);
         local.moved(&params, &mut moved);
         assert_eq!(moved, vec![0.0; 3]);
+    }
+
+    #[test]
+    fn a_lone_replicas_local_steps_land_where_the_shard_puts_its_pushes() {
+        let adagrad = Optimizer::Adagrad {
+            learning_rate: 0.1,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        };
+        let grads = [[0.5f32, -1.0, 2.0], [0.25, 3.0, -0.5], [-1.0, 0.0, 1.0]];
+        for optimizer in [Optimizer::Sgd { learning_rate: 0.1 }, adagrad] {
+            let start = vec![1.0f32, -2.0, 0.5];
+            let (mut shard, mut accum) = (start.clone(), optimizer.new_accumulators(3));
+            let mut local = start.clone();
+            let mut la = Lookahead::new(optimizer, 3, 1);
+            for g in &grads {
+                optimizer.apply(&mut shard, &mut accum, g);
+                la.step(&mut local, g);
+            }
+            for (l, s) in local.iter().zip(&shard) {
+                assert!(
+                    (l - s).abs() < 1e-6,
+                    "{optimizer:?}: {local:?} vs {shard:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fetched_parameters_keep_only_the_moves_not_yet_pushed() {
+        let sgd = Optimizer::Sgd { learning_rate: 1.0 };
+        let mut params = vec![0.0f32; 4];
+        let mut la = Lookahead::new(sgd, 4, 2);
+        la.step(&mut params, &[1.0, 1.0, 1.0, 1.0]);
+        la.pushed();
+        la.step(&mut params, &[0.0, 2.0, 0.0, 3.0]);
+        assert_eq!(params, vec![-1.0, -3.0, -1.0, -4.0]);
+        // The shard's parameters arrive for the second half of the copy.
+        let mut fetched = vec![-1.0f32, -3.0, 10.0, 10.0];
+        la.reapply(2..4, &mut fetched);
+        assert_eq!(fetched, vec![-1.0, -3.0, 10.0, 7.0]);
+    }
+
+    #[test]
+    fn adagrads_estimate_counts_every_replicas_squares() {
+        let adagrad = Optimizer::Adagrad {
+            learning_rate: 1.0,
+            initial_accumulator: 0.0,
+            epsilon: 0.0,
+        };
+        let mut params = vec![0.0f32];
+        let mut la = Lookahead::new(adagrad, 1, 4);
+        la.step(&mut params, &[3.0]);
+        // a = 4 · 9, so the step is 3 / 6.
+        assert!((params[0] + 0.5).abs() < 1e-6, "{params:?}");
     }
 }

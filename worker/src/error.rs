@@ -16,14 +16,8 @@ pub enum WorkerError {
     CoordinatorLost { peer: String, seconds: f64 },
     #[error("replica {replica} does not exist: the job has {replicas} replicas")]
     NoSuchReplica { replica: u32, replicas: usize },
-    #[error(
-        "replica {replica} has no training examples: the training set has {examples} for {replicas} replicas"
-    )]
-    NoData {
-        replica: u32,
-        examples: usize,
-        replicas: usize,
-    },
+    #[error("replica {replica} has no training examples: the training set is empty")]
+    NoData { replica: u32 },
     #[error("compute thread failed: {0}")]
     Compute(String),
     #[error(transparent)]

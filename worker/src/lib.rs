@@ -4,6 +4,7 @@
 
 mod averaging;
 mod error;
+mod feed;
 mod link;
 mod metrics;
 mod network;

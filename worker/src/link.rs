@@ -139,6 +139,11 @@ impl Link {
         lock(&self.shard_version).ahead(self.unanswered.load(Ordering::Relaxed))
     }
 
+    /// Whether every push handed to this link has been answered.
+    pub fn idle(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed) == 0 && lock(&self.pending).is_none()
+    }
+
     /// Whether a push on its way will bring parameters back.
     pub fn exchange_coming(&self) -> bool {
         self.exchanges.load(Ordering::Relaxed) > 0

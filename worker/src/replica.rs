@@ -15,8 +15,9 @@ use distbelief_proto::v1::{Action, ProgressReport, ReportReply};
 use ndarray::ArrayView2;
 use tonic::transport::Channel;
 
-use crate::averaging::LocalTraining;
+use crate::averaging::{LocalTraining, Lookahead};
 use crate::error::WorkerError;
+use crate::feed::{Feed, FeedOptions};
 use crate::link::{Link, Pushing};
 use crate::metrics::WorkerMetrics;
 use crate::network::Net;
@@ -62,7 +63,15 @@ pub struct ReplicaOptions {
     /// Append the id of every push a shard acknowledged to this file
     /// (Downpour), for an audit against the shards' push logs.
     pub ack_log: Option<std::path::PathBuf>,
+    /// Set when the process is told to stop (SIGTERM: scaled down, drained):
+    /// the replica stops computing, waits (at most `DRAIN`) until its pushes
+    /// in flight are acknowledged, hands its data shard back and returns.
+    pub terminating: Arc<AtomicBool>,
 }
+
+/// The longest a terminating replica waits for its pushes in flight:
+/// within Kubernetes' default 30 s grace period.
+const DRAIN: Duration = Duration::from_secs(10);
 
 impl ReplicaOptions {
     pub fn new(replica: u32, shards: Vec<String>, coordinator: String) -> Self {
@@ -80,6 +89,7 @@ impl ReplicaOptions {
             slowdown: None,
             partition: None,
             ack_log: None,
+            terminating: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -158,7 +168,12 @@ impl Coordinator {
 /// averaging and synchronous steps do not go through the accumulator so).
 fn squares_travel(job: &Job) -> bool {
     let d = &job.downpour;
-    d.adagrad.enabled && d.compression.is_none() && d.averaging.is_none() && d.synchronous.is_none()
+    d.adagrad.enabled && plain_pushes(d)
+}
+
+/// Asynchronous pushes of dense, uncompressed gradients.
+fn plain_pushes(d: &distbelief_api::DownpourSpec) -> bool {
+    d.compression.is_none() && d.averaging.is_none() && d.synchronous.is_none()
 }
 
 /// The most values a partition peer may send in one boundary message (a
@@ -225,17 +240,16 @@ pub async fn run_replica(
         .map_err(|e| WorkerError::Compute(e.to_string()))??;
     let mlp = Mlp::new(&job.layout);
     train.check_fits("training data", job.data_inputs(), job.label_classes())?;
-    let indices = data::replica_indices(train.len(), opts.replica as usize, replicas);
-    if indices.is_empty() {
+    if train.is_empty() {
         return Err(WorkerError::NoData {
             replica: opts.replica,
-            examples: train.len(),
-            replicas,
         });
     }
+    let data_shards = data::data_shards(train.len(), job.data_shard_examples());
     tracing::info!(
         replica = opts.replica,
-        examples = indices.len(),
+        examples = train.len(),
+        data_shards,
         "training data loaded"
     );
 
@@ -279,14 +293,13 @@ pub async fn run_replica(
     let progress = Arc::new(Progress::default());
 
     // Warm start: wait until the coordinator lets this replica train.
-    let start_step = loop {
+    loop {
         opts.heartbeat.beat();
         let reply = coordinator.report(report(&progress, 0.0)).await?;
         match reply.as_ref().map(ReportReply::action) {
             Some(Action::Train) => {
-                let reply = reply.unwrap_or_default();
-                set_fence(&reply);
-                break reply.start_step;
+                set_fence(&reply.unwrap_or_default());
+                break;
             }
             Some(Action::Stop) => {
                 tracing::info!("coordinator says the job is done before this replica started");
@@ -297,14 +310,19 @@ pub async fn run_replica(
             }
             _ => tokio::time::sleep(opts.report_interval.min(Duration::from_millis(200))).await,
         }
-    };
-    if start_step > 0 {
-        tracing::info!(
-            replica = opts.replica,
-            start_step,
-            "starting from the straggler's data position"
-        );
     }
+    let feed = Feed::new(FeedOptions {
+        client: coordinator.client.clone(),
+        addr: opts.coordinator.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        replica: opts.replica,
+        incarnation,
+        partition: opts.partition.as_ref().map_or(0, |p| p.partition),
+        patience: opts.coordinator_patience,
+        seed: job.downpour.seed,
+        examples: train.len(),
+        data_shards,
+    });
 
     let mut params = vec![0.0f32; clients.iter().map(|c| c.range.len()).sum()];
     let mut backoff = distbelief_net::Backoff::default();
@@ -334,6 +352,8 @@ pub async fn run_replica(
     };
     let threads = opts.threads.max(1);
     let mut tasks = Vec::new();
+    // Dense Downpour's links, whose pushes a terminating replica lets finish.
+    let mut draining: Vec<Arc<Link>> = Vec::new();
     let stop_mailbox: Option<Arc<Mailbox>> = part.as_ref().map(|p| p.mailbox.clone());
     let server = part.as_ref().map(|p| p.server.abort_handle());
     let (parts, me) = (job.partitions(), part.as_ref().map_or(0, |p| p.me));
@@ -355,17 +375,15 @@ pub async fn run_replica(
             model: WideDeep::new(&job.layout, &job.tables),
             train,
             sparse,
-            indices,
+            feed,
             clients,
             runtime: tokio::runtime::Handle::current(),
             replica: opts.replica,
             incarnation,
             fence: fence.clone(),
-            seed: job.downpour.seed,
             batch: job.downpour.batch_size as usize,
             n_fetch: u64::from(job.downpour.n_fetch),
             n_push: u64::from(job.downpour.n_push),
-            start_step,
             slowdown,
             progress: progress.clone(),
             stop: stop.clone(),
@@ -404,6 +422,7 @@ pub async fn run_replica(
     } else {
         let squares = squares_travel(&job);
         let links: Vec<Arc<Link>> = clients.into_iter().map(|c| Link::new(c, squares)).collect();
+        draining.clone_from(&links);
         let ack_log = ack_log(&opts)?;
         let pushing = Pushing {
             replica: opts.replica,
@@ -425,13 +444,11 @@ pub async fn run_replica(
             net,
             base,
             train,
-            indices,
+            feed,
             links: links.clone(),
             progress: progress.clone(),
             stop: stop.clone(),
             metrics: metrics.clone(),
-            replica: opts.replica,
-            seed: job.downpour.seed,
             batch: job.downpour.batch_size as usize,
             n_fetch: match (sync, period) {
                 (true, _) => 1,
@@ -443,7 +460,6 @@ pub async fn run_replica(
                 (_, Some(p)) => p,
                 _ => u64::from(job.downpour.n_push),
             },
-            start_step,
             squares,
             // Synchronous SGD waits for every step's parameters, and
             // averaging for the average at the end of every period.
@@ -453,6 +469,9 @@ pub async fn run_replica(
                 job.downpour.max_staleness.map(u64::from)
             },
             local: period.map(|_| LocalTraining::new(Optimizer::from_spec(&job.downpour), &params)),
+            lookahead: (job.downpour.local_steps && plain_pushes(&job.downpour)).then(|| {
+                Lookahead::new(Optimizer::from_spec(&job.downpour), params.len(), replicas)
+            }),
             slowdown,
         };
         std::thread::Builder::new()
@@ -466,7 +485,18 @@ pub async fn run_replica(
     let mut eps = 0.0;
     let outcome = loop {
         tick.tick().await;
+        if opts.terminating.load(Ordering::Relaxed) {
+            tracing::info!(
+                replica = opts.replica,
+                "terminating: the pushes in flight finish, then the data shard goes back"
+            );
+            break Ok(());
+        }
         if compute.is_finished() {
+            // Stopped by the coordinator's answer to a data-shard request.
+            if stop.load(Ordering::Relaxed) {
+                break Ok(());
+            }
             break Err(WorkerError::Compute(
                 "compute thread stopped unexpectedly".into(),
             ));
@@ -502,10 +532,20 @@ pub async fn run_replica(
     if let Some(m) = &stop_mailbox {
         m.close();
     }
+    let joined = tokio::task::spawn_blocking(move || compute.join()).await;
+    if opts.terminating.load(Ordering::Relaxed) {
+        let until = Instant::now() + DRAIN;
+        while draining.iter().any(|l| !l.idle()) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if draining.iter().any(|l| !l.idle()) {
+            tracing::warn!("terminating with pushes still unacknowledged after {DRAIN:?}");
+        }
+        Feed::release(&mut coordinator.client, opts.replica, incarnation).await;
+    }
     for t in &tasks {
         t.abort();
     }
-    let joined = tokio::task::spawn_blocking(move || compute.join()).await;
     let computed = match joined {
         Ok(Ok(r)) => r,
         Ok(Err(_)) | Err(_) => return Err(WorkerError::Compute("compute thread panicked".into())),
@@ -665,20 +705,16 @@ struct Compute {
     /// Where `params` starts in the stored vector: a partition holds only its own.
     base: usize,
     train: Dataset,
-    indices: Vec<usize>,
+    feed: Feed,
     links: Vec<Arc<Link>>,
     progress: Arc<Progress>,
     stop: Arc<AtomicBool>,
     metrics: WorkerMetrics,
-    replica: u32,
-    seed: u64,
     batch: usize,
     n_fetch: u64,
     n_push: u64,
     /// Pushes of several mini-batches carry the sums of their squares.
     squares: bool,
-    /// Where in the replica's data order to begin (a backup's straggler's step).
-    start_step: u64,
     /// Injected: each step takes this many times its compute time.
     slowdown: f64,
     /// Bounded staleness: versions a shard may be ahead of the parameters
@@ -686,6 +722,8 @@ struct Compute {
     max_staleness: Option<u64>,
     /// Parameter averaging: the replica's own training between averagings.
     local: Option<LocalTraining>,
+    /// Local steps between pushes.
+    lookahead: Option<Lookahead>,
 }
 
 impl Compute {
@@ -703,7 +741,7 @@ impl Compute {
             .map_err(|e| WorkerError::Compute(format!("cannot build compute pool: {e}")))?;
         let stop = self.stop.clone();
         let done = pool.install(|| self.train_loop(params, versions, threads));
-        unless_stopping(&stop, done.map_err(WorkerError::from))
+        unless_stopping(&stop, done)
     }
 
     /// Makes fetched parameters the ones computed on.
@@ -716,7 +754,11 @@ impl Compute {
     ) {
         let link = &self.links[i];
         let range = link.client.range.clone();
-        params[range.start - self.base..range.end - self.base].copy_from_slice(&f.values);
+        let mine = range.start - self.base..range.end - self.base;
+        params[mine.clone()].copy_from_slice(&f.values);
+        if let Some(lookahead) = &self.lookahead {
+            lookahead.reapply(mine, params);
+        }
         if let Some(local) = self.local.as_mut() {
             local.rebase(range, &f.values);
         }
@@ -729,24 +771,21 @@ impl Compute {
         mut params: Vec<f32>,
         mut versions: Vec<Stamp>,
         threads: usize,
-    ) -> Result<(), ExchangeError> {
-        let batch = self.batch.min(self.indices.len());
+    ) -> Result<(), WorkerError> {
+        let batch = self.batch.min(self.train.len()).max(1);
         let dim = self.train.dim;
         let mut scratch = self.net.scratch(batch, threads);
         let mut acc = vec![0.0f32; params.len()];
-        // Adagrad's squares need each mini-batch's gradient on its own.
-        let mut squares = (self.squares && self.n_push > 1)
-            .then(|| (vec![0.0f32; params.len()], vec![0.0f32; params.len()]));
+        // Adagrad's squares and local steps need each mini-batch's gradient
+        // on its own.
+        let mut squares = (self.squares && self.n_push > 1).then(|| vec![0.0f32; params.len()]);
+        let mut one =
+            (squares.is_some() || self.lookahead.is_some()).then(|| vec![0.0f32; params.len()]);
         let mut acc_base = versions.clone();
         let mut acc_steps = 0;
         let mut x = vec![0.0f32; batch * dim];
         let mut y = vec![0u32; batch];
-        // Each epoch takes whole batches, as the loop below does.
-        let steps_per_epoch = (self.indices.len() / batch).max(1) as u64;
-        let mut epoch = self.start_step / steps_per_epoch;
-        let mut pos = (self.start_step % steps_per_epoch) as usize * batch;
-        self.progress.epoch.store(epoch, Ordering::Relaxed);
-        let mut order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
+        let mut examples = vec![0usize; batch];
         let mut step: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
             // Fetched parameters are used from the first step after they
@@ -765,35 +804,43 @@ impl Compute {
                     self.install(i, f, &mut params, &mut versions);
                 }
             }
-            if pos + batch > order.len() {
-                epoch += 1;
-                self.progress.epoch.store(epoch, Ordering::Relaxed);
-                order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
-                pos = 0;
+            if !self.feed.next_batch(&mut examples, &self.stop)? {
+                self.stop.store(true, Ordering::Relaxed);
+                return Ok(());
             }
-            for (k, &i) in order[pos..pos + batch].iter().enumerate() {
+            self.progress
+                .epoch
+                .store(self.feed.epoch(), Ordering::Relaxed);
+            for (k, &i) in examples.iter().enumerate() {
                 x[k * dim..(k + 1) * dim].copy_from_slice(self.train.row(i));
                 y[k] = self.train.labels[i];
             }
-            pos += batch;
             if acc_steps == 0 {
                 acc_base.copy_from_slice(&versions);
             }
             let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
             let began = Instant::now();
             let waited_before = self.net.waited();
-            let loss = match squares.as_mut() {
+            let loss = match one.as_mut() {
                 None => self
                     .net
                     .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?,
-                Some((one, sq)) => {
+                Some(one) => {
                     one.fill(0.0);
                     let loss = self
                         .net
                         .gradient(&params, xv, &y, &mut scratch, step, one)?;
-                    for ((a, s), g) in acc.iter_mut().zip(sq.iter_mut()).zip(one.iter()) {
-                        *a += g;
-                        *s += g * g;
+                    match squares.as_mut() {
+                        Some(sq) => {
+                            for ((a, s), g) in acc.iter_mut().zip(sq.iter_mut()).zip(one.iter()) {
+                                *a += g;
+                                *s += g * g;
+                            }
+                        }
+                        None => acc.iter_mut().zip(one.iter()).for_each(|(a, g)| *a += g),
+                    }
+                    if let Some(lookahead) = self.lookahead.as_mut() {
+                        lookahead.step(&mut params, one);
                     }
                     loss
                 }
@@ -824,7 +871,7 @@ impl Compute {
                     let mine = range.start - self.base..range.end - self.base;
                     if !link.offer(
                         &acc[mine.clone()],
-                        squares.as_ref().map(|(_, sq)| &sq[mine]),
+                        squares.as_ref().map(|sq| &sq[mine]),
                         acc_steps as u32,
                         acc_base[i],
                         fetch,
@@ -833,8 +880,11 @@ impl Compute {
                     }
                 }
                 acc.fill(0.0);
-                if let Some((_, sq)) = squares.as_mut() {
+                if let Some(sq) = squares.as_mut() {
                     sq.fill(0.0);
+                }
+                if let Some(lookahead) = self.lookahead.as_mut() {
+                    lookahead.pushed();
                 }
                 acc_steps = 0;
             } else if fetch {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use distbelief_model::data::{self, Dataset, SparseFeatures};
+use distbelief_model::data::{Dataset, SparseFeatures};
 use distbelief_model::keys::shard_of;
 use distbelief_model::wide_deep::{TableRows, WideDeep};
 use distbelief_ps_client::audit::Appender;
@@ -20,6 +20,7 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use crate::error::WorkerError;
+use crate::feed::Feed;
 use crate::link::acknowledged;
 use crate::metrics::WorkerMetrics;
 use crate::replica::{Progress, lower_priority, unless_stopping};
@@ -29,17 +30,15 @@ pub(crate) struct SparseWorker {
     pub train: Dataset,
     /// The training data's categorical keys.
     pub sparse: SparseFeatures,
-    pub indices: Vec<usize>,
+    pub feed: Feed,
     pub clients: Vec<ShardClient>,
     pub runtime: Handle,
     pub replica: u32,
     pub incarnation: u64,
     pub fence: Arc<AtomicU64>,
-    pub seed: u64,
     pub batch: usize,
     pub n_fetch: u64,
     pub n_push: u64,
-    pub start_step: u64,
     pub slowdown: f64,
     pub progress: Arc<Progress>,
     pub stop: Arc<AtomicBool>,
@@ -115,30 +114,22 @@ impl SparseWorker {
         })
     }
 
-    fn train_loop(self, mut params: Vec<f32>, mut versions: Vec<Stamp>) -> Result<(), WorkerError> {
-        let batch = self.batch.min(self.indices.len()).max(1);
+    fn train_loop(
+        mut self,
+        mut params: Vec<f32>,
+        mut versions: Vec<Stamp>,
+    ) -> Result<(), WorkerError> {
+        let batch = self.batch.min(self.train.len()).max(1);
         let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
         let mut scratch = self.model.mlp().scratch(batch);
         let mut acc = vec![0.0f32; params.len()];
         let mut sums: Vec<RowSums> = dims.iter().map(|_| RowSums::default()).collect();
         let (mut acc_steps, mut acc_base) = (0u64, versions.clone());
-        let steps_per_epoch = (self.indices.len() / batch).max(1) as u64;
-        let mut epoch = self.start_step / steps_per_epoch;
-        let mut pos = (self.start_step % steps_per_epoch) as usize * batch;
-        let mut order = data::epoch_order(&self.indices, self.seed, self.replica, epoch);
-        let next_batch = |pos: &mut usize, epoch: &mut u64, order: &mut Vec<usize>| {
-            if *pos + batch > order.len() {
-                *epoch += 1;
-                self.progress.epoch.store(*epoch, Ordering::Relaxed);
-                *order = data::epoch_order(&self.indices, self.seed, self.replica, *epoch);
-                *pos = 0;
-            }
-            let b = order[*pos..*pos + batch].to_vec();
-            *pos += batch;
-            b
-        };
-        self.progress.epoch.store(epoch, Ordering::Relaxed);
-        let mut current = next_batch(&mut pos, &mut epoch, &mut order);
+        let mut current = vec![0usize; batch];
+        if !self.feed.next_batch(&mut current, &self.stop)? {
+            self.stop.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
         let mut fetching = self.fetch_rows(&current);
         let mut dense: Option<JoinHandle<_>> = None;
         let mut pushing: Option<Pushing> = None;
@@ -148,7 +139,15 @@ impl SparseWorker {
                 .runtime
                 .block_on(fetching)
                 .map_err(|e| WorkerError::Compute(e.to_string()))??;
-            let upcoming = next_batch(&mut pos, &mut epoch, &mut order);
+            self.progress
+                .epoch
+                .store(self.feed.epoch(), Ordering::Relaxed);
+            let mut upcoming = vec![0usize; batch];
+            if !self.feed.next_batch(&mut upcoming, &self.stop)? {
+                // Stopped by the coordinator: the batch in hand is not trained.
+                self.stop.store(true, Ordering::Relaxed);
+                break;
+            }
             fetching = self.fetch_rows(&upcoming);
             if let Some(d) = dense.take_if(|d: &mut JoinHandle<_>| d.is_finished()) {
                 let (fresh, v): (Vec<f32>, Vec<Stamp>) = self

@@ -243,6 +243,12 @@ const RULES: &[Rule] = &[
         "at least 1",
     ),
     (
+        "dataShardExamples at least 1",
+        |j| j.spec.data.data_shard_examples = 0,
+        "spec.data.dataShardExamples",
+        "at least 1",
+    ),
+    (
         "testLimit at least 1",
         |j| j.spec.data.test_limit = Some(0),
         "spec.data.testLimit",
@@ -743,7 +749,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 55, "{fields:#?}");
+    assert_eq!(fields.len(), 56, "{fields:#?}");
 }
 
 #[test]

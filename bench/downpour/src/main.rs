@@ -1,4 +1,4 @@
-//! `bench-downpour`: trains the same model on the same data in four
+//! `bench-downpour`: trains the same model on the same data in several
 //! configurations and prints JSON figures, each as a ratio to (a) measured
 //! in the same run, plus two shard microbenchmarks.
 //!
@@ -7,8 +7,9 @@
 //!   (e) (c) with every shard replicated twice (`parameterServers.replication: 2`)
 //!   (f, g, h) (c) with `nPush` 1, 2 and 4: Adagrad's examples to the target
 //!   should not depend on it
-//!   (i) (f) with 4 times the batch: nPush 4's gradients are taken at the
-//!   same parameters, so (h) is a 4-times batch, and (i) shows what that costs
+//!   (i) (f) with 4 times the batch: without local steps, nPush 4's
+//!   gradients are taken at the same parameters, a 4-times batch
+//!   (j) (h) without local steps (`downpour.localSteps: false`)
 
 mod micro;
 
@@ -37,11 +38,17 @@ struct Args {
     /// Skip the training configurations (microbenchmarks only).
     #[arg(long)]
     micro_only: bool,
+    /// Evaluate every this many seconds, in every configuration (default:
+    /// the job's stop.evalIntervalSeconds). Examples to the target are
+    /// counted at the first evaluation past it, so a shorter interval
+    /// measures them more finely, at the cost of the cores it takes.
+    #[arg(long)]
+    eval_interval: Option<f64>,
     /// Skip the microbenchmarks.
     #[arg(long)]
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j"])]
     configs: Vec<String>,
 }
 
@@ -54,6 +61,15 @@ struct Setup {
     n_push: Option<u32>,
     /// The job's batch size times this.
     batch_factor: u32,
+    /// downpour.localSteps (the job's default: on).
+    local_steps: bool,
+}
+
+impl Setup {
+    const fn without_local_steps(mut self) -> Setup {
+        self.local_steps = false;
+        self
+    }
 }
 
 const fn setup(
@@ -69,17 +85,25 @@ const fn setup(
         replication,
         n_push,
         batch_factor,
+        local_steps: true,
     }
 }
 
 /// Runs `distbelief train` on `job` set up as `c`; returns its summary.
-fn downpour(exe: &Path, job_file: &str, c: &Setup, dir: &Path) -> anyhow::Result<Value> {
+fn downpour(
+    exe: &Path,
+    job_file: &str,
+    c: &Setup,
+    eval_interval: Option<f64>,
+    dir: &Path,
+) -> anyhow::Result<Value> {
     let &Setup {
         shards,
         replicas,
         replication,
         n_push,
         batch_factor,
+        local_steps,
         ..
     } = c;
     let text =
@@ -91,12 +115,19 @@ fn downpour(exe: &Path, job_file: &str, c: &Setup, dir: &Path) -> anyhow::Result
     if let Some(n) = n_push {
         doc["spec"]["algorithm"]["downpour"]["nPush"] = n.into();
     }
+    if !local_steps {
+        doc["spec"]["algorithm"]["downpour"]["localSteps"] = false.into();
+    }
+    if let Some(s) = eval_interval {
+        doc["spec"]["stop"]["evalIntervalSeconds"] = s.into();
+    }
     let downpour = &mut doc["spec"]["algorithm"]["downpour"];
     let batch = downpour["batchSize"].as_u64().unwrap_or(128) * u64::from(batch_factor);
     downpour["batchSize"] = batch.into();
     let name = format!(
-        "bench-{shards}x{replicas}-r{replication}{}-b{batch}",
-        n_push.map_or(String::new(), |n| format!("-p{n}"))
+        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}",
+        n_push.map_or(String::new(), |n| format!("-p{n}")),
+        if local_steps { "" } else { "-nolocal" }
     );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
@@ -124,8 +155,12 @@ fn main() -> anyhow::Result<()> {
         None => std::env::current_exe()?.with_file_name("distbelief"),
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut report =
-        json!({ "machine": { "cores": cores }, "job": args.job, "repeat": args.repeat });
+    let mut report = json!({
+        "machine": { "cores": cores },
+        "job": args.job,
+        "repeat": args.repeat,
+        "eval_interval_seconds": args.eval_interval,
+    });
 
     if !args.micro_only {
         let job = distbelief_api::load_job(&args.job)?;
@@ -143,6 +178,7 @@ fn main() -> anyhow::Result<()> {
             setup("g_2x2_npush2", (2, 2, 1), Some(2), 1),
             setup("h_2x2_npush4", (2, 2, 1), Some(4), 1),
             setup("i_2x2_npush1_batch4x", (2, 2, 1), Some(1), 4),
+            setup("j_2x2_npush4_no_local_steps", (2, 2, 1), Some(4), 1).without_local_steps(),
         ]
         .into_iter()
         .filter(|s| args.configs.iter().any(|c| s.key.starts_with(c.as_str())))
@@ -159,7 +195,8 @@ fn main() -> anyhow::Result<()> {
                 &train,
                 &test,
                 cores,
-                job.spec.stop.eval_interval_seconds,
+                args.eval_interval
+                    .unwrap_or(job.spec.stop.eval_interval_seconds),
                 cap,
             ));
             for (i, c) in chosen.iter().enumerate() {
@@ -176,7 +213,13 @@ fn main() -> anyhow::Result<()> {
                         String::new()
                     }
                 );
-                summaries[i].push(downpour(&exe, &args.job, c, tmp.path())?);
+                summaries[i].push(downpour(
+                    &exe,
+                    &args.job,
+                    c,
+                    args.eval_interval,
+                    tmp.path(),
+                )?);
             }
         }
         let a = config(
@@ -271,6 +314,16 @@ fn main() -> anyhow::Result<()> {
             ratios.insert(
                 "npush4_vs_batch4x".into(),
                 json!({ "examples_to_target": h / i }),
+            );
+        }
+        // What local steps do for nPush 4: (h) against (j).
+        if let (Some(Some(h)), Some(Some(j))) = (
+            ett_of.get("h_2x2_npush4"),
+            ett_of.get("j_2x2_npush4_no_local_steps"),
+        ) {
+            ratios.insert(
+                "npush4_local_steps_vs_none".into(),
+                json!({ "examples_to_target": h / j }),
             );
         }
         report["target_test_accuracy"] = json!(target);

@@ -81,6 +81,8 @@ pub struct Summary {
     pub model: Option<String>,
     /// Sandblaster's figures, when the job ran it.
     pub sandblaster: Option<SandblasterSummary>,
+    /// Downpour: the coordinator's ledger of data shards.
+    pub data_shards: Option<DataShardsSummary>,
     /// Shards and replicas killed (and so restarted) for not answering their
     /// liveness probe: frozen or stuck.
     pub unresponsive_killed: u32,
@@ -104,6 +106,21 @@ pub struct SandblasterSummary {
     pub command_bytes_per_batch: f64,
     /// The model's parameters as f32, for scale.
     pub parameter_bytes: u64,
+}
+
+/// The ledger of the data shards the coordinator handed out.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DataShardsSummary {
+    /// Data shards in an epoch.
+    pub per_epoch: u32,
+    /// Epochs whose every data shard was trained.
+    pub epochs_complete: u64,
+    /// Data shards trained, each counted once in its epoch.
+    pub trained: u64,
+    /// Handed out again after their replica died, was removed or lost a race.
+    pub requeued: u64,
+    /// Completions of a data shard already trained in its epoch: not counted.
+    pub trained_again: u64,
 }
 
 /// How the local runtime's run went, beside the coordinator's last status.
@@ -204,6 +221,13 @@ impl Summary {
                 grants_redone: sb.grants_redone,
                 command_bytes_per_batch: sb.command_bytes as f64 / sb.batches.max(1) as f64,
                 parameter_bytes: 4 * job.layout.len() as u64,
+            }),
+            data_shards: s.data_shards.map(|d| DataShardsSummary {
+                per_epoch: d.per_epoch,
+                epochs_complete: d.epochs_complete,
+                trained: d.trained,
+                requeued: d.requeued,
+                trained_again: d.trained_again,
             }),
             unresponsive_killed: 0,
             chaos: None,

@@ -41,6 +41,7 @@ impl Tracker {
             push_bytes: self.push_bytes,
             fetch_bytes: self.fetch_bytes,
             updates: self.updates,
+            data_shards: self.data.as_ref().map(crate::data_shards::DataShards::save),
         }
     }
 
@@ -60,6 +61,10 @@ impl Tracker {
             "" => None,
             r => Some(parse_reason(r)?),
         };
+        if let (Some(data), Some(saved)) = (self.data.as_mut(), &s.data_shards) {
+            data.restore(saved)
+                .map_err(|e| format!("data shards: {e}"))?;
+        }
         let mut replicas = std::collections::BTreeMap::new();
         for r in &s.replicas {
             if replicas.insert(r.replica, restore_replica(r)?).is_some() {

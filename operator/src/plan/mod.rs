@@ -560,6 +560,30 @@ fn replicas(plan: &mut Plan, scene: &Scene, old: &DistBeliefJobStatus) -> Result
             Outcome::Fine => {}
         }
     }
+    // Scaled down: the replicas past the count stop. Each is sent SIGTERM,
+    // lets its pushes in flight finish and hands its data shard back.
+    let removed: Vec<String> = scene
+        .live
+        .iter()
+        .filter(|p| role(p) == Some("replica"))
+        .filter(|p| {
+            pods::label_u32(p, crate::children::LABEL_REPLICA)
+                .is_some_and(|r| r >= job.spec.replicas.count)
+        })
+        .map(|p| p.name_any())
+        .collect();
+    if !removed.is_empty() {
+        plan.note(
+            false,
+            "ScaledDown",
+            format!(
+                "spec.replicas.count is {}: stopping {}",
+                job.spec.replicas.count,
+                removed.join(", ")
+            ),
+        );
+        plan.delete_pods.extend(removed);
+    }
     plan.status.replicas.sort_by_key(|s| s.replica);
     plan.status
         .replicas
@@ -570,6 +594,12 @@ fn replicas(plan: &mut Plan, scene: &Scene, old: &DistBeliefJobStatus) -> Result
         .filter(|p| role(p) == Some("replica") && is_unit_head(p) && phase_of(p) == "Running")
         .count();
     plan.status.replicas_ready = Some(running as u32);
+    plan.status.selector = Some(format!(
+        "{}={},{}=replica",
+        crate::children::LABEL_JOB,
+        job.name_any(),
+        crate::children::LABEL_ROLE
+    ));
     failed.map_or(Ok(waiting), Err)
 }
 
