@@ -107,6 +107,9 @@ const BROKEN: &[(&str, Change)] = &[
     ("nPush", |j| {
         j["spec"]["algorithm"]["downpour"]["nPush"] = json!(65)
     }),
+    ("dataShardExamples", |j| {
+        j["spec"]["data"]["dataShardExamples"] = json!(0)
+    }),
     ("batchSize", |j| {
         j["spec"]["algorithm"]["downpour"]["batchSize"] = json!(0)
     }),
@@ -267,6 +270,7 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
     distbelief_api::parse_job("job.json", &serde_json::to_string(&job).unwrap())
         .expect("and runs locally");
     immutable_fields_refuse_a_change_with_the_local_message(&kit, &ns).await;
+    replicas_scale_through_the_scale_subresource(&kit, &ns).await;
     templates_are_admitted_and_owned_fields_refused(&kit, &ns).await;
     // Every shipped job is admitted.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -395,6 +399,71 @@ async fn immutable_fields_refuse_a_change_with_the_local_message(kit: &Kit, ns: 
     let stored = kit.jobs(ns).get("fixed").await.unwrap();
     assert_eq!(stored.data["spec"]["replicas"]["partitions"], 1);
     assert_eq!(stored.data["spec"]["parameterServers"]["replication"], 1);
+}
+
+/// `kubectl scale dbj NAME --replicas=N` goes through the scale
+/// subresource, and `kubectl autoscale dbj NAME --min 1 --max 4` creates a
+/// HorizontalPodAutoscaler aimed at it, which the API server accepts. Under
+/// averaging (or synchronous SGD) the count is fixed, with the local
+/// message. No operator watches `ns`.
+async fn replicas_scale_through_the_scale_subresource(kit: &Kit, ns: &str) {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    create_job(kit, ns, &example_job("elastic")).await;
+    let jobs = kit.jobs(ns);
+    let scaled = jobs
+        .patch_scale(
+            "elastic",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("the scale subresource takes a new count");
+    assert_eq!(scaled.spec.and_then(|s| s.replicas), Some(3));
+    let stored = jobs.get("elastic").await.unwrap();
+    assert_eq!(stored.data["spec"]["replicas"]["count"], 3);
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "metadata": {"name": "elastic"},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": distbelief_api::API_VERSION,
+                "kind": distbelief_api::KIND,
+                "name": "elastic"
+            },
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "metrics": [{"type": "Resource", "resource": {
+                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]
+        }
+    }))
+    .unwrap();
+    Api::<HorizontalPodAutoscaler>::namespaced(kit.client.clone(), ns)
+        .create(&PostParams::default(), &hpa)
+        .await
+        .expect("the API server accepts an autoscaler aimed at a job");
+
+    let mut job = example_job("averaged");
+    job["spec"]["algorithm"]["downpour"]["averaging"] = json!({"periodSteps": 4});
+    job["spec"]["algorithm"]["downpour"]
+        .as_object_mut()
+        .unwrap()
+        .remove("maxStaleness");
+    let created = create_job(kit, ns, &job).await;
+    let old: distbelief_api::DistBeliefJob =
+        serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+    let mut new = old.spec.clone();
+    new.replicas.count = 3;
+    let local = distbelief_api::admission::immutable_changes(&old.spec, &new);
+    assert_eq!(local.len(), 1, "{local:?}");
+    let server = jobs
+        .patch_scale(
+            "averaged",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect_err("an averaging job's count is fixed")
+        .to_string();
+    assert!(server.contains(&local[0].1), "{server} vs {}", local[0].1);
 }
 
 /// resourceVersions of the job's long-lived children, by kind/name.
