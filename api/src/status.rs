@@ -211,6 +211,9 @@ pub struct Progress {
     /// Sandblaster's batches, iterations and backup portions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandblaster: Option<SandblasterProgress>,
+    /// Downpour: the ledger of the data shards the coordinator hands out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_shards: Option<DataShardsProgress>,
     /// Each replica's progress.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaProgress>,
@@ -220,6 +223,24 @@ pub struct Progress {
     /// The trained model, once the job has succeeded and saved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<SavedModel>,
+}
+
+/// The coordinator's ledger of data shards: the training data handed to
+/// Downpour replicas one data shard at a time, from a queue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataShardsProgress {
+    /// Data shards in an epoch.
+    pub per_epoch: u32,
+    /// Epochs whose every data shard has been trained.
+    pub epochs_complete: u64,
+    /// Data shards trained, each counted once in its epoch.
+    pub trained: u64,
+    /// Data shards handed out again after their replica died, was removed
+    /// or lost a backup race.
+    pub requeued: u64,
+    /// Completions of a data shard already trained in its epoch (not counted).
+    pub trained_again: u64,
 }
 
 /// Sandblaster L-BFGS's progress.

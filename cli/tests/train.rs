@@ -656,14 +656,16 @@ spec:
   algorithm: {{downpour: {{learningRate: 0.004, batchSize: 64}}}}
   parameterServers: {{shards: 2, replication: {replication}, maxRestarts: 30}}
   replicas: {{count: 3, maxRestarts: 30}}
-  stop: {{targetTestAccuracy: 0.84, maxEpochs: 40, maxSeconds: 170, evalIntervalSeconds: 0.5}}
+  stop: {{targetTestAccuracy: 0.84, maxEpochs: 40, maxSeconds: 230, evalIntervalSeconds: 0.5}}
   checkpoint: {{intervalSeconds: 1}}
   faults: {{slowReplicas: [{{replica: 0, factor: 100}}, {{replica: 1, factor: 100}}, {{replica: 2, factor: 100}}]}}
 "
     );
+    // 0.84 took 70-160 s under these faults (16 replica kills, 8 shard and
+    // 16 coordinator faults in the longer runs): the limit leaves room.
     let chaos = format!("replica=10s,shard=20s,for=170s,seed=5{more}");
     let mut run = Run::start_with(yaml, &["--chaos", &chaos]);
-    let s = run.finish(Duration::from_secs(180));
+    let s = run.finish(Duration::from_secs(245));
     assert_eq!(s["outcome"], "finished", "{s}");
     assert_eq!(s["stop_reason"], "target_reached", "{s}");
     let chaos = &s["chaos"];

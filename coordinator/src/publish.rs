@@ -2,7 +2,8 @@
 //! `kubernetes` writes into the job on Kubernetes.
 
 use distbelief_api::{
-    BackupRace, Progress, ReplicaProgress, SandblasterProgress, ShardProgress, StalenessSummary,
+    BackupRace, DataShardsProgress, Progress, ReplicaProgress, SandblasterProgress, ShardProgress,
+    StalenessSummary,
 };
 use distbelief_proto::v1::JobStatus;
 
@@ -56,6 +57,13 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
         shards: shards.to_vec(),
         model: None,
         sandblaster: s.sandblaster.as_ref().map(sandblaster),
+        data_shards: s.data_shards.map(|d| DataShardsProgress {
+            per_epoch: d.per_epoch,
+            epochs_complete: d.epochs_complete,
+            trained: d.trained,
+            requeued: d.requeued,
+            trained_again: d.trained_again,
+        }),
     }
 }
 

@@ -181,6 +181,19 @@ impl ShardClient {
     /// Fetches the shard's range into `out` (which must be exactly that long)
     /// and returns where the shard stood.
     pub async fn fetch_into(&mut self, out: &mut [f32]) -> Result<Stamp, ClientError> {
+        self.fetch_vector_into(out, false).await
+    }
+
+    /// Fetches Adagrad's accumulators for the shard's range into `out`.
+    pub async fn fetch_accumulators_into(&mut self, out: &mut [f32]) -> Result<Stamp, ClientError> {
+        self.fetch_vector_into(out, true).await
+    }
+
+    async fn fetch_vector_into(
+        &mut self,
+        out: &mut [f32],
+        accumulators: bool,
+    ) -> Result<Stamp, ClientError> {
         // The channel's deadline covers the response headers only; this one
         // covers every chunk.
         let deadline = self.timeout;
@@ -188,7 +201,10 @@ impl ShardClient {
         let index = self.index;
         let fetched = tokio::time::timeout(deadline, async {
             let stream = client
-                .fetch(FetchRequest { shard: index })
+                .fetch(FetchRequest {
+                    shard: index,
+                    accumulators,
+                })
                 .await?
                 .into_inner();
             Ok::<_, tonic::Status>(stream)

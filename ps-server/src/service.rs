@@ -120,7 +120,8 @@ impl ShardService {
     /// chunk is copied under the read lock only when the client is ready for
     /// it, so a fetch never holds more than one chunk in memory. Chunks may
     /// straddle a push: shards are Hogwild-consistent, not atomic.
-    fn parameters(&self, version: u64) -> FetchStream {
+    /// The shard's parameters, or with `accumulators` Adagrad's accumulators.
+    fn parameters(&self, version: u64, accumulators: bool) -> FetchStream {
         let shard_epoch = self.read().epoch();
         let state = self.state.clone();
         let range = self.read().range.clone();
@@ -130,7 +131,11 @@ impl ShardService {
             Ok(ParameterChunk {
                 version,
                 offset: (range.start + r.start) as u64,
-                values: encode_f32(&s.params[r]),
+                values: encode_f32(if accumulators {
+                    &s.accum[r]
+                } else {
+                    &s.params[r]
+                }),
                 shard_epoch,
             })
         });
@@ -507,7 +512,10 @@ impl ParameterServer for ShardService {
             let s = self.read();
             (s.index, s.version)
         };
-        let asked = req.into_inner().shard;
+        let FetchRequest {
+            shard: asked,
+            accumulators,
+        } = req.into_inner();
         if let Some(m) = &self.chain
             && !m.in_chain()
         {
@@ -519,8 +527,13 @@ impl ParameterServer for ShardService {
                 got: asked,
             }));
         }
+        if accumulators && self.read().accum.is_empty() {
+            return Err(Status::failed_precondition(
+                "this shard runs SGD, which keeps no accumulators",
+            ));
+        }
         self.metrics.fetches.inc();
-        Ok(Response::new(self.parameters(version)))
+        Ok(Response::new(self.parameters(version, accumulators)))
     }
 
     async fn fetch_rows(&self, req: Request<RowsRequest>) -> Result<Response<RowsReply>, Status> {
@@ -581,7 +594,7 @@ impl ParameterServer for ShardService {
             }
         }
         self.metrics.fetches.inc();
-        let parameters = self.parameters(version);
+        let parameters = self.parameters(version, false);
         let Some(replicated) = replicated else {
             return Ok(Response::new(parameters));
         };

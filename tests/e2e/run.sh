@@ -421,8 +421,8 @@ run_example() {
 
 # --- 3b. a straggler's backup races it -------------------------------------------
 # A copy of the example whose replica 1 runs 4x slower (spec.faults). After
-# stragglers.forSeconds the operator starts a backup that picks up at the
-# straggler's data position; both train until the backup has run for the same
+# stragglers.forSeconds the operator starts a backup, which takes data shards
+# from the coordinator's queue like any replica; both train until the backup has run for the same
 # window, the coordinator keeps the faster, and the operator retires the
 # other and says which it kept, in an event and in status.
 STRAGGLER=fashion-mnist-straggler
@@ -474,6 +474,73 @@ PY
   [ "$(jp "dbj/$STRAGGLER" '{.status.backupsLaunched}')" -ge 1 ] 2>/dev/null || { echo "status.backupsLaunched is not at least 1"; return 1; }
   # The cores go back to the next steps.
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$STRAGGLER" --wait=false >/dev/null || return 1
+}
+
+# --- 3b'. elastic replicas ---------------------------------------------------------
+# A copy of the example with 1 replica (slowed 3x, so that the run outlasts
+# the scaling) that ends at maxSeconds. Mid-run `kubectl scale` takes it to 3
+# replicas and back to 1: the pods follow, no restart is counted, the two
+# removed replicas hand their data shards back, and the coordinator's ledger
+# counts every data shard of each epoch once. `kubectl autoscale` then
+# creates an HPA aimed at the job, which the API server takes.
+ELASTIC=fashion-mnist-elastic
+elastic() {
+  local ledger requeued again trained per complete
+  python3 - "$EXAMPLE" "$work/elastic.yaml" "$ELASTIC" <<'PY' || { echo "could not derive $ELASTIC from $EXAMPLE"; return 1; }
+import sys
+src, dst, name = sys.argv[1:]
+s = open(src).read()
+for old, new in [
+    ("  name: fashion-mnist-downpour\n", f"  name: {name}\n"),
+    ("    targetTestAccuracy: 0.85\n", "    targetTestAccuracy: 0.999\n"),
+    ("    maxSeconds: 600\n", "    maxSeconds: 75\n"),
+    ("    maxEpochs: 20\n", "    maxEpochs: 1000\n"),
+    ("  replicas:\n    count: 2\n", "  replicas:\n    count: 1\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r}")
+    s = s.replace(old, new, 1)
+s = s.rstrip("\n") + "\n  faults:\n    slowReplicas:\n      - replica: 0\n        factor: 3\n"
+open(dst, "w").write(s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/elastic.yaml" >/dev/null || return 1
+  log "applied $JOB_NS/$ELASTIC (the example with 1 replica, slowed 3x, ending at maxSeconds 75)"
+  job_wait "$ELASTIC" "$STEP_TIMEOUT" "training" t_training || return 1
+  "${KUBECTL[@]}" scale dbj -n "$JOB_NS" "$ELASTIC" --replicas=3 || return 1
+  log "$ELASTIC: kubectl scale --replicas=3"
+  # shellcheck disable=SC2317  # called through job_wait
+  t_three_train() {
+    [ "$(jp "dbj/$ELASTIC" '{.status.replicasReady}')" = 3 ] &&
+      [ "$(jp "dbj/$ELASTIC" '{.status.progress.replicas[?(@.replica==2)].steps}')" -gt 0 ] 2>/dev/null
+  }
+  job_wait "$ELASTIC" 120 "3 replica pods running, replica 2 training" t_three_train || return 1
+  "${KUBECTL[@]}" scale dbj -n "$JOB_NS" "$ELASTIC" --replicas=1 || return 1
+  log "$ELASTIC: kubectl scale --replicas=1"
+  # shellcheck disable=SC2317
+  t_one_left() {
+    [ -z "$(pods "$ELASTIC" 'distbelief.dev/role=replica,distbelief.dev/replica in (1,2)')" ] &&
+      [ -n "$(pods "$ELASTIC" 'distbelief.dev/role=replica,distbelief.dev/replica=0' --field-selector=status.phase=Running)" ]
+  }
+  job_wait "$ELASTIC" 90 "replicas 1 and 2 gone, replica 0 still running" t_one_left || return 1
+  "${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$ELASTIC,reason=ScaledDown" \
+    -o 'jsonpath={.items[*].message}' | grep -q "stopping" || { echo "no ScaledDown event"; return 1; }
+  job_wait "$ELASTIC" "$STEP_TIMEOUT" "a final phase" t_finished || return 1
+  [ "$J_PHASE" = Succeeded ] || { echo "phase $J_PHASE, expected Succeeded"; return 1; }
+  [ "${J_RESTARTS:-0}" = 0 ] && [ "${J_RESCHED:-0}" = 0 ] ||
+    { echo "scaling counted restarts ($J_RESTARTS) or reschedules ($J_RESCHED)"; return 1; }
+  ledger=$(jp "dbj/$ELASTIC" '{.status.progress.dataShards}')
+  log "$ELASTIC: status.progress.dataShards: $ledger"
+  IFS='|' read -r per complete trained requeued again <<<"$(jp "dbj/$ELASTIC" \
+    '{.status.progress.dataShards.perEpoch}|{.status.progress.dataShards.epochsComplete}|{.status.progress.dataShards.trained}|{.status.progress.dataShards.requeued}|{.status.progress.dataShards.trainedAgain}')"
+  [ "${again:-0}" = 0 ] || { echo "$again data shards trained twice in their epoch"; return 1; }
+  [ "${requeued:-0}" -ge 2 ] 2>/dev/null || { echo "the removed replicas' data shards were not handed out again (requeued ${requeued:-0})"; return 1; }
+  [ "${trained:-0}" -ge $(( ${complete:-0} * ${per:-1} )) ] 2>/dev/null || { echo "trained $trained < $complete epochs x $per"; return 1; }
+  "${KUBECTL[@]}" autoscale dbj -n "$JOB_NS" "$ELASTIC" --min=1 --max=4 --cpu=80% >/dev/null ||
+    { echo "kubectl autoscale dbj was refused"; return 1; }
+  "${KUBECTL[@]}" get hpa -n "$JOB_NS" "$ELASTIC" -o 'jsonpath={.spec.scaleTargetRef.kind}' | grep -qx DistBeliefJob ||
+    { echo "no HPA aimed at the job"; return 1; }
+  "${KUBECTL[@]}" delete hpa -n "$JOB_NS" "$ELASTIC" >/dev/null || true
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$ELASTIC" --wait=false >/dev/null || return 1
 }
 
 # --- 3c. the data-parallel variants run on the operator as they do locally --
@@ -1227,7 +1294,8 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
   [ "$mode" != kind ] || budget_end=$((SECONDS + TOTAL_TIMEOUT))
   if step "helm install (chart, CRD, operator Ready)" install_chart; then
     step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj" run_example
-    step "$STRAGGLER: a slowed replica's backup starts at its data position and is kept, the straggler retired" straggler_race
+    step "$STRAGGLER: a slowed replica's backup races it and is kept, the straggler retired" straggler_race
+    step "$ELASTIC: kubectl scale 1 -> 3 -> 1 mid-run; the pods follow, no restart counted, every data shard of each epoch trained once; kubectl autoscale makes an HPA" elastic
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants
     step "$SANDBLASTER (smaller, a replica slowed 5x) reaches Succeeded; status counts batches and backup portions" sandblaster
     step "$MODEL_PARALLEL (smaller): a replica of 2 partition pods trading activations reaches Succeeded" model_parallel

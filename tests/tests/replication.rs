@@ -299,7 +299,13 @@ async fn a_member_that_returns_catches_up_before_it_serves() {
         .expect("fetch from the head");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let r = m.raw(back).fetch(FetchRequest { shard: 0 }).await;
+        let r = m
+            .raw(back)
+            .fetch(FetchRequest {
+                shard: 0,
+                accumulators: false,
+            })
+            .await;
         match r {
             Ok(stream) => {
                 let mut stream = stream.into_inner();

@@ -78,6 +78,15 @@ impl Lookahead {
         }
     }
 
+    /// Starts the estimate from the shards' accumulators (Adagrad), so that
+    /// a replica that joins a running job (restarted, scaled up, resumed)
+    /// does not step as if training had just begun.
+    pub fn seed(&mut self, accumulators: &[f32]) {
+        if self.accum.len() == accumulators.len() {
+            self.accum.copy_from_slice(accumulators);
+        }
+    }
+
     /// Moves `params` by one mini-batch's gradient `grad`.
     pub fn step(&mut self, params: &mut [f32], grad: &[f32]) {
         match self.optimizer {

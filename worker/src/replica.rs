@@ -311,18 +311,6 @@ pub async fn run_replica(
             _ => tokio::time::sleep(opts.report_interval.min(Duration::from_millis(200))).await,
         }
     }
-    let feed = Feed::new(FeedOptions {
-        client: coordinator.client.clone(),
-        addr: opts.coordinator.clone(),
-        runtime: tokio::runtime::Handle::current(),
-        replica: opts.replica,
-        incarnation,
-        partition: opts.partition.as_ref().map_or(0, |p| p.partition),
-        patience: opts.coordinator_patience,
-        seed: job.downpour.seed,
-        examples: train.len(),
-        data_shards,
-    });
 
     let mut params = vec![0.0f32; clients.iter().map(|c| c.range.len()).sum()];
     let mut backoff = distbelief_net::Backoff::default();
@@ -344,6 +332,19 @@ pub async fn run_replica(
     );
 
     let stop = Arc::new(AtomicBool::new(false));
+    let feed = Feed::new(FeedOptions {
+        client: coordinator.client.clone(),
+        addr: opts.coordinator.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        replica: opts.replica,
+        incarnation,
+        partition: opts.partition.as_ref().map_or(0, |p| p.partition),
+        patience: opts.coordinator_patience,
+        seed: job.downpour.seed,
+        examples: train.len(),
+        data_shards,
+        stop: stop.clone(),
+    });
     let slowdown = if opts.backup_of.is_some() {
         1.0
     } else {
@@ -421,6 +422,10 @@ pub async fn run_replica(
             .map_err(|e| WorkerError::Compute(e.to_string()))?
     } else {
         let squares = squares_travel(&job);
+        let lookahead = match job.downpour.local_steps && plain_pushes(&job.downpour) {
+            true => Some(local_steps(&job, &mut clients, params.len(), replicas).await),
+            false => None,
+        };
         let links: Vec<Arc<Link>> = clients.into_iter().map(|c| Link::new(c, squares)).collect();
         draining.clone_from(&links);
         let ack_log = ack_log(&opts)?;
@@ -469,9 +474,7 @@ pub async fn run_replica(
                 job.downpour.max_staleness.map(u64::from)
             },
             local: period.map(|_| LocalTraining::new(Optimizer::from_spec(&job.downpour), &params)),
-            lookahead: (job.downpour.local_steps && plain_pushes(&job.downpour)).then(|| {
-                Lookahead::new(Optimizer::from_spec(&job.downpour), params.len(), replicas)
-            }),
+            lookahead,
             slowdown,
         };
         std::thread::Builder::new()
@@ -569,6 +572,35 @@ pub async fn run_replica(
         "stopped by coordinator"
     );
     Ok(summary)
+}
+
+/// Local steps, with Adagrad's estimate started from the shards' own
+/// accumulators. If they cannot be read, the estimate starts from the
+/// initial value, which steps too far on a job that has trained a while
+/// until this replica's own squares catch up.
+async fn local_steps(
+    job: &Job,
+    clients: &mut [distbelief_ps_client::ShardClient],
+    len: usize,
+    replicas: usize,
+) -> Lookahead {
+    let optimizer = Optimizer::from_spec(&job.downpour);
+    let mut lookahead = Lookahead::new(optimizer, len, replicas);
+    if matches!(optimizer, Optimizer::Adagrad { .. }) {
+        let mut accum = vec![0.0f32; len];
+        let mut rest = &mut accum[..];
+        let mut jobs = Vec::with_capacity(clients.len());
+        for c in clients.iter_mut() {
+            let (mine, tail) = rest.split_at_mut(c.range.len());
+            rest = tail;
+            jobs.push(c.fetch_accumulators_into(mine));
+        }
+        match futures::future::try_join_all(jobs).await {
+            Ok(_) => lookahead.seed(&accum),
+            Err(e) => tracing::warn!("local steps start without the shards' accumulators: {e}"),
+        }
+    }
+    lookahead
 }
 
 /// The acknowledgement log the audit reads, if the replica keeps one.
@@ -804,7 +836,7 @@ impl Compute {
                     self.install(i, f, &mut params, &mut versions);
                 }
             }
-            if !self.feed.next_batch(&mut examples, &self.stop)? {
+            if !self.feed.next_batch(&mut examples)? {
                 self.stop.store(true, Ordering::Relaxed);
                 return Ok(());
             }

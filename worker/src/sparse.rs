@@ -126,7 +126,7 @@ impl SparseWorker {
         let mut sums: Vec<RowSums> = dims.iter().map(|_| RowSums::default()).collect();
         let (mut acc_steps, mut acc_base) = (0u64, versions.clone());
         let mut current = vec![0usize; batch];
-        if !self.feed.next_batch(&mut current, &self.stop)? {
+        if !self.feed.next_batch(&mut current)? {
             self.stop.store(true, Ordering::Relaxed);
             return Ok(());
         }
@@ -143,7 +143,7 @@ impl SparseWorker {
                 .epoch
                 .store(self.feed.epoch(), Ordering::Relaxed);
             let mut upcoming = vec![0usize; batch];
-            if !self.feed.next_batch(&mut upcoming, &self.stop)? {
+            if !self.feed.next_batch(&mut upcoming)? {
                 // Stopped by the coordinator: the batch in hand is not trained.
                 self.stop.store(true, Ordering::Relaxed);
                 break;
