@@ -10,6 +10,9 @@
 //!   (i) (f) with 4 times the batch: without local steps, nPush 4's
 //!   gradients are taken at the same parameters, a 4-times batch
 //!   (j) (h) without local steps (`downpour.localSteps: false`)
+//!   (k) (c) run by another `distbelief` binary (`--baseline`), and (l) (c)
+//!   without local steps: what a change to the runtime does to examples to
+//!   the target, beside the binary before it, in one run
 
 mod micro;
 
@@ -47,9 +50,14 @@ struct Args {
     /// Skip the microbenchmarks.
     #[arg(long)]
     no_micro: bool,
-    /// The Downpour configurations to run beside (a), by letter.
+    /// The Downpour configurations to run beside (a), by letter. (k) and
+    /// (l) run only with --baseline.
     #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j"])]
     configs: Vec<String>,
+    /// Another distbelief binary (an earlier build) that runs (k): the
+    /// job as written, so that binary must accept it.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 /// One Downpour configuration of the example job.
@@ -63,11 +71,18 @@ struct Setup {
     batch_factor: u32,
     /// downpour.localSteps (the job's default: on).
     local_steps: bool,
+    /// Run by the --baseline binary.
+    baseline: bool,
 }
 
 impl Setup {
     const fn without_local_steps(mut self) -> Setup {
         self.local_steps = false;
+        self
+    }
+
+    const fn by_baseline(mut self) -> Setup {
+        self.baseline = true;
         self
     }
 }
@@ -86,6 +101,7 @@ const fn setup(
         n_push,
         batch_factor,
         local_steps: true,
+        baseline: false,
     }
 }
 
@@ -104,6 +120,7 @@ fn downpour(
         n_push,
         batch_factor,
         local_steps,
+        baseline,
         ..
     } = c;
     let text =
@@ -125,9 +142,10 @@ fn downpour(
     let batch = downpour["batchSize"].as_u64().unwrap_or(128) * u64::from(batch_factor);
     downpour["batchSize"] = batch.into();
     let name = format!(
-        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}",
+        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}",
         n_push.map_or(String::new(), |n| format!("-p{n}")),
-        if local_steps { "" } else { "-nolocal" }
+        if local_steps { "" } else { "-nolocal" },
+        if baseline { "-baseline" } else { "" }
     );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
@@ -179,10 +197,19 @@ fn main() -> anyhow::Result<()> {
             setup("h_2x2_npush4", (2, 2, 1), Some(4), 1),
             setup("i_2x2_npush1_batch4x", (2, 2, 1), Some(1), 4),
             setup("j_2x2_npush4_no_local_steps", (2, 2, 1), Some(4), 1).without_local_steps(),
+            setup("k_2x2_baseline", (2, 2, 1), None, 1).by_baseline(),
+            setup("l_2x2_no_local_steps", (2, 2, 1), None, 1).without_local_steps(),
         ]
         .into_iter()
-        .filter(|s| args.configs.iter().any(|c| s.key.starts_with(c.as_str())))
+        .filter(|s| {
+            let with_baseline = matches!(s.key.as_bytes()[0], b'k' | b'l');
+            args.configs.iter().any(|c| s.key.starts_with(c.as_str()))
+                || (with_baseline && args.baseline.is_some())
+        })
         .collect();
+        if let Some(b) = &args.baseline {
+            report["baseline"] = json!(b.display().to_string());
+        }
         let tmp = tempfile::tempdir()?;
         // Rounds run every configuration once, so a slow spell on the shared
         // machine falls on all of them rather than on one.
@@ -213,13 +240,11 @@ fn main() -> anyhow::Result<()> {
                         String::new()
                     }
                 );
-                summaries[i].push(downpour(
-                    &exe,
-                    &args.job,
-                    c,
-                    args.eval_interval,
-                    tmp.path(),
-                )?);
+                let exe = match (&args.baseline, c.baseline) {
+                    (Some(b), true) => b,
+                    _ => &exe,
+                };
+                summaries[i].push(downpour(exe, &args.job, c, args.eval_interval, tmp.path())?);
             }
         }
         let a = config(
@@ -324,6 +349,17 @@ fn main() -> anyhow::Result<()> {
             ratios.insert(
                 "npush4_local_steps_vs_none".into(),
                 json!({ "examples_to_target": h / j }),
+            );
+        }
+        // This build against the baseline's, on the same job.
+        if let Some(Some(k)) = ett_of.get("k_2x2_baseline") {
+            let vs = |key: &str| ett_of.get(key).copied().flatten().map(|e| e / k);
+            ratios.insert(
+                "vs_baseline".into(),
+                json!({
+                    "c_examples_to_target": vs("c_2x2"),
+                    "l_examples_to_target": vs("l_2x2_no_local_steps"),
+                }),
             );
         }
         report["target_test_accuracy"] = json!(target);
