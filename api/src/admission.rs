@@ -122,6 +122,10 @@ pub fn all_rules() -> impl Iterator<Item = &'static AdmissionRule> {
 pub const MSG_AT_LEAST_1: &str = "must be at least 1";
 pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";
+/// The second rule on `spec.model.hidden`.
+pub const MSG_HIDDEN_AND_LAYERS: &str =
+    "cannot be combined with layers: write each hidden layer as a dense entry of layers";
+pub const MSG_ONE_LAYER_KIND: &str = "every layer must set exactly one of dense, conv2d, locallyConnected2d, maxPool2d, avgPool2d and flatten";
 /// The second rule on `spec.replicas.partitions`; [`message`] gives the first.
 pub const MSG_PARTITIONS_ALGORITHM: &str = "more than 1 cannot be combined with downpour.averaging";
 /// The second rule on `spec.parameterServers.replication`.
@@ -144,6 +148,16 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.model.hidden",
         "self.model.hidden.all(l, l.units >= 1)",
         "every layer must have at least 1 unit",
+    ),
+    spec(
+        "spec.model.hidden",
+        "size(self.model.hidden) == 0 || !has(self.model.layers) || size(self.model.layers) == 0",
+        MSG_HIDDEN_AND_LAYERS,
+    ),
+    spec(
+        "spec.model.layers",
+        "!has(self.model.layers) || self.model.layers.all(l, [has(l.dense), has(l.conv2d), has(l.locallyConnected2d), has(l.maxPool2d), has(l.avgPool2d), has(l.flatten)].exists_one(x, x))",
+        MSG_ONE_LAYER_KIND,
     ),
     spec(
         "spec.model.output.units",

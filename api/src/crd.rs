@@ -96,6 +96,7 @@ fn bound_sizes(spec: &mut Value) {
         (&["output", "volumeClaimName"][..], "maxLength", 253),
         (&["image"][..], "maxLength", PATH),
         (&["model", "hidden"][..], "maxItems", 1024),
+        (&["model", "layers"][..], "maxItems", 1024),
     ] {
         let mut node = &mut *spec;
         for p in path {

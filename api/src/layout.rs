@@ -6,8 +6,10 @@ use std::ops::Range;
 
 use crate::spec::{Activation, Loss, ModelSpec};
 
+pub mod image;
 mod partition;
 mod tables;
+pub use image::{ImageLayer, ImageOp, MapShape};
 pub use partition::{Block, Partitioning};
 pub(crate) use tables::embedding_width;
 pub use tables::{KeyedTable, LIBSVM_FIELD, Tables, WIDE_TABLE, categorical_fields};
@@ -48,7 +50,12 @@ pub struct DenseShape {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     pub tensors: Vec<Tensor>,
+    /// Image layers (conv2d, locallyConnected2d, pooling), run first.
+    pub image: Vec<ImageLayer>,
+    /// Dense layers, the output layer last.
     pub layers: Vec<DenseShape>,
+    /// Features per example the model reads (the tables' rows included).
+    inputs: usize,
     /// The loss the output layer's logits go to.
     pub loss: Loss,
     len: usize,
@@ -59,13 +66,24 @@ impl Layout {
     /// its logits go to the loss. The first layer takes the numeric
     /// features, then each table's rows (tables in order, fields in the
     /// table's order).
+    ///
+    /// Panics on a model [`validate`](crate::validate) refuses; see
+    /// [`Layout::try_from_model`].
     pub fn from_model(model: &ModelSpec) -> Layout {
-        let mut tensors = Vec::new();
+        Layout::try_from_model(model).unwrap_or_else(|e| panic!("{}: {}", e.field, e.message))
+    }
+
+    /// The layout, or the first layer whose shape does not fit its input.
+    /// Image layers' tensors come first, then the dense layers'.
+    pub fn try_from_model(model: &ModelSpec) -> Result<Layout, image::LayerError> {
+        let all_inputs = model.input_size as usize + tables::embedding_width(model) as usize;
+        let resolved = image::resolve(model, all_inputs)?;
+        let mut tensors = resolved.tensors;
         let mut layers = Vec::new();
-        let mut offset = 0;
-        let mut inputs = model.input_size as usize + tables::embedding_width(model) as usize;
-        let dims = model
-            .hidden
+        let mut offset = tensors.last().map_or(0, |t| t.offset + t.len());
+        let mut inputs = resolved.flat_inputs;
+        let dims = resolved
+            .dense
             .iter()
             .map(|l| (l.units as usize, l.activation))
             .chain(std::iter::once((
@@ -96,12 +114,14 @@ impl Layout {
             tensors.push(bias);
             inputs = units;
         }
-        Layout {
+        Ok(Layout {
             tensors,
+            image: resolved.image,
             layers,
+            inputs: all_inputs,
             loss: model.output.loss,
             len: offset,
-        }
+        })
     }
 
     /// Number of f32 parameters.
@@ -118,7 +138,13 @@ impl Layout {
     }
 
     pub fn inputs(&self) -> usize {
-        self.layers.first().map_or(0, |l| l.inputs)
+        self.inputs
+    }
+
+    /// Values one example's activations take, over every layer.
+    pub fn activations(&self) -> usize {
+        self.image.iter().map(|l| l.output.len()).sum::<usize>()
+            + self.layers.iter().map(|l| l.units).sum::<usize>()
     }
 
     /// Contiguous ranges, one per shard, whose sizes differ by at most one.
@@ -131,16 +157,29 @@ impl Layout {
     /// the seed and its index, so a shard can initialise its own range alone.
     pub fn initial_values(&self, range: Range<usize>, seed: u64) -> Vec<f32> {
         let mut out = vec![0.0; range.len()];
-        for layer in &self.layers {
-            let w = &layer.weight;
+        // (weights, activation, fan in, fan out) of every layer with weights.
+        let convs = self.image.iter().filter_map(|l| match &l.op {
+            ImageOp::Conv { kernel, .. } => Some((
+                kernel,
+                l.activation,
+                l.patch(),
+                l.output.channels * l.window.size * l.window.size,
+            )),
+            _ => None,
+        });
+        let dense = self
+            .layers
+            .iter()
+            .map(|l| (&l.weight, l.activation, l.inputs, l.units));
+        for (w, activation, fan_in, fan_out) in convs.chain(dense) {
             let lo = w.start.max(range.start);
             let hi = w.end.min(range.end);
             if lo >= hi {
                 continue;
             }
-            let limit = match layer.activation {
-                Activation::Relu => (6.0 / layer.inputs as f64).sqrt(),
-                _ => (6.0 / (layer.inputs + layer.units) as f64).sqrt(),
+            let limit = match activation {
+                Activation::Relu => (6.0 / fan_in as f64).sqrt(),
+                _ => (6.0 / (fan_in + fan_out) as f64).sqrt(),
             };
             for i in lo..hi {
                 out[i - range.start] = (limit * (2.0 * unit_uniform(seed, i as u64) - 1.0)) as f32;
@@ -188,6 +227,8 @@ mod tests {
             tables: Vec::new(),
             wide: None,
             input_size: 784,
+            input_shape: None,
+            layers: Vec::new(),
             hidden: vec![DenseLayer {
                 units: 512,
                 activation: Activation::Relu,

@@ -7,6 +7,7 @@ mod crd;
 mod error;
 pub mod layout;
 mod load;
+pub mod reference;
 pub mod spec;
 pub mod status;
 pub mod template;

@@ -165,16 +165,32 @@ pub struct OutputSpec {
     pub audit: bool,
 }
 
-/// A multi-layer perceptron: dense hidden layers, then a dense output layer
-/// trained with softmax cross-entropy.
+/// The network: an input, a list of layers, then a dense output layer
+/// whose logits go to the loss.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ModelSpec {
-    /// Number of input features per example. Default: 784 (28×28 pixels).
+    /// Number of input features per example. With inputShape, it must equal
+    /// channels × height × width. Default: 784 (28×28 pixels).
     #[serde(default = "default_input_size")]
     pub input_size: u32,
-    /// Hidden dense layers, from input to output. Default: none (softmax regression).
-    #[serde(default)]
+    /// The input as an image, for conv2d, locallyConnected2d and pooling
+    /// layers. Each example's features are read channels last: pixel
+    /// (y, x) of channel c is feature (y × width + x) × channels + c, which
+    /// for one channel is the usual row-major image. Default: none (a flat
+    /// input of inputSize features).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_shape: Option<InputShape>,
+    /// The layers between the input and the output layer, in order. Image
+    /// layers (conv2d, locallyConnected2d, maxPool2d, avgPool2d) need
+    /// inputShape and come first; flatten, or the first dense layer, turns
+    /// their output into a flat one. Default: none (softmax regression).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<LayerSpec>,
+    /// The old way to say dense layers: `hidden: [{units: N}]` is
+    /// `layers: [{dense: {units: N}}]`. Kept so that old job files load;
+    /// it cannot be combined with layers. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<DenseLayer>,
     /// The output layer. Required; its units are the number of classes.
     pub output: OutputLayer,
@@ -260,6 +276,101 @@ pub enum Activation {
     Sigmoid,
     Linear,
 }
+
+/// An input image's shape.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InputShape {
+    /// Channels per pixel (1 for grey, 3 for RGB). Required, at least 1.
+    pub channels: u32,
+    /// Rows of pixels. Required, at least 1.
+    pub height: u32,
+    /// Pixels per row. Required, at least 1.
+    pub width: u32,
+}
+
+/// One layer: exactly one of its fields is set, and names the layer's kind.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LayerSpec {
+    /// A fully connected layer on a flat input (an image input is
+    /// flattened first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dense: Option<DenseLayer>,
+    /// A convolution: `filters` kernels of kernel × kernel × input
+    /// channels, shared by every output position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conv2d: Option<Conv2dLayer>,
+    /// DistBelief's layer: a conv2d whose weights are not shared, so each
+    /// output position has kernels of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locally_connected2d: Option<Conv2dLayer>,
+    /// The largest value of each size × size window, per channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pool2d: Option<PoolLayer>,
+    /// The mean of each size × size window, per channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_pool2d: Option<PoolLayer>,
+    /// Turns an image into a flat vector (channels last). Written `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flatten: Option<Flatten>,
+}
+
+impl LayerSpec {
+    /// How many kinds the layer sets: 1 in a valid spec.
+    pub fn kinds(&self) -> usize {
+        [
+            self.dense.is_some(),
+            self.conv2d.is_some(),
+            self.locally_connected2d.is_some(),
+            self.max_pool2d.is_some(),
+            self.avg_pool2d.is_some(),
+            self.flatten.is_some(),
+        ]
+        .into_iter()
+        .filter(|&k| k)
+        .count()
+    }
+}
+
+/// A conv2d or locallyConnected2d layer. Output rows are
+/// (height + 2 × padding − kernel) / stride + 1, rounded down, and the same
+/// for columns.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Conv2dLayer {
+    /// Output channels. Required, 1 to 65536.
+    pub filters: u32,
+    /// The kernel's height and width. Required, 1 to 1024.
+    pub kernel: u32,
+    /// Pixels between neighbouring windows. Default: 1.
+    #[serde(default = "default_one")]
+    pub stride: u32,
+    /// Zero pixels added on each side of the input. Default: 0.
+    #[serde(default)]
+    pub padding: u32,
+    /// Activation applied to the layer's output. Default: relu.
+    #[serde(default)]
+    pub activation: Activation,
+}
+
+/// A pooling layer. Output rows are (height − size) / stride + 1, rounded
+/// down, and the same for columns.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolLayer {
+    /// The window's height and width, at most 1024. Default: 2.
+    #[serde(default = "default_pool_size")]
+    pub size: u32,
+    /// Pixels between neighbouring windows. Default: size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stride: Option<u32>,
+}
+
+/// The flatten layer has no settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Flatten {}
 
 /// The output layer: dense units whose logits go through the loss.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -845,6 +956,12 @@ impl CheckpointSpec {
 
 fn default_input_size() -> u32 {
     784
+}
+fn default_pool_size() -> u32 {
+    2
+}
+fn default_one() -> u32 {
+    1
 }
 fn default_input_scale() -> f64 {
     1.0 / 255.0

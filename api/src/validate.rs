@@ -83,7 +83,7 @@ const MAX_BATCH: u32 = 65_536;
 pub const MAX_PUSH_STEPS: u32 = 64;
 const MIN_EVAL_INTERVAL: f64 = 0.05;
 const MAX_EVAL_INTERVAL: f64 = 86_400.0;
-const MAX_PARAMETERS: usize = 1 << 31;
+pub(crate) const MAX_PARAMETERS: usize = 1 << 31;
 /// L-BFGS history pairs a shard keeps at most (its vector store's ring).
 pub const MAX_HISTORY: u32 = 64;
 /// Partitions a replica may be split into.
@@ -122,6 +122,12 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     }
     if m.hidden.iter().any(|l| l.units == 0) {
         fail("spec.model.hidden", None);
+    }
+    if !m.hidden.is_empty() && !m.layers.is_empty() {
+        fail(
+            "spec.model.hidden",
+            Some(admission::MSG_HIDDEN_AND_LAYERS.to_string()),
+        );
     }
     sparse::check(s, &mut fail);
     check_templates(s, &mut fail);
@@ -203,8 +209,22 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     }
 
     // Counted in u128 first: a usize count can wrap around and look small.
-    let parameters = parameter_count(&s.model);
-    let layout = if parameters > MAX_PARAMETERS as u128 {
+    let resolved = if s.model.layers.iter().any(|l| l.kinds() != 1) {
+        fail("spec.model.layers", None);
+        Err(())
+    } else {
+        crate::layout::image::resolve(
+            &s.model,
+            s.model.input_size as usize + crate::layout::embedding_width(&s.model) as usize,
+        )
+        .map_err(|e| fail(&e.field, Some(e.message)))
+    };
+    let parameters = resolved
+        .as_ref()
+        .map_or(0, |r| parameter_count(r, &s.model));
+    let layout = if resolved.is_err() {
+        None
+    } else if parameters > MAX_PARAMETERS as u128 {
         fail(
             "spec.model",
             Some(format!(
@@ -218,7 +238,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     let shards = s.parameter_servers.shards;
     if !(1..=MAX_SHARDS).contains(&shards) {
         fail("spec.parameterServers.shards", None);
-    } else if u128::from(shards) > parameters {
+    } else if resolved.is_ok() && u128::from(shards) > parameters {
         fail(
             "spec.parameterServers.shards",
             Some(format!(
@@ -246,10 +266,16 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     let partitions = s.replicas.partitions;
     if !(1..=MAX_PARTITIONS).contains(&partitions) || !shards.is_multiple_of(partitions.max(1)) {
         fail("spec.replicas.partitions", None);
+    } else if partitions > 1 && s.model.layers.iter().any(|l| l.dense.is_none()) {
+        fail(
+            "spec.replicas.partitions",
+            Some("more than 1 needs a model of dense layers only".to_string()),
+        );
     } else if let Some(narrowest) = s
         .model
         .hidden
         .iter()
+        .chain(s.model.layers.iter().filter_map(|l| l.dense.as_ref()))
         .map(|l| l.units)
         .chain([s.model.output.units])
         .min()
@@ -448,16 +474,11 @@ fn is_quantity(q: &str) -> bool {
         && frac.chars().all(|c| c.is_ascii_digit())
 }
 
-/// Number of parameters of `model`, computed without overflow.
-fn parameter_count(model: &ModelSpec) -> u128 {
-    let mut inputs = u128::from(model.input_size) + crate::layout::embedding_width(model);
-    let mut count = 0;
-    for units in model
-        .hidden
-        .iter()
-        .map(|l| l.units)
-        .chain([model.output.units])
-    {
+/// Number of parameters of the resolved model, computed without overflow.
+fn parameter_count(r: &crate::layout::image::Resolved, model: &ModelSpec) -> u128 {
+    let mut inputs = r.flat_inputs as u128;
+    let mut count: u128 = r.tensors.iter().map(|t| t.len() as u128).sum();
+    for units in r.dense.iter().map(|l| l.units).chain([model.output.units]) {
         let units = u128::from(units);
         count += inputs * units + units;
         inputs = units;

@@ -30,7 +30,14 @@ type Change = fn(&mut Value);
 const BROKEN: &[(&str, Change)] = &[
     ("inputSize", |j| j["spec"]["model"]["inputSize"] = json!(0)),
     ("hidden units", |j| {
-        j["spec"]["model"]["hidden"][0]["units"] = json!(0)
+        j["spec"]["model"]["layers"] = json!([]);
+        j["spec"]["model"]["hidden"] = json!([{"units": 0}]);
+    }),
+    ("hidden and layers", |j| {
+        j["spec"]["model"]["hidden"] = json!([{"units": 8}])
+    }),
+    ("one kind per layer", |j| {
+        j["spec"]["model"]["layers"][0]["flatten"] = json!({})
     }),
     ("output units", |j| {
         j["spec"]["model"]["output"]["units"] = json!(1)

@@ -565,6 +565,45 @@ fn sandblaster_runs_on_partitioned_replicas() {
     assert_eq!(sb["grants_redone"], 0, "no replica was lost: {s}");
 }
 
+/// The CNN example on part of the data: image layers train through shards
+/// and replicas, and the saved model names their tensors per layer.
+#[test]
+fn a_convolutional_job_trains_and_saves_its_layers() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fashion-mnist-cnn.yaml");
+    let yaml = std::fs::read_to_string(example)
+        .expect("the CNN example")
+        .replace("name: fashion-mnist-cnn", "name: cnn-short")
+        .replace("targetTestAccuracy: 0.91", "targetTestAccuracy: 0.8")
+        .replace("evalIntervalSeconds: 5", "evalIntervalSeconds: 1")
+        .replace(
+            "  algorithm:",
+            "    trainLimit: 12000\n    testLimit: 2000\n  algorithm:",
+        );
+    assert!(
+        yaml.contains("trainLimit: 12000") && yaml.contains("0.8\n"),
+        "{yaml}"
+    );
+    // Kept until the end: its directory holds the model.
+    let mut run = Run::start_job(yaml);
+    let s = run.finish(Duration::from_secs(180));
+    assert_reached_target(&s);
+    let bytes = std::fs::read(s["model"].as_str().unwrap()).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    for (name, shape) in [
+        ("conv2d0/kernel", vec![3, 3, 1, 16]),
+        ("conv2d1/kernel", vec![3, 3, 16, 32]),
+        ("dense0/weight", vec![7 * 7 * 32, 64]),
+        ("dense1/bias", vec![10]),
+    ] {
+        assert_eq!(
+            header[name]["shape"],
+            serde_json::json!(shape),
+            "{name}: {header}"
+        );
+    }
+}
+
 /// L-BFGS's own stop ends the run like a limit: one last evaluation, the
 /// model saved, and the reason in the summary.
 #[test]

@@ -13,6 +13,8 @@ pub(crate) fn model() -> (Layout, Tables) {
         tables: Vec::new(),
         wide: None,
         input_size: 5,
+        input_shape: None,
+        layers: Vec::new(),
         hidden: vec![DenseLayer {
             units: 4,
             activation: Default::default(),

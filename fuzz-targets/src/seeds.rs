@@ -37,6 +37,10 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
             "sandblaster.yaml",
             include_str!("../../examples/fashion-mnist-sandblaster.yaml"),
         ),
+        (
+            "cnn.yaml",
+            include_str!("../../examples/fashion-mnist-cnn.yaml"),
+        ),
     ] {
         add("job_file", name, text.as_bytes().to_vec());
     }

@@ -4,6 +4,7 @@
 
 pub mod data;
 pub mod exchange;
+pub mod image;
 pub mod keys;
 pub mod memory;
 pub mod mlp;

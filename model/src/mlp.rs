@@ -1,5 +1,6 @@
-//! The MLP over a flat parameter vector: forward, softmax cross-entropy and
-//! backward, with the batch split across the rayon pool. Pure math: no IO.
+//! The network over a flat parameter vector: image layers (see
+//! [`crate::image`]), then dense layers, forward, the loss and backward,
+//! with the batch split across the rayon pool. Pure math: no IO.
 
 use distbelief_api::layout::Layout;
 use distbelief_api::{Activation, Loss};
@@ -8,18 +9,21 @@ use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
 
 use crate::data::Dataset;
+use crate::image::{self, ImageScratch};
 
 #[derive(Debug, Clone)]
 pub struct Mlp {
     layout: Layout,
 }
 
-/// Per-thread activations and deltas for up to `rows` examples.
+/// Per-thread activations and deltas for up to `rows` examples: the image
+/// layers' first, then the dense layers'.
 #[derive(Debug)]
 pub struct Scratch {
     rows: usize,
-    acts: Vec<Array2<f32>>,
+    pub(crate) acts: Vec<Array2<f32>>,
     pub(crate) deltas: Vec<Array2<f32>>,
+    image: ImageScratch,
 }
 
 /// Scratch plus a private gradient, one per thread of a batch.
@@ -44,14 +48,17 @@ impl Mlp {
     pub fn scratch(&self, rows: usize) -> Scratch {
         let acts: Vec<_> = self
             .layout
-            .layers
+            .image
             .iter()
-            .map(|l| Array2::zeros((rows, l.units)))
+            .map(|l| l.output.len())
+            .chain(self.layout.layers.iter().map(|l| l.units))
+            .map(|n| Array2::zeros((rows, n)))
             .collect();
         Scratch {
             rows,
             deltas: acts.clone(),
             acts,
+            image: ImageScratch::new(&self.layout.image, rows),
         }
     }
 
@@ -74,15 +81,28 @@ impl Mlp {
     }
 
     /// Fills `scratch.acts` for the rows of `x`; the last holds the logits.
-    fn forward(&self, params: &[f32], x: ArrayView2<f32>, scratch: &mut Scratch) {
+    pub(crate) fn forward(&self, params: &[f32], x: ArrayView2<f32>, scratch: &mut Scratch) {
         let rows = x.nrows();
         assert!(rows <= scratch.rows, "batch larger than scratch");
-        for (l, layer) in self.layout.layers.iter().enumerate() {
-            let (before, rest) = scratch.acts.split_at_mut(l);
-            let input = if l == 0 {
+        let images = &self.layout.image;
+        for (i, layer) in images.iter().enumerate() {
+            let (before, rest) = scratch.acts.split_at_mut(i);
+            let input = if i == 0 {
                 x.view()
             } else {
-                before[l - 1].slice(s![..rows, ..])
+                before[i - 1].slice(s![..rows, ..])
+            };
+            let mut out = rest[0].slice_mut(s![..rows, ..]);
+            image::forward(images, i, params, input, out.view_mut(), &mut scratch.image);
+            activate(layer.activation, out);
+        }
+        let first = images.len();
+        for (l, layer) in self.layout.layers.iter().enumerate() {
+            let (before, rest) = scratch.acts.split_at_mut(first + l);
+            let input = if first + l == 0 {
+                x.view()
+            } else {
+                before[first + l - 1].slice(s![..rows, ..])
             };
             let mut out = rest[0].slice_mut(s![..rows, ..]);
             let bias = ArrayView1::from(&params[layer.bias.clone()]);
@@ -135,7 +155,8 @@ impl Mlp {
     ) -> f64 {
         let rows = x.nrows();
         self.forward(params, x, scratch);
-        let last = self.layout.layers.len() - 1;
+        let first = self.layout.image.len();
+        let last = first + self.layout.layers.len() - 1;
         let mut loss = 0.0;
         {
             let logits = scratch.acts[last].slice(s![..rows, ..]);
@@ -157,14 +178,15 @@ impl Mlp {
             }
         }
         let mut input_delta = extra.input_delta;
-        for l in (0..=last).rev() {
+        for l in (0..self.layout.layers.len()).rev() {
             let layer = &self.layout.layers[l];
-            let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(l);
+            let a = first + l;
+            let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(a);
             let dz = deltas_rest[0].slice(s![..rows, ..]);
-            let input = if l == 0 {
+            let input = if a == 0 {
                 x.view()
             } else {
-                scratch.acts[l - 1].slice(s![..rows, ..])
+                scratch.acts[a - 1].slice(s![..rows, ..])
             };
             let (gw, gb) = grad.split_at_mut(layer.bias.start);
             let mut gw = ArrayViewMut2::from_shape(
@@ -176,20 +198,58 @@ impl Mlp {
             for (g, s) in gb[..layer.units].iter_mut().zip(dz.sum_axis(Axis(0))) {
                 *g += scale * s;
             }
-            if l > 0 {
-                let mut da = deltas_before[l - 1].slice_mut(s![..rows, ..]);
+            if a > 0 {
+                let mut da = deltas_before[a - 1].slice_mut(s![..rows, ..]);
                 general_mat_mul(1.0, &dz, &self.weight(params, l).t(), 0.0, &mut da);
-                let prev = &self.layout.layers[l - 1];
                 derive(
-                    prev.activation,
-                    scratch.acts[l - 1].slice(s![..rows, ..]),
+                    self.activation(a - 1),
+                    scratch.acts[a - 1].slice(s![..rows, ..]),
                     da,
                 );
             } else if let Some(dx) = input_delta.as_mut() {
                 general_mat_mul(scale, &dz, &self.weight(params, 0).t(), 0.0, dx);
             }
         }
+        let images = &self.layout.image;
+        for i in (0..first).rev() {
+            let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(i);
+            let dz = deltas_rest[0].slice(s![..rows, ..]);
+            let input = if i == 0 {
+                x.view()
+            } else {
+                scratch.acts[i - 1].slice(s![..rows, ..])
+            };
+            let dx = (i > 0).then(|| deltas_before[i - 1].slice_mut(s![..rows, ..]));
+            image::backward(
+                images,
+                i,
+                params,
+                input,
+                dz,
+                grad,
+                scale,
+                dx,
+                &mut scratch.image,
+            );
+            if i > 0 {
+                derive(
+                    images[i - 1].activation,
+                    scratch.acts[i - 1].slice(s![..rows, ..]),
+                    deltas_before[i - 1].slice_mut(s![..rows, ..]),
+                );
+            }
+        }
         loss
+    }
+
+    /// The activation of layer `a`, counting image layers first.
+    fn activation(&self, a: usize) -> Activation {
+        let first = self.layout.image.len();
+        if a < first {
+            self.layout.image[a].activation
+        } else {
+            self.layout.layers[a - first].activation
+        }
     }
 
     /// The logits of the rows of `x` into `out` (one row per example).
@@ -266,18 +326,19 @@ impl Mlp {
 
     /// Test accuracy and mean cross-entropy of `params` on `data`.
     pub fn evaluate(&self, params: &[f32], data: &Dataset) -> (f64, f64) {
-        const ROWS: usize = 512;
+        // Image layers' activations are large: keep a task's under 16 MB.
+        let rows = ((1 << 22) / self.layout.activations().max(1)).clamp(16, 512);
         let n = data.len();
         if n == 0 {
             return (0.0, 0.0);
         }
         let x = ArrayView2::from_shape((n, data.dim), &data.features[..]).expect("dataset shape");
-        let (correct, loss) = (0..n.div_ceil(ROWS))
+        let (correct, loss) = (0..n.div_ceil(rows))
             .into_par_iter()
             .map_init(
-                || (self.scratch(ROWS), vec![0.0f32; self.layout.classes()]),
+                || (self.scratch(rows), vec![0.0f32; self.layout.classes()]),
                 |(scratch, probs), c| {
-                    let rows = c * ROWS..((c + 1) * ROWS).min(n);
+                    let rows = c * rows..((c + 1) * rows).min(n);
                     self.forward(params, x.slice(s![rows.clone(), ..]), scratch);
                     let logits = scratch.acts.last().expect("at least one layer");
                     let mut correct = 0usize;

@@ -292,6 +292,8 @@ mod tests {
             tables: Vec::new(),
             wide: None,
             input_size: 5,
+            input_shape: None,
+            layers: Vec::new(),
             hidden: vec![DenseLayer {
                 units: hidden,
                 activation: Default::default(),

@@ -44,14 +44,16 @@ impl Partitioning {
         let parts = parts.max(1);
         let mut blocks = Vec::with_capacity(parts);
         let mut ranges = Vec::with_capacity(parts);
-        let mut offset = 0;
+        // Image layers' tensors come first and stay whole: partition 0
+        // holds them (validation allows them with one partition only).
+        let mut offset = layout.layers.first().map_or(0, |l| l.weight.start);
         let splits: Vec<Vec<Range<usize>>> = layout
             .layers
             .iter()
             .map(|l| shard_ranges(l.units, parts))
             .collect();
         for p in 0..parts {
-            let start = offset;
+            let start = if p == 0 { 0 } else { offset };
             let mut own = Vec::with_capacity(layout.layers.len());
             for (layer, split) in layout.layers.iter().zip(&splits) {
                 let units = split[p].clone();
@@ -190,6 +192,8 @@ mod tests {
             tables: Vec::new(),
             wide: None,
             input_size: 7,
+            input_shape: None,
+            layers: Vec::new(),
             hidden: vec![
                 DenseLayer {
                     units: 9,

@@ -1,7 +1,7 @@
 use super::*;
 use crate::spec::{
-    Activation, AveragingSpec, CheckpointVolume, CompressionSpec, DenseLayer, FASHION_MNIST_DIR,
-    Loss, SlowReplica, SynchronousSpec,
+    Activation, AveragingSpec, CheckpointVolume, CompressionSpec, Conv2dLayer, DenseLayer,
+    FASHION_MNIST_DIR, Flatten, InputShape, LayerSpec, Loss, SlowReplica, SynchronousSpec,
 };
 use crate::{load_job, parse_job};
 
@@ -31,6 +31,40 @@ fn valid_job(yaml: &str) -> Job {
 }
 
 /// The minimal job as the raw resource, ready to be broken field by field.
+fn dense_layer(units: u32) -> LayerSpec {
+    LayerSpec {
+        dense: Some(DenseLayer {
+            units,
+            activation: Activation::Relu,
+        }),
+        ..LayerSpec::default()
+    }
+}
+
+fn conv_layer(filters: u32, kernel: u32, padding: u32) -> LayerSpec {
+    LayerSpec {
+        conv2d: Some(Conv2dLayer {
+            filters,
+            kernel,
+            stride: 1,
+            padding,
+            activation: Activation::Relu,
+        }),
+        ..LayerSpec::default()
+    }
+}
+
+/// Turns the minimal job into a small valid CNN on 1×28×28 images.
+fn image_input(j: &mut DistBeliefJob) {
+    j.spec.model.hidden.clear();
+    j.spec.model.input_shape = Some(InputShape {
+        channels: 1,
+        height: 28,
+        width: 28,
+    });
+    j.spec.model.layers = vec![conv_layer(4, 3, 1), dense_layer(16)];
+}
+
 fn minimal_resource() -> DistBeliefJob {
     let job = valid_job(MINIMAL);
     DistBeliefJob::new(&job.name, job.spec)
@@ -174,6 +208,85 @@ const RULES: &[Rule] = &[
         },
         "spec.model.hidden",
         "at least 1 unit",
+    ),
+    (
+        "hidden and layers not together",
+        |j| j.spec.model.layers.push(dense_layer(8)),
+        "spec.model.hidden",
+        "dense entry",
+    ),
+    (
+        "one kind per layer",
+        |j| {
+            j.spec.model.hidden.clear();
+            let mut both = dense_layer(8);
+            both.flatten = Some(Flatten {});
+            j.spec.model.layers.push(both);
+        },
+        "spec.model.layers",
+        "exactly one",
+    ),
+    (
+        "image layers need inputShape",
+        |j| {
+            j.spec.model.hidden.clear();
+            j.spec.model.layers.push(conv_layer(4, 3, 1));
+        },
+        "spec.model.layers[0]",
+        "inputShape",
+    ),
+    (
+        "inputShape matches inputSize",
+        |j| {
+            image_input(j);
+            j.spec.model.input_shape.as_mut().unwrap().channels = 3;
+        },
+        "spec.model.inputShape",
+        "must be equal",
+    ),
+    (
+        "image layers before dense ones",
+        |j| {
+            image_input(j);
+            j.spec.model.layers.insert(0, dense_layer(8));
+        },
+        "spec.model.layers[1]",
+        "before flatten",
+    ),
+    (
+        "a window fits its input",
+        |j| {
+            image_input(j);
+            j.spec.model.layers[0] = conv_layer(4, 29, 0);
+        },
+        "spec.model.layers[0]",
+        "does not fit",
+    ),
+    (
+        "image layers' parameters counted",
+        |j| {
+            image_input(j);
+            j.spec.model.layers[0] = conv_layer(64, 3, 1);
+            j.spec.model.layers.insert(
+                1,
+                LayerSpec {
+                    locally_connected2d: conv_layer(65_536, 3, 1).conv2d,
+                    ..LayerSpec::default()
+                },
+            );
+        },
+        "spec.model.layers[1]",
+        "parameters",
+    ),
+    (
+        "partitions need dense layers",
+        |j| {
+            image_input(j);
+            j.spec.parameter_servers.shards = 2;
+            j.spec.replicas.partitions = 2;
+        },
+        "spec.replicas.partitions",
+        "dense layers only",
     ),
     (
         "output units at least 2",
@@ -749,7 +862,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 56, "{fields:#?}");
+    assert_eq!(fields.len(), 60, "{fields:#?}");
 }
 
 #[test]
@@ -1036,8 +1149,31 @@ fn parameter_count_matches_the_layout() {
             })
             .collect();
         let layout = Layout::from_model(&model);
-        assert_eq!(parameter_count(&model), layout.len() as u128, "{model:?}");
+        let resolved = crate::layout::image::resolve(&model, 784).unwrap();
+        assert_eq!(
+            parameter_count(&resolved, &model),
+            layout.len() as u128,
+            "{model:?}"
+        );
     }
+    // And with image layers, whose tensors come first.
+    let mut j = minimal_resource();
+    image_input(&mut j);
+    j.spec.model.layers.insert(
+        1,
+        LayerSpec {
+            locally_connected2d: conv_layer(3, 3, 0).conv2d,
+            ..LayerSpec::default()
+        },
+    );
+    let model = j.spec.model;
+    let layout = Layout::from_model(&model);
+    let resolved = crate::layout::image::resolve(&model, 784).unwrap();
+    assert_eq!(parameter_count(&resolved, &model), layout.len() as u128);
+    assert_eq!(
+        layout.len(),
+        (9 * 4 + 4) + 26 * 26 * (9 * 4 * 3 + 3) + (26 * 26 * 3 * 16 + 16) + (16 * 10 + 10)
+    );
 }
 
 #[test]

@@ -76,6 +76,8 @@ fn layout(hidden: &[u32]) -> Layout {
         tables: Vec::new(),
         wide: None,
         input_size: INPUTS,
+        input_shape: None,
+        layers: Vec::new(),
         hidden: hidden
             .iter()
             .map(|&units| DenseLayer {

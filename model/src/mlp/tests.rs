@@ -6,6 +6,8 @@ fn layout(hidden: &[(u32, Activation)], inputs: u32, classes: u32) -> Layout {
         tables: Vec::new(),
         wide: None,
         input_size: inputs,
+        input_shape: None,
+        layers: Vec::new(),
         hidden: hidden
             .iter()
             .map(|&(units, activation)| DenseLayer { units, activation })

@@ -11,6 +11,8 @@ fn layout() -> Layout {
         tables: Vec::new(),
         wide: None,
         input_size: 23,
+        input_shape: None,
+        layers: Vec::new(),
         hidden: vec![
             dense(37, Activation::Relu),
             dense(18, Activation::Tanh),

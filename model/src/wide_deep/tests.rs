@@ -6,6 +6,8 @@ use distbelief_api::{
 fn model() -> WideDeep {
     let spec = ModelSpec {
         input_size: 2,
+        input_shape: None,
+        layers: Vec::new(),
         hidden: vec![DenseLayer {
             units: 4,
             activation: Activation::Tanh,
