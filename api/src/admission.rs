@@ -146,12 +146,12 @@ pub const RULES: &[AdmissionRule] = &[
     ),
     spec(
         "spec.model.hidden",
-        "self.model.hidden.all(l, l.units >= 1)",
+        "!has(self.model.hidden) || self.model.hidden.all(l, l.units >= 1)",
         "every layer must have at least 1 unit",
     ),
     spec(
         "spec.model.hidden",
-        "size(self.model.hidden) == 0 || !has(self.model.layers) || size(self.model.layers) == 0",
+        "!has(self.model.hidden) || size(self.model.hidden) == 0 || !has(self.model.layers) || size(self.model.layers) == 0",
         MSG_HIDDEN_AND_LAYERS,
     ),
     spec(

@@ -104,6 +104,14 @@ pub fn backward(
     }
 }
 
+/// A conv2d's or locallyConnected2d's kernel and bias ranges.
+fn ranges(l: &ImageLayer) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+    match &l.op {
+        ImageOp::Conv { kernel, bias, .. } => (kernel.clone(), bias.clone()),
+        _ => unreachable!("convolutions' passes run on convolution layers"),
+    }
+}
+
 /// Copies example `x`'s window at output pixel `p` into `row` (`patch`
 /// values, kernel row by kernel row, channels last), zeros where the
 /// window hangs over the padding.

@@ -3,18 +3,11 @@
 //! one GEMM with the kernel as `[patch, filters]` gives the output, which is
 //! already channels last.
 
-use distbelief_api::layout::{ImageLayer, ImageOp};
+use distbelief_api::layout::ImageLayer;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis};
 
-use super::{gather, scatter_add};
-
-fn ranges(l: &ImageLayer) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-    match &l.op {
-        ImageOp::Conv { kernel, bias, .. } => (kernel.clone(), bias.clone()),
-        _ => unreachable!("conv2d's passes run on conv2d layers"),
-    }
-}
+use super::{gather, ranges, scatter_add};
 
 /// Fills `col` (`[pixels, patch]`) with example `x`'s windows.
 fn im2col<'a>(l: &ImageLayer, x: &[f32], col: &'a mut [f32]) -> ArrayViewMut2<'a, f32> {

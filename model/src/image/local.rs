@@ -4,18 +4,11 @@
 //! windows form a `[rows, patch]` matrix, and one GEMM with that pixel's
 //! kernel gives the pixel's outputs for every row.
 
-use distbelief_api::layout::{ImageLayer, ImageOp};
+use distbelief_api::layout::ImageLayer;
 use ndarray::linalg::general_mat_mul;
 use ndarray::{ArrayView1, ArrayView2, ArrayViewMut2, Axis, s};
 
-use super::{gather, scatter_add};
-
-fn ranges(l: &ImageLayer) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-    match &l.op {
-        ImageOp::Conv { kernel, bias, .. } => (kernel.clone(), bias.clone()),
-        _ => unreachable!("locallyConnected2d's passes run on its layers"),
-    }
-}
+use super::{gather, ranges, scatter_add};
 
 /// Fills `col` (`[rows, patch]`) with each row's window at pixel `p`.
 fn windows<'a>(
