@@ -208,7 +208,7 @@ pub fn from_bytes(
     let expected = layout.tensors.len() + 2 * tables.tables.len();
     if file.len() != expected {
         return Err(mismatch(format!(
-            "{} tensors, the model has {expected} ({} dense, 2 for each of {} tables)",
+            "{} tensors, the model has {expected} ({} for the layers, 2 for each of {} tables)",
             file.len(),
             layout.tensors.len(),
             tables.tables.len()
