@@ -10,7 +10,7 @@ pub mod image;
 mod partition;
 mod tables;
 pub use image::{ImageLayer, ImageOp, MapShape};
-pub use partition::{Block, Partitioning};
+pub use partition::{Block, ImageBlock, Partitioning};
 pub(crate) use tables::embedding_width;
 pub use tables::{KeyedTable, LIBSVM_FIELD, Tables, WIDE_TABLE, categorical_fields};
 

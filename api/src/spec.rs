@@ -823,11 +823,14 @@ pub struct ReplicaSpec {
     #[serde(default)]
     pub stragglers: StragglerSpec,
     /// Model parallelism: the processes (pods) each replica is split into,
-    /// between 1 and 16. Each holds a slice of every layer's units with their
-    /// weights and biases; only the activations and gradients at layer
-    /// boundaries travel between them. Must divide parameterServers.shards,
-    /// so that each shard holds one partition's parameters, and be at most
-    /// the units of the narrowest layer. A lost partition restarts its whole
+    /// between 1 and 16. Each holds a slice of every layer's output with its
+    /// parameters: a dense layer's units, a conv2d's filters, a
+    /// locallyConnected2d's output rows. Only the activations and gradients
+    /// at layer boundaries travel between them (for a spatial split, only
+    /// the receptive fields' halo). Must divide parameterServers.shards, so
+    /// that each shard holds one partition's parameters, and be at most the
+    /// units of the narrowest dense layer, every conv2d's filters and every
+    /// locallyConnected2d's output rows. A lost partition restarts its whole
     /// replica. Under Sandblaster, partition 0 takes the portions and the
     /// others follow it. Not combined with parameter averaging; a
     /// partitioned replica gets no straggler backups. Default: 1.

@@ -3,7 +3,7 @@
 
 use crate::admission;
 use crate::error::{ApiError, ValidationError};
-use crate::layout::{Layout, Partitioning, Tables};
+use crate::layout::{ImageOp, Layout, Partitioning, Tables};
 use crate::spec::{
     DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec, SandblasterSpec,
 };
@@ -266,10 +266,24 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     let partitions = s.replicas.partitions;
     if !(1..=MAX_PARTITIONS).contains(&partitions) || !shards.is_multiple_of(partitions.max(1)) {
         fail("spec.replicas.partitions", None);
-    } else if partitions > 1 && s.model.layers.iter().any(|l| l.dense.is_none()) {
+    } else if let Some((name, rows)) = (partitions > 1)
+        .then(|| Layout::try_from_model(&s.model).ok())
+        .flatten()
+        .and_then(|l| {
+            l.image
+                .iter()
+                .filter_map(|i| match i.op {
+                    ImageOp::Conv { tied: false, .. } => Some((i.name.clone(), i.output.height)),
+                    _ => None,
+                })
+                .find(|&(_, h)| h < partitions as usize)
+        })
+    {
         fail(
             "spec.replicas.partitions",
-            Some("more than 1 needs a model of dense layers only".to_string()),
+            Some(format!(
+                "{partitions} partitions split {name}'s {rows} output rows, leaving some partition without rows"
+            )),
         );
     } else if let Some(narrowest) = s
         .model
@@ -277,6 +291,12 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         .iter()
         .chain(s.model.layers.iter().filter_map(|l| l.dense.as_ref()))
         .map(|l| l.units)
+        .chain(
+            s.model
+                .layers
+                .iter()
+                .filter_map(|l| l.conv2d.as_ref().map(|c| c.filters)),
+        )
         .chain([s.model.output.units])
         .min()
         .filter(|&u| u >= 1 && u < partitions)
@@ -284,7 +304,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         fail(
             "spec.replicas.partitions",
             Some(format!(
-                "{partitions} partitions for a layer of {narrowest} units leaves some partition without units"
+                "{partitions} partitions for a layer of {narrowest} units or filters leaves some partition without units"
             )),
         );
     }

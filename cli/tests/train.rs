@@ -604,6 +604,29 @@ fn a_convolutional_job_trains_and_saves_its_layers() {
     }
 }
 
+/// The CNN with each replica split in two: conv2d by filters, pooling by
+/// the same channels, the dense layers by units, over real processes.
+#[test]
+fn a_convolutional_job_trains_split_into_partitions() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/fashion-mnist-cnn.yaml");
+    let yaml = std::fs::read_to_string(example)
+        .expect("the CNN example")
+        .replace("name: fashion-mnist-cnn", "name: cnn-partitions")
+        .replace("targetTestAccuracy: 0.91", "targetTestAccuracy: 0.8")
+        .replace("evalIntervalSeconds: 5", "evalIntervalSeconds: 1")
+        .replace("    count: 2\n", "    count: 1\n    partitions: 2\n")
+        .replace(
+            "  algorithm:",
+            "    trainLimit: 12000\n    testLimit: 2000\n  algorithm:",
+        );
+    assert!(
+        yaml.contains("partitions: 2") && yaml.contains("trainLimit: 12000"),
+        "{yaml}"
+    );
+    let s = Run::start_job(yaml).finish(Duration::from_secs(180));
+    assert_reached_target(&s);
+}
+
 /// L-BFGS's own stop ends the run like a limit: one last evaluation, the
 /// model saved, and the reason in the summary.
 #[test]

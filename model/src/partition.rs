@@ -1,5 +1,6 @@
-//! One partition of a model-parallel MLP. Partition p owns a slice of every
-//! layer's units (see `distbelief_api::Partitioning`). Forward, it computes
+//! One partition of a model-parallel model. Partition p owns a slice of every
+//! layer's output (see `distbelief_api::Partitioning`); the image layers'
+//! exchanges are in [`image`]. For dense layers: forward, it computes
 //! its slice of a layer's activations from the whole previous layer, then
 //! all partitions gather the slices. Backward, it turns its slice of the
 //! deltas into its weights' gradient and a partial sum of the previous
@@ -10,13 +11,17 @@
 
 use std::ops::Range;
 
-use distbelief_api::layout::{Block, Layout, Partitioning};
+use distbelief_api::layout::{Block, ImageLayer, Layout, Partitioning};
 use ndarray::linalg::general_mat_mul;
 use ndarray::{Array2, ArrayView1, ArrayView2, ArrayViewMut2, Axis, s};
 use rayon::prelude::*;
 
 use crate::exchange::{Exchange, ExchangeError, Tag};
+use crate::image::{self as kernels, ImageScratch};
 use crate::mlp::{activate, derive, softmax_into};
+
+mod image;
+use image::{Frame, Part, copy};
 
 #[derive(Debug, Clone)]
 pub struct PartitionedMlp {
@@ -24,8 +29,12 @@ pub struct PartitionedMlp {
     me: usize,
     /// This partition's blocks, at offsets within its own parameter range.
     blocks: Vec<Block>,
-    /// `units[l][q]`: partition q's units of layer l.
+    /// `units[l][q]`: partition q's units of dense layer l.
     units: Vec<Vec<Range<usize>>>,
+    /// `image[q][i]`: how partition q runs image layer i.
+    image: Vec<Vec<Part>>,
+    /// This partition's image layers, as it runs them.
+    own_image: Vec<ImageLayer>,
 }
 
 /// Activations and deltas for up to `rows` examples.
@@ -42,6 +51,19 @@ pub struct PartitionScratch {
     partial: Vec<Array2<f32>>,
     /// Softmax minus one-hot, for all classes.
     dlogits: Array2<f32>,
+    /// Per image layer: this partition's input window...
+    bands: Vec<Array2<f32>>,
+    /// ...the input deltas over it...
+    dbands: Vec<Array2<f32>>,
+    /// ...its output rectangle, after the activation...
+    outs: Vec<Array2<f32>>,
+    /// ...and that rectangle's deltas.
+    douts: Vec<Array2<f32>>,
+    /// The last image map, whole: the dense layers' input.
+    flat: Array2<f32>,
+    /// Per thread: the image kernels' buffers and the gradient of this
+    /// partition's image parameters over its share of the batch.
+    kernels: Vec<(ImageScratch, Vec<f32>)>,
 }
 
 impl PartitionedMlp {
@@ -63,11 +85,15 @@ impl PartitionedMlp {
                     .collect()
             })
             .collect();
+        let image = image::parts(layout, partitioning);
+        let own_image = image[me].iter().map(|p| p.layer.clone()).collect();
         PartitionedMlp {
             layout: layout.clone(),
             me,
             blocks,
             units,
+            image,
+            own_image,
         }
     }
 
@@ -80,12 +106,30 @@ impl PartitionedMlp {
         self.blocks.last().map_or(0, |b| b.bias.end)
     }
 
+    /// This partition's image parameters, at the start of its range.
+    fn image_len(&self) -> usize {
+        self.blocks.first().map_or(0, |b| b.weight.start)
+    }
+
+    fn mine(&self) -> &[Part] {
+        &self.image[self.me]
+    }
+
+    fn peers(&self) -> impl Iterator<Item = usize> + use<> {
+        let me = self.me;
+        (0..self.parts()).filter(move |&q| q != me)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    pub fn scratch(&self, rows: usize) -> PartitionScratch {
+    /// Buffers for batches of up to `rows` examples, the image layers' work
+    /// split over `threads`.
+    pub fn scratch(&self, rows: usize, threads: usize) -> PartitionScratch {
         let layers = &self.layout.layers;
+        let threads = threads.max(1);
+        let chunk = rows.div_ceil(threads);
         PartitionScratch {
             rows,
             whole: layers
@@ -107,6 +151,35 @@ impl PartitionedMlp {
                 .map(|l| Array2::zeros((rows, l.inputs)))
                 .collect(),
             dlogits: Array2::zeros((rows, self.layout.classes())),
+            bands: self
+                .mine()
+                .iter()
+                .map(|p| Array2::zeros((rows, p.band.len())))
+                .collect(),
+            dbands: self
+                .mine()
+                .iter()
+                .map(|p| Array2::zeros((rows, p.band.len())))
+                .collect(),
+            outs: self
+                .mine()
+                .iter()
+                .map(|p| Array2::zeros((rows, p.own.len())))
+                .collect(),
+            douts: self
+                .mine()
+                .iter()
+                .map(|p| Array2::zeros((rows, p.own.len())))
+                .collect(),
+            flat: Array2::zeros((rows, self.layout.image.last().map_or(0, |l| l.output.len()))),
+            kernels: (0..threads)
+                .map(|_| {
+                    (
+                        ImageScratch::new(&self.own_image, chunk),
+                        vec![0.0; self.image_len()],
+                    )
+                })
+                .collect(),
         }
     }
 
@@ -131,9 +204,13 @@ impl PartitionedMlp {
     ) -> Result<(), ExchangeError> {
         let rows = x.nrows();
         assert!(rows <= scratch.rows, "batch larger than scratch");
+        self.image_forward(params, x, scratch, ex, step)?;
+        let first = self.layout.image.len();
         for (l, b) in self.blocks.iter().enumerate() {
             let layer = &self.layout.layers[l];
-            let input = if l == 0 {
+            let input = if l == 0 && first > 0 {
+                scratch.flat.slice(s![..rows, ..])
+            } else if l == 0 {
                 x.view()
             } else {
                 scratch.whole[l - 1].slice(s![..rows, ..])
@@ -150,7 +227,7 @@ impl PartitionedMlp {
             let own = scratch.own[l].slice(s![..rows, ..]);
             let tag = Tag {
                 step,
-                layer: l as u32,
+                layer: (first + l) as u32,
                 backward: false,
             };
             let values: Vec<f32> = own.iter().copied().collect();
@@ -199,6 +276,7 @@ impl PartitionedMlp {
         }
         self.forward(params, x, scratch, ex, step)?;
         let last = self.blocks.len() - 1;
+        let first = self.layout.image.len();
         let scale = 1.0 / rows as f32;
         let mut loss = 0.0;
         {
@@ -220,7 +298,9 @@ impl PartitionedMlp {
             let b = &self.blocks[l];
             let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(l);
             let dz = deltas_rest[0].slice(s![..rows, ..]);
-            let input = if l == 0 {
+            let input = if l == 0 && first > 0 {
+                scratch.flat.slice(s![..rows, ..])
+            } else if l == 0 {
                 x.view()
             } else {
                 scratch.whole[l - 1].slice(s![..rows, ..])
@@ -235,16 +315,31 @@ impl PartitionedMlp {
             for (g, s) in gb[..b.units.len()].iter_mut().zip(dz.sum_axis(Axis(0))) {
                 *g += scale * s;
             }
-            if l == 0 {
+            if l == 0 && first == 0 {
                 break;
             }
             let mut partial = scratch.partial[l].slice_mut(s![..rows, ..]);
             par_gemm(1.0, dz, self.weight(params, l).t(), 0.0, partial.view_mut());
             let tag = Tag {
                 step,
-                layer: l as u32,
+                layer: (first + l) as u32,
                 backward: true,
             };
+            if l == 0 {
+                // The deltas of the last image map go to its owners.
+                let i = first - 1;
+                let whole = Frame::whole(self.layout.image[i].output);
+                let own = &self.mine()[i].own;
+                let mut d = scratch.douts[i].slice_mut(s![..rows, ..]);
+                copy(own, &whole, partial.view(), own, d.view_mut(), false);
+                self.trade(
+                    ex,
+                    tag,
+                    (partial.view(), &whole, |q| self.image[q][i].own.clone()),
+                    (d, own, |_| own.clone()),
+                )?;
+                break;
+            }
             let messages = (0..self.parts())
                 .filter(|&q| q != self.me)
                 .map(|q| {
@@ -265,7 +360,222 @@ impl PartitionedMlp {
                 da,
             );
         }
+        self.image_backward(params, rows, scratch, ex, step, grad, scale)?;
         Ok(loss / rows as f64)
+    }
+
+    /// Runs this partition's rectangle of every image layer, gathering each
+    /// layer's input window first; afterwards the last map is whole in
+    /// `flat`.
+    fn image_forward(
+        &self,
+        params: &[f32],
+        x: ArrayView2<f32>,
+        scratch: &mut PartitionScratch,
+        ex: &mut impl Exchange,
+        step: u64,
+    ) -> Result<(), ExchangeError> {
+        let rows = x.nrows();
+        for (i, part) in self.mine().iter().enumerate() {
+            let layer = &self.layout.image[i];
+            let mut band = scratch.bands[i].slice_mut(s![..rows, ..]);
+            if i == 0 {
+                let whole = Frame::whole(layer.input);
+                copy(
+                    &part.needs(layer.input),
+                    &whole,
+                    x,
+                    &part.band,
+                    band.view_mut(),
+                    false,
+                );
+            } else {
+                let prev = &self.mine()[i - 1].own;
+                let outs = scratch.outs[i - 1].slice(s![..rows, ..]);
+                copy(
+                    &prev.meet(&part.band),
+                    prev,
+                    outs,
+                    &part.band,
+                    band.view_mut(),
+                    false,
+                );
+                let tag = Tag {
+                    step,
+                    layer: (i - 1) as u32,
+                    backward: false,
+                };
+                self.trade(
+                    ex,
+                    tag,
+                    (outs, prev, |q| {
+                        prev.meet(&self.image[q][i].needs(layer.input))
+                    }),
+                    (band, &part.band, |q| {
+                        self.image[q][i - 1].own.meet(&part.band)
+                    }),
+                )?;
+            }
+            if part.own.is_empty() {
+                continue;
+            }
+            let chunk = rows.div_ceil(scratch.kernels.len());
+            let band = scratch.bands[i].slice(s![..rows, ..]);
+            let mut out = scratch.outs[i].slice_mut(s![..rows, ..]);
+            let jobs: Vec<_> = band
+                .axis_chunks_iter(Axis(0), chunk)
+                .zip(out.axis_chunks_iter_mut(Axis(0), chunk))
+                .zip(scratch.kernels.iter_mut())
+                .collect();
+            jobs.into_par_iter().for_each(|((b, o), (k, _))| {
+                kernels::forward(&self.own_image, i, params, b, o, k);
+            });
+            activate(layer.activation, out);
+        }
+        let Some(i) = self.layout.image.len().checked_sub(1) else {
+            return Ok(());
+        };
+        let whole = Frame::whole(self.layout.image[i].output);
+        let own = &self.mine()[i].own;
+        let outs = scratch.outs[i].slice(s![..rows, ..]);
+        let mut flat = scratch.flat.slice_mut(s![..rows, ..]);
+        copy(own, own, outs, &whole, flat.view_mut(), false);
+        let tag = Tag {
+            step,
+            layer: i as u32,
+            backward: false,
+        };
+        self.trade(
+            ex,
+            tag,
+            (outs, own, |_| own.clone()),
+            (flat, &whole, |q| self.image[q][i].own.clone()),
+        )
+    }
+
+    /// The image layers' backward pass, from the deltas of this
+    /// partition's rectangle of the last map (left in `douts` by the dense
+    /// layers' pass).
+    #[allow(clippy::too_many_arguments)]
+    fn image_backward(
+        &self,
+        params: &[f32],
+        rows: usize,
+        scratch: &mut PartitionScratch,
+        ex: &mut impl Exchange,
+        step: u64,
+        grad: &mut [f32],
+        scale: f32,
+    ) -> Result<(), ExchangeError> {
+        let Some(last) = self.layout.image.len().checked_sub(1) else {
+            return Ok(());
+        };
+        derive(
+            self.layout.image[last].activation,
+            scratch.outs[last].slice(s![..rows, ..]),
+            scratch.douts[last].slice_mut(s![..rows, ..]),
+        );
+        for (_, g) in &mut scratch.kernels {
+            g.fill(0.0);
+        }
+        let chunk = rows.div_ceil(scratch.kernels.len());
+        for i in (0..=last).rev() {
+            let part = &self.mine()[i];
+            let mut dband = scratch.dbands[i].slice_mut(s![..rows, ..]);
+            if part.own.is_empty() {
+                dband.fill(0.0);
+            } else {
+                let band = scratch.bands[i].slice(s![..rows, ..]);
+                let dout = scratch.douts[i].slice(s![..rows, ..]);
+                let jobs: Vec<_> = band
+                    .axis_chunks_iter(Axis(0), chunk)
+                    .zip(dout.axis_chunks_iter(Axis(0), chunk))
+                    .zip(dband.axis_chunks_iter_mut(Axis(0), chunk))
+                    .zip(scratch.kernels.iter_mut())
+                    .collect();
+                jobs.into_par_iter().for_each(|(((b, d), db), (k, g))| {
+                    let db = (i > 0).then_some(db);
+                    kernels::backward(&self.own_image, i, params, b, d, g, scale, db, k);
+                });
+            }
+            if i == 0 {
+                break;
+            }
+            let prev = &self.mine()[i - 1].own;
+            let input = self.layout.image[i].input;
+            let mut d = scratch.douts[i - 1].slice_mut(s![..rows, ..]);
+            d.fill(0.0);
+            copy(
+                &prev.meet(&part.band),
+                &part.band,
+                dband.view(),
+                prev,
+                d.view_mut(),
+                true,
+            );
+            let tag = Tag {
+                step,
+                layer: i as u32,
+                backward: true,
+            };
+            self.trade(
+                ex,
+                tag,
+                (dband.view(), &part.band, |q| {
+                    part.band.meet(&self.image[q][i - 1].own)
+                }),
+                (d, prev, |q| self.image[q][i].needs(input).meet(prev)),
+            )?;
+            derive(
+                self.layout.image[i - 1].activation,
+                scratch.outs[i - 1].slice(s![..rows, ..]),
+                scratch.douts[i - 1].slice_mut(s![..rows, ..]),
+            );
+        }
+        let image = &mut grad[..self.image_len()];
+        for (_, g) in &scratch.kernels {
+            image.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+
+    /// Sends each peer q its rectangle `send.2(q)` of `send.0` (laid out as
+    /// `send.1`), then copies each peer's rectangle `recv.2(q)` into
+    /// `recv.0` (laid out as `recv.1`); adds instead for deltas. Both sides
+    /// compute the same rectangles, so an empty one is neither sent nor
+    /// awaited.
+    #[allow(clippy::type_complexity)]
+    fn trade(
+        &self,
+        ex: &mut impl Exchange,
+        tag: Tag,
+        send: (ArrayView2<f32>, &Frame, impl Fn(usize) -> Frame),
+        recv: (ArrayViewMut2<f32>, &Frame, impl Fn(usize) -> Frame),
+    ) -> Result<(), ExchangeError> {
+        let (src, from, rect_to) = send;
+        let (mut dst, into, rect_from) = recv;
+        let rows = src.nrows();
+        let messages = self
+            .peers()
+            .filter_map(|q| {
+                let r = rect_to(q);
+                (!r.is_empty()).then(|| {
+                    let mut packed = Array2::zeros((rows, r.len()));
+                    copy(&r, from, src, &r, packed.view_mut(), false);
+                    (q, packed.into_raw_vec_and_offset().0)
+                })
+            })
+            .collect();
+        ex.send(tag, messages)?;
+        for q in self.peers() {
+            let r = rect_from(q);
+            if r.is_empty() {
+                continue;
+            }
+            let got = recv_block(ex, q, tag, rows, r.len())?;
+            copy(&r, &r, got.view(), into, dst.view_mut(), tag.backward);
+        }
+        Ok(())
     }
 }
 
@@ -288,14 +598,55 @@ fn recv_block(
     })
 }
 
+/// What crosses partitions at one layer's output, in values per example:
+/// its activations forward, and the deltas of them coming back (none for the
+/// logits, which feed the loss).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    /// The layer whose output crosses: `conv2d0`, `dense1`, ...
+    pub layer: String,
+    pub forward: usize,
+    pub backward: usize,
+    /// The layer's whole output, for scale: sending all of it to every
+    /// peer would move `(P - 1) ×` this.
+    pub output: usize,
+}
+
+/// Every layer's [`Crossing`], image layers first. Only these travel;
+/// weights never do. A spatially split layer sends only its windows' halo
+/// to its neighbours; a channel split (or a dense layer) sends its slice to
+/// every peer.
+pub fn crossings(layout: &Layout, partitioning: &Partitioning) -> Vec<Crossing> {
+    let peers = partitioning.parts().saturating_sub(1);
+    let parts = image::parts(layout, partitioning);
+    let mut out: Vec<Crossing> = image::crossings(layout, &parts)
+        .into_iter()
+        .zip(&layout.image)
+        .map(|((name, values), l)| Crossing {
+            layer: name,
+            forward: values,
+            backward: values,
+            output: l.output.len(),
+        })
+        .collect();
+    let last = layout.layers.len().saturating_sub(1);
+    out.extend(layout.layers.iter().enumerate().map(|(l, d)| Crossing {
+        layer: format!("dense{l}"),
+        forward: d.units * peers,
+        backward: if l < last { d.units * peers } else { 0 },
+        output: d.units,
+    }));
+    out
+}
+
 /// Bytes crossing partitions per step of `rows` examples, summed over all
-/// `parts` partitions: each layer's activations go to the other partitions,
-/// and each layer's input deltas but the first's come back from them as
-/// partial sums. Only these travel; weights never do.
-pub fn boundary_bytes(layout: &Layout, rows: usize, parts: usize) -> u64 {
-    let units: usize = layout.layers.iter().map(|l| l.units).sum();
-    let inputs: usize = layout.layers.iter().skip(1).map(|l| l.inputs).sum();
-    4 * (rows * parts.saturating_sub(1) * (units + inputs)) as u64
+/// partitions: the [`crossings`] both ways, as f32.
+pub fn boundary_bytes(layout: &Layout, partitioning: &Partitioning, rows: usize) -> u64 {
+    let values: usize = crossings(layout, partitioning)
+        .iter()
+        .map(|c| c.forward + c.backward)
+        .sum();
+    4 * (rows * values) as u64
 }
 
 /// `c = alpha·a·b + beta·c`, with the rows of `c` split across the rayon pool.

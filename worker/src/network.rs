@@ -14,7 +14,7 @@ use crate::partitions::GrpcExchange;
 pub(crate) enum Net {
     Whole(Mlp),
     Part {
-        mlp: PartitionedMlp,
+        mlp: Box<PartitionedMlp>,
         exchange: GrpcExchange,
     },
 }
@@ -22,7 +22,7 @@ pub(crate) enum Net {
 /// Per-thread working memory for [`Net`].
 pub(crate) enum Scratch {
     Whole(Vec<distbelief_model::mlp::Workspace>),
-    Part(PartitionScratch),
+    Part(Box<PartitionScratch>),
 }
 
 impl Net {
@@ -37,7 +37,7 @@ impl Net {
     pub(crate) fn scratch(&self, batch: usize, threads: usize) -> Scratch {
         match self {
             Net::Whole(m) => Scratch::Whole(m.workspaces(batch, threads)),
-            Net::Part { mlp, .. } => Scratch::Part(mlp.scratch(batch)),
+            Net::Part { mlp, .. } => Scratch::Part(Box::new(mlp.scratch(batch, threads))),
         }
     }
 

@@ -360,7 +360,7 @@ pub async fn run_replica(
     let (parts, me) = (job.partitions(), part.as_ref().map_or(0, |p| p.me));
     let net = match part {
         Some(p) => Net::Part {
-            mlp: PartitionedMlp::new(&job.layout, &job.partitioning, p.me),
+            mlp: Box::new(PartitionedMlp::new(&job.layout, &job.partitioning, p.me)),
             exchange: p.exchange,
         },
         None => Net::Whole(mlp),

@@ -1,16 +1,23 @@
 //! Model parallelism's split of the parameter vector. Each of P partitions
-//! owns a slice of every layer's units: the weight columns and biases that
-//! produce them. The shards store the parameters partition by partition, so
-//! that each partition's parameters are one contiguous range, and each shard
-//! holds the parameters of exactly one partition.
+//! owns a slice of every layer's output, and the parameters that produce it:
+//! * a dense layer's units (weight columns and biases);
+//! * a conv2d's filters (kernel columns and biases);
+//! * a locallyConnected2d's output rows, as DistBelief split its layers
+//!   spatially (those rows' kernels and biases);
+//! * a pooling layer follows its input's split: the same channels, or the
+//!   output rows whose windows start in the partition's input rows.
 //!
-//! Within a partition a layer's weight slice is `[inputs, units of the
-//! slice]`, row-major, followed by its bias slice. With one partition this is
-//! the model's own layout, unchanged.
+//! The shards store the parameters partition by partition, so that each
+//! partition's parameters are one contiguous range, and each shard holds the
+//! parameters of exactly one partition. Within a partition a layer's weight
+//! slice is `[inputs, units of the slice]` (a conv2d's `[patch, filters of
+//! the slice]`), row-major, followed by its bias slice; a locallyConnected2d's
+//! slice is its rows of the layout's tensors. With one partition this is the
+//! model's own layout, unchanged.
 
 use std::ops::Range;
 
-use super::{Layout, shard_ranges};
+use super::{ImageOp, Layout, shard_ranges};
 
 /// One partition's slice of one layer, at offsets in the stored vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,9 +29,22 @@ pub struct Block {
     pub bias: Range<usize>,
 }
 
+/// One partition's share of one image layer's output map: the rows and
+/// channels it computes (every column), and the parameters that make them,
+/// at offsets in the stored vector (empty for pooling).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageBlock {
+    pub rows: Range<usize>,
+    pub channels: Range<usize>,
+    pub kernel: Range<usize>,
+    pub bias: Range<usize>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Partitioning {
-    /// `blocks[p][l]`: partition p's slice of layer l.
+    /// `image[p][i]`: partition p's share of image layer i.
+    image: Vec<Vec<ImageBlock>>,
+    /// `blocks[p][l]`: partition p's slice of dense layer l.
     blocks: Vec<Vec<Block>>,
     /// Partition p's contiguous range of the stored vector.
     ranges: Vec<Range<usize>>,
@@ -39,21 +59,45 @@ struct Run {
 }
 
 impl Partitioning {
-    /// Splits every layer's units into `parts` near-equal slices.
+    /// Splits every layer's output into `parts` near-equal slices.
     pub fn new(layout: &Layout, parts: usize) -> Self {
         let parts = parts.max(1);
+        let mut image = Vec::with_capacity(parts);
         let mut blocks = Vec::with_capacity(parts);
         let mut ranges = Vec::with_capacity(parts);
-        // Image layers' tensors come first and stay whole: partition 0
-        // holds them (validation allows them with one partition only).
-        let mut offset = layout.layers.first().map_or(0, |l| l.weight.start);
+        let mut offset = 0;
+        let image_splits = image_splits(layout, parts);
         let splits: Vec<Vec<Range<usize>>> = layout
             .layers
             .iter()
             .map(|l| shard_ranges(l.units, parts))
             .collect();
         for p in 0..parts {
-            let start = if p == 0 { 0 } else { offset };
+            let start = offset;
+            let mut own_image = Vec::with_capacity(layout.image.len());
+            for (layer, split) in layout.image.iter().zip(&image_splits) {
+                let (rows, channels) = split[p].clone();
+                let (kernel, bias) = match layer.op {
+                    ImageOp::Conv { tied: true, .. } => {
+                        (layer.patch() * channels.len(), channels.len())
+                    }
+                    ImageOp::Conv { tied: false, .. } => {
+                        let per_row = layer.output.width * channels.len();
+                        (rows.len() * per_row * layer.patch(), rows.len() * per_row)
+                    }
+                    _ => (0, 0),
+                };
+                let kernel = offset..offset + kernel;
+                let bias = kernel.end..kernel.end + bias;
+                offset = bias.end;
+                own_image.push(ImageBlock {
+                    rows,
+                    channels,
+                    kernel,
+                    bias,
+                });
+            }
+            image.push(own_image);
             let mut own = Vec::with_capacity(layout.layers.len());
             for (layer, split) in layout.layers.iter().zip(&splits) {
                 let units = split[p].clone();
@@ -69,7 +113,11 @@ impl Partitioning {
             blocks.push(own);
             ranges.push(start..offset);
         }
-        Partitioning { blocks, ranges }
+        Partitioning {
+            image,
+            blocks,
+            ranges,
+        }
     }
 
     pub fn parts(&self) -> usize {
@@ -81,9 +129,14 @@ impl Partitioning {
         self.ranges[p].clone()
     }
 
-    /// Partition `p`'s slice of each layer.
+    /// Partition `p`'s slice of each dense layer.
     pub fn blocks(&self, p: usize) -> &[Block] {
         &self.blocks[p]
+    }
+
+    /// Partition `p`'s share of each image layer.
+    pub fn image_blocks(&self, p: usize) -> &[ImageBlock] {
+        &self.image[p]
     }
 
     /// Each shard's range of the stored vector: every partition's range is
@@ -121,6 +174,42 @@ impl Partitioning {
             }];
         }
         let mut runs = Vec::new();
+        for own_image in &self.image {
+            for (layer, b) in layout.image.iter().zip(own_image) {
+                let ImageOp::Conv { tied, kernel, bias } = &layer.op else {
+                    continue;
+                };
+                let filters = layer.output.channels;
+                if *tied {
+                    let w = b.channels.len();
+                    for i in 0..layer.patch() {
+                        runs.push(Run {
+                            stored: b.kernel.start + i * w,
+                            canonical: kernel.start + i * filters + b.channels.start,
+                            len: w,
+                        });
+                    }
+                    runs.push(Run {
+                        stored: b.bias.start,
+                        canonical: bias.start + b.channels.start,
+                        len: w,
+                    });
+                } else {
+                    // Whole output rows: contiguous in both orders.
+                    let row = layer.output.width * filters;
+                    runs.push(Run {
+                        stored: b.kernel.start,
+                        canonical: kernel.start + b.rows.start * row * layer.patch(),
+                        len: b.kernel.len(),
+                    });
+                    runs.push(Run {
+                        stored: b.bias.start,
+                        canonical: bias.start + b.rows.start * row,
+                        len: b.bias.len(),
+                    });
+                }
+            }
+        }
         for own in &self.blocks {
             for (layer, b) in layout.layers.iter().zip(own) {
                 let w = b.units.len();
@@ -180,6 +269,57 @@ impl Partitioning {
         }
         out
     }
+}
+
+/// `(rows, channels)` of each image layer's output map that each partition
+/// computes: `splits[i][p]`.
+fn image_splits(layout: &Layout, parts: usize) -> Vec<Vec<(Range<usize>, Range<usize>)>> {
+    let mut splits: Vec<Vec<(Range<usize>, Range<usize>)>> = Vec::new();
+    for layer in &layout.image {
+        let (h, c) = (layer.output.height, layer.output.channels);
+        let split = match (&layer.op, splits.last()) {
+            (ImageOp::Conv { tied: true, .. }, _) => shard_ranges(c, parts)
+                .into_iter()
+                .map(|ch| (0..h, ch))
+                .collect(),
+            // A pool over channel slices pools those slices: nothing crosses.
+            (ImageOp::MaxPool | ImageOp::AvgPool, Some(prev))
+                if prev
+                    .iter()
+                    .all(|(rows, _)| rows.len() == layer.input.height) =>
+            {
+                prev.iter().map(|(_, ch)| (0..h, ch.clone())).collect()
+            }
+            // A pool over row bands: the output rows whose windows start in
+            // the partition's band, so that little beyond it is needed.
+            (ImageOp::MaxPool | ImageOp::AvgPool, Some(prev)) => {
+                let s = layer.window.stride;
+                let starts: Vec<usize> = prev
+                    .iter()
+                    .enumerate()
+                    .map(|(p, (rows, _))| {
+                        if p == 0 {
+                            0
+                        } else {
+                            rows.start.div_ceil(s).min(h)
+                        }
+                    })
+                    .collect();
+                (0..parts)
+                    .map(|p| {
+                        let end = starts.get(p + 1).copied().unwrap_or(h).max(starts[p]);
+                        (starts[p]..end, 0..c)
+                    })
+                    .collect()
+            }
+            _ => shard_ranges(h, parts)
+                .into_iter()
+                .map(|rows| (rows, 0..c))
+                .collect(),
+        };
+        splits.push(split);
+    }
+    splits
 }
 
 #[cfg(test)]
@@ -249,8 +389,90 @@ mod tests {
         }
     }
 
+    fn image_layout() -> Layout {
+        use crate::spec::{Conv2dLayer, InputShape, LayerSpec, PoolLayer};
+        let conv = |filters| Conv2dLayer {
+            filters,
+            kernel: 3,
+            stride: 1,
+            padding: 1,
+            activation: Activation::Relu,
+        };
+        Layout::from_model(&ModelSpec {
+            tables: Vec::new(),
+            wide: None,
+            input_size: 2 * 10 * 6,
+            input_shape: Some(InputShape {
+                channels: 2,
+                height: 10,
+                width: 6,
+            }),
+            layers: vec![
+                LayerSpec {
+                    locally_connected2d: Some(conv(3)),
+                    ..LayerSpec::default()
+                },
+                LayerSpec {
+                    max_pool2d: Some(PoolLayer {
+                        size: 2,
+                        stride: None,
+                    }),
+                    ..LayerSpec::default()
+                },
+                LayerSpec {
+                    conv2d: Some(conv(5)),
+                    ..LayerSpec::default()
+                },
+            ],
+            hidden: Vec::new(),
+            output: OutputLayer {
+                units: 4,
+                loss: Loss::SoftmaxCrossEntropy,
+            },
+        })
+    }
+
+    #[test]
+    fn image_layers_split_by_rows_and_by_filters() {
+        let l = image_layout();
+        let p = Partitioning::new(&l, 2);
+        let (a, b) = (p.image_blocks(0), p.image_blocks(1));
+        // locallyConnected2d: rows; the pool after it: the rows its band
+        // starts; conv2d: filters.
+        assert_eq!((a[0].rows.clone(), b[0].rows.clone()), (0..5, 5..10));
+        assert_eq!((a[1].rows.clone(), b[1].rows.clone()), (0..3, 3..5));
+        assert_eq!((a[2].channels.clone(), b[2].channels.clone()), (0..3, 3..5));
+        assert_eq!(a[0].kernel.len(), 5 * 6 * (3 * 3 * 2) * 3);
+        assert_eq!(b[2].kernel.len(), 3 * 3 * 3 * 2);
+        assert!(a[1].kernel.is_empty(), "pooling has no parameters");
+        let canonical: Vec<f32> = (0..l.len()).map(|i| i as f32).collect();
+        let stored = p.to_stored(&l, &canonical);
+        let mut sorted = stored.clone();
+        sorted.sort_by(f32::total_cmp);
+        assert_eq!(sorted, canonical, "a permutation");
+        assert_eq!(p.to_canonical(&l, &stored), canonical);
+        // The second partition's conv2d kernel row 0 holds filters 3 and 4.
+        let conv = &l.tensors[2];
+        assert_eq!(
+            &stored[b[2].kernel.start..b[2].kernel.start + 2],
+            &[(conv.offset + 3) as f32, (conv.offset + 4) as f32]
+        );
+    }
+
     #[test]
     fn partitioned_init_is_the_unpartitioned_model() {
+        let l = image_layout();
+        let whole = l.initial_values(0..l.len(), 3);
+        let p = Partitioning::new(&l, 2);
+        let mut joined = Vec::new();
+        for r in p.shard_ranges(4) {
+            joined.extend(p.initial_values(&l, r, 3));
+        }
+        assert_eq!(p.to_canonical(&l, &joined), whole);
+        dense_init_is_the_unpartitioned_model();
+    }
+
+    fn dense_init_is_the_unpartitioned_model() {
         let l = layout();
         let whole = l.initial_values(0..l.len(), 3);
         let p = Partitioning::new(&l, 3);

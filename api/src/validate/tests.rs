@@ -279,14 +279,28 @@ const RULES: &[Rule] = &[
         "parameters",
     ),
     (
-        "partitions need dense layers",
+        "partitions at most a conv2d's filters",
         |j| {
             image_input(j);
+            j.spec.parameter_servers.shards = 8;
+            j.spec.replicas.partitions = 8;
+        },
+        "spec.replicas.partitions",
+        "units or filters",
+    ),
+    (
+        "partitions at most a locallyConnected2d's rows",
+        |j| {
+            image_input(j);
+            j.spec.model.layers[0] = LayerSpec {
+                locally_connected2d: conv_layer(4, 28, 0).conv2d,
+                ..LayerSpec::default()
+            };
             j.spec.parameter_servers.shards = 2;
             j.spec.replicas.partitions = 2;
         },
         "spec.replicas.partitions",
-        "dense layers only",
+        "locallyConnected2d0's 1 output rows",
     ),
     (
         "output units at least 2",
@@ -1275,4 +1289,26 @@ fn each_template_rule_gives_the_admission_message() {
     let (_, errors) = invalid(validate(&raw));
     assert_eq!(errors[0].field, "spec.replicas.template");
     assert_eq!(errors[0].message, "unknown field spec.tolerationz");
+}
+
+#[test]
+fn image_models_split_into_partitions() {
+    let mut j = minimal_resource();
+    image_input(&mut j);
+    j.spec.model.layers.insert(
+        1,
+        LayerSpec {
+            locally_connected2d: conv_layer(3, 3, 0).conv2d,
+            ..LayerSpec::default()
+        },
+    );
+    j.spec.parameter_servers.shards = 4;
+    j.spec.replicas.partitions = 4;
+    let job = validate(&j).unwrap();
+    let p = &job.partitioning;
+    assert_eq!(p.parts(), 4);
+    // The conv2d's 4 filters one each; the locallyConnected2d's 26 rows in bands.
+    assert!((0..4).all(|q| p.image_blocks(q)[0].channels.len() == 1));
+    let rows: Vec<usize> = (0..4).map(|q| p.image_blocks(q)[1].rows.len()).collect();
+    assert_eq!(rows, [7, 7, 6, 6]);
 }

@@ -1,12 +1,16 @@
-//! `bench-model-parallel`: one replica of a large MLP (784-4096-4096-10 by
-//! default, 20M parameters) split into 1, 2 and 4 partition processes on
-//! this machine, trading boundary values over gRPC on 127.0.0.1 exactly as
-//! `distbelief worker --partition` does. Prints one JSON document:
+//! `bench-model-parallel`: one replica of a large model split into 1, 2 and
+//! 4 partition processes on this machine, trading boundary values over gRPC
+//! on 127.0.0.1 exactly as `distbelief worker --partition` does. Two models:
+//! a 784-4096-4096-10 MLP (20M parameters, every layer split by units) and
+//! a locally connected image model (12M parameters, split spatially as in
+//! DistBelief, so only the receptive fields' halos cross). Prints one JSON
+//! document with, per model:
 //!
 //! * per configuration: the mini-batch step time and its ratio to one
 //!   process, each partition's compute and waiting time, and the bytes that
 //!   crossed partitions per step (measured, and as the model predicts them),
-//!   next to the model's parameter bytes;
+//!   next to the model's parameter bytes, and layer by layer what crosses
+//!   against the whole output;
 //! * a projection to more machines, DistBelief's model-parallel speedup
 //!   figure: the measured one-machine compute time split P ways, plus the
 //!   predicted boundary bytes over a stated bandwidth and one latency per
@@ -23,20 +27,37 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use distbelief_api::layout::{Layout, Partitioning};
-use distbelief_api::{Activation, DenseLayer, Loss, ModelSpec, OutputLayer};
+use distbelief_api::{
+    Activation, Conv2dLayer, DenseLayer, InputShape, LayerSpec, Loss, ModelSpec, OutputLayer,
+    PoolLayer,
+};
 use distbelief_bench_downpour::median;
 use distbelief_model::PartitionedMlp;
 use distbelief_model::exchange::{Exchange, LocalExchange, Mailbox};
+use distbelief_model::partition::{boundary_bytes, crossings};
 use distbelief_worker::{GrpcExchange, PartitionOptions, serve_partition};
 use ndarray::ArrayView2;
 use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+enum Model {
+    /// The MLP: input 784, --hidden, output 10; every layer split by units.
+    Dense,
+    /// 3×32×32 images: locallyConnected2d 16 (5×5) → locallyConnected2d 24
+    /// (5×5) → maxPool2d → locallyConnected2d 32 (3×3) → maxPool2d → 10;
+    /// split by rows.
+    Local,
+}
 
 #[derive(Parser)]
 #[command(
     about = "Model parallelism: step time over 1, 2 and 4 partition processes, boundary bytes, projected speedup"
 )]
 struct Args {
-    /// Hidden layers' units (ReLU); input 784, output 10.
+    /// Models to run.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "dense,local")]
+    models: Vec<Model>,
+    /// The dense model's hidden layers' units (ReLU).
     #[arg(long, value_delimiter = ',', default_value = "4096,4096")]
     hidden: Vec<u32>,
     /// Examples per mini-batch.
@@ -64,36 +85,112 @@ struct Args {
 }
 
 const WARMUP: usize = 2;
-const INPUTS: u32 = 784;
 const CLASSES: u32 = 10;
 
 /// Stated networks for the projection: (name, bytes/s, seconds per exchange).
 const NETWORKS: [(&str, f64, f64); 2] = [("10GbE", 1.25e9, 50e-6), ("1GbE", 1.25e8, 100e-6)];
 const PROJECTED: [usize; 6] = [1, 2, 4, 8, 16, 32];
 
-fn layout(hidden: &[u32]) -> Layout {
-    Layout::from_model(&ModelSpec {
-        tables: Vec::new(),
-        wide: None,
-        input_size: INPUTS,
-        input_shape: None,
-        layers: Vec::new(),
-        hidden: hidden
-            .iter()
-            .map(|&units| DenseLayer {
-                units,
-                activation: Activation::Relu,
-            })
-            .collect(),
-        output: OutputLayer {
-            units: CLASSES,
-            loss: Loss::SoftmaxCrossEntropy,
+fn model_spec(model: Model, hidden: &[u32]) -> ModelSpec {
+    let output = OutputLayer {
+        units: CLASSES,
+        loss: Loss::SoftmaxCrossEntropy,
+    };
+    let dense = |units| DenseLayer {
+        units,
+        activation: Activation::Relu,
+    };
+    match model {
+        Model::Dense => ModelSpec {
+            tables: Vec::new(),
+            wide: None,
+            input_size: 784,
+            input_shape: None,
+            layers: hidden
+                .iter()
+                .map(|&u| LayerSpec {
+                    dense: Some(dense(u)),
+                    ..LayerSpec::default()
+                })
+                .collect(),
+            hidden: Vec::new(),
+            output,
         },
-    })
+        Model::Local => {
+            let local = |filters, kernel| LayerSpec {
+                locally_connected2d: Some(Conv2dLayer {
+                    filters,
+                    kernel,
+                    stride: 1,
+                    padding: kernel / 2,
+                    activation: Activation::Relu,
+                }),
+                ..LayerSpec::default()
+            };
+            ModelSpec {
+                tables: Vec::new(),
+                wide: None,
+                input_size: 3 * 32 * 32,
+                input_shape: Some(InputShape {
+                    channels: 3,
+                    height: 32,
+                    width: 32,
+                }),
+                layers: vec![
+                    local(16, 5),
+                    local(24, 5),
+                    LayerSpec {
+                        max_pool2d: Some(PoolLayer {
+                            size: 2,
+                            stride: None,
+                        }),
+                        ..LayerSpec::default()
+                    },
+                    local(32, 3),
+                    LayerSpec {
+                        max_pool2d: Some(PoolLayer {
+                            size: 2,
+                            stride: None,
+                        }),
+                        ..LayerSpec::default()
+                    },
+                ],
+                hidden: Vec::new(),
+                output,
+            }
+        }
+    }
+}
+
+fn describe(model: Model, layout: &Layout, hidden: &[u32]) -> String {
+    match model {
+        Model::Dense => format!(
+            "{}-{}-{CLASSES}",
+            layout.inputs(),
+            hidden
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join("-")
+        ),
+        Model::Local => {
+            let names: Vec<String> = layout
+                .image
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{} {}×{}×{}",
+                        l.name, l.output.height, l.output.width, l.output.channels
+                    )
+                })
+                .collect();
+            format!("3×32×32 → {} → {CLASSES}", names.join(" → "))
+        }
+    }
 }
 
 fn boundary_bytes_total(layout: &Layout, rows: usize, parts: usize) -> f64 {
-    distbelief_model::partition::boundary_bytes(layout, rows, parts) as f64
+    boundary_bytes(layout, &Partitioning::new(layout, parts), rows) as f64
 }
 
 fn main() -> anyhow::Result<()> {
@@ -101,15 +198,44 @@ fn main() -> anyhow::Result<()> {
     if let Some(me) = args.child {
         return child(&args, me);
     }
-    let layout = layout(&args.hidden);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut runs: Vec<Vec<Value>> = vec![Vec::new(); args.partitions.len()];
+    // Interleaved: one of each model and partition count per round.
+    let mut runs: Vec<Vec<Vec<Value>>> =
+        vec![vec![Vec::new(); args.partitions.len()]; args.models.len()];
     for round in 0..args.repeat.max(1) {
-        for (i, &p) in args.partitions.iter().enumerate() {
-            eprintln!("round {round}: {p} partition(s)");
-            runs[i].push(run(&args, p, cores)?);
+        for (m, &model) in args.models.iter().enumerate() {
+            for (i, &p) in args.partitions.iter().enumerate() {
+                eprintln!("round {round}: {model:?}, {p} partition(s)");
+                runs[m][i].push(run(&args, model, p, cores)?);
+            }
         }
     }
+    let models = args
+        .models
+        .iter()
+        .zip(&runs)
+        .map(|(&model, runs)| report(&args, model, runs, cores))
+        .collect::<Vec<_>>();
+    let doc = json!({
+        "benchmark": "model-parallel",
+        "rows_per_step": args.rows,
+        "timed_steps": args.steps,
+        "rounds": args.repeat.max(1),
+        "cores": cores,
+        "models": models,
+    });
+    let text = serde_json::to_string_pretty(&doc)?;
+    println!("{text}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, text + "\n")
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// One model's figures: each configuration, then the projection.
+fn report(args: &Args, model: Model, runs: &[Vec<Value>], cores: usize) -> Value {
+    let layout = Layout::from_model(&model_spec(model, &args.hidden));
     let step_of = |rs: &[Value]| {
         median(
             rs.iter()
@@ -126,7 +252,7 @@ fn main() -> anyhow::Result<()> {
     let configs: Vec<Value> = args
         .partitions
         .iter()
-        .zip(&runs)
+        .zip(runs)
         .map(|(&p, rs)| {
             let step = step_of(rs);
             let pick = |k: &str| {
@@ -138,6 +264,19 @@ fn main() -> anyhow::Result<()> {
             };
             let measured = pick("boundary_bytes_per_step");
             let predicted = boundary_bytes_total(&layout, args.rows, p);
+            let layers: Vec<Value> = crossings(&layout, &Partitioning::new(&layout, p))
+                .iter()
+                .map(|c| {
+                    json!({
+                        "layer": c.layer,
+                        "values_per_example_forward": c.forward,
+                        "values_per_example_backward": c.backward,
+                        "output_values_per_example": c.output,
+                        "fraction_of_output_to_every_peer": c.forward as f64
+                            / (c.output * (p - 1).max(1)) as f64,
+                    })
+                })
+                .collect();
             json!({
                 "partitions": p,
                 "threads_per_partition": (cores / p).max(1),
@@ -149,6 +288,7 @@ fn main() -> anyhow::Result<()> {
                 "boundary_bytes_per_step_predicted": predicted,
                 "boundary_bytes_match_prediction": measured == predicted,
                 "boundary_to_parameter_bytes": measured / parameter_bytes as f64,
+                "crossings": layers,
             })
         })
         .collect();
@@ -161,7 +301,13 @@ fn main() -> anyhow::Result<()> {
                 .collect(),
         )
     });
-    let phases = 2 * layout.layers.len() - 1;
+    // Exchanges per step: each crossing that carries anything, each way.
+    let phases = |m: usize| {
+        crossings(&layout, &Partitioning::new(&layout, m))
+            .iter()
+            .map(|c| usize::from(c.forward > 0) + usize::from(c.backward > 0))
+            .sum::<usize>()
+    };
     let projection: Vec<Value> = NETWORKS
         .iter()
         .map(|&(name, bandwidth, latency)| {
@@ -173,11 +319,12 @@ fn main() -> anyhow::Result<()> {
                     let comm = if m == 1 {
                         0.0
                     } else {
-                        phases as f64 * latency + per / bandwidth
+                        phases(m) as f64 * latency + per / bandwidth
                     };
                     let step = c1 / m as f64 + comm;
                     json!({
                         "machines": m,
+                        "exchanges_per_step": phases(m),
                         "compute_seconds": c1 / m as f64,
                         "communication_seconds": comm,
                         "boundary_bytes_per_machine": per,
@@ -194,37 +341,29 @@ fn main() -> anyhow::Result<()> {
             })
         })
         .collect();
-    let doc = json!({
-        "benchmark": "model-parallel",
-        "model": format!("{INPUTS}-{}-{CLASSES}", args.hidden.iter().map(u32::to_string).collect::<Vec<_>>().join("-")),
+    let split = match model {
+        Model::Dense => "every layer's units split P ways",
+        Model::Local => {
+            "every image layer's output rows split P ways (past 16 and 8 machines the pooled 16- and 8-row maps leave partitions idle, which costs little: the pools and the 10-unit output layer are under 1% of the compute)"
+        }
+    };
+    json!({
+        "model": describe(model, &layout, &args.hidden),
         "parameters": layout.len(),
         "parameter_bytes": parameter_bytes,
-        "rows_per_step": args.rows,
-        "timed_steps": args.steps,
-        "rounds": args.repeat.max(1),
-        "cores": cores,
         "configs": configs,
         "projection": {
             "assumptions": format!(
-                "each machine has this machine's {cores} cores; one machine's measured compute time splits evenly over P machines (every layer's units split P ways); each step has {phases} exchanges ({} forward, {} backward), each costing one latency, and each machine sends its share of the predicted boundary bytes at the stated bandwidth, overlapped with nothing. Past 10 machines the 10-unit output layer cannot split further; its share is a rounding error here.",
-                layout.layers.len(),
-                layout.layers.len() - 1
+                "each machine has this machine's {cores} cores; one machine's measured compute time splits evenly over P machines ({split}); each exchange that carries values costs one latency, and each machine sends its share of the predicted boundary bytes at the stated bandwidth, overlapped with nothing."
             ),
             "networks": projection,
         },
-    });
-    let text = serde_json::to_string_pretty(&doc)?;
-    println!("{text}");
-    if let Some(out) = &args.out {
-        std::fs::write(out, text + "\n")
-            .with_context(|| format!("cannot write {}", out.display()))?;
-    }
-    Ok(())
+    })
 }
 
 /// Runs `parts` partition processes to the end; returns the slowest
 /// partition's figures (they step in lockstep).
-fn run(args: &Args, parts: usize, cores: usize) -> anyhow::Result<Value> {
+fn run(args: &Args, model: Model, parts: usize, cores: usize) -> anyhow::Result<Value> {
     let exe = std::env::current_exe()?;
     let listeners: Vec<std::net::TcpListener> = (0..parts)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
@@ -246,6 +385,7 @@ fn run(args: &Args, parts: usize, cores: usize) -> anyhow::Result<Value> {
             .args(["--child", &me.to_string(), "--peers", &peers.join(",")])
             .args(["--threads", &(cores / parts).max(1).to_string()])
             .args(["--hidden", &hidden, "--rows", &args.rows.to_string()])
+            .args(["--models", &format!("{model:?}").to_lowercase()])
             .args(["--steps", &args.steps.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -290,7 +430,11 @@ fn run(args: &Args, parts: usize, cores: usize) -> anyhow::Result<Value> {
 
 /// One partition process: serves its peers, then times its steps.
 fn child(args: &Args, me: usize) -> anyhow::Result<()> {
-    let layout = layout(&args.hidden);
+    let model = *args
+        .models
+        .first()
+        .context("--models names the child's model")?;
+    let layout = Layout::from_model(&model_spec(model, &args.hidden));
     let parts = args.peers.len().max(1);
     let partitioning = Partitioning::new(&layout, parts);
     let mlp = PartitionedMlp::new(&layout, &partitioning, me);
@@ -300,7 +444,11 @@ fn child(args: &Args, me: usize) -> anyhow::Result<()> {
         .build()?;
     if parts == 1 {
         let mut ex = LocalExchange::connected(1, Duration::from_secs(60)).remove(0);
-        let r = pool.install(|| steps(args, &mlp, &params, &mut ex, |_| (Duration::ZERO, 0)))?;
+        let r = pool.install(|| {
+            steps(args, &layout, &mlp, &params, &mut ex, |_| {
+                (Duration::ZERO, 0)
+            })
+        })?;
         println!("{r}");
         return Ok(());
     }
@@ -321,9 +469,14 @@ fn child(args: &Args, me: usize) -> anyhow::Result<()> {
         GrpcExchange::new(&opts, mailbox.clone(), 0, 1, Duration::from_secs(10), sent)
     })?;
     let r = pool.install(|| {
-        steps(args, &mlp, &params, &mut ex, |ex: &GrpcExchange| {
-            (ex.waited, ex.sent_bytes.get())
-        })
+        steps(
+            args,
+            &layout,
+            &mlp,
+            &params,
+            &mut ex,
+            |ex: &GrpcExchange| (ex.waited, ex.sent_bytes.get()),
+        )
     })?;
     println!("{r}");
     Ok(())
@@ -333,18 +486,19 @@ fn child(args: &Args, me: usize) -> anyhow::Result<()> {
 /// waiting time and bytes sent so far.
 fn steps<E: Exchange>(
     args: &Args,
+    layout: &Layout,
     mlp: &PartitionedMlp,
     params: &[f32],
     ex: &mut E,
     probe: impl Fn(&E) -> (Duration, u64),
 ) -> anyhow::Result<Value> {
-    let rows = args.rows;
-    let x: Vec<f32> = (0..rows * INPUTS as usize)
+    let (rows, inputs) = (args.rows, layout.inputs());
+    let x: Vec<f32> = (0..rows * inputs)
         .map(|i| ((i * 37 % 101) as f32) / 101.0)
         .collect();
     let y: Vec<u32> = (0..rows).map(|i| (i % CLASSES as usize) as u32).collect();
-    let xv = ArrayView2::from_shape((rows, INPUTS as usize), &x[..])?;
-    let mut scratch = mlp.scratch(rows);
+    let xv = ArrayView2::from_shape((rows, inputs), &x[..])?;
+    let mut scratch = mlp.scratch(rows, rayon::current_num_threads());
     let mut grad = vec![0.0f32; mlp.len()];
     let (mut walls, mut computes, mut waits) = (Vec::new(), Vec::new(), Vec::new());
     let mut bytes_from = 0;

@@ -3,9 +3,12 @@ use std::time::Duration;
 use super::*;
 use crate::Mlp;
 use crate::exchange::{Exchange, ExchangeError, LocalExchange, Tag};
-use distbelief_api::{Activation, DenseLayer, Loss, ModelSpec, OutputLayer};
+use distbelief_api::{
+    Activation, Conv2dLayer, DenseLayer, InputShape, LayerSpec, Loss, ModelSpec, OutputLayer,
+    PoolLayer,
+};
 
-fn layout() -> Layout {
+fn dense_layout() -> Layout {
     let dense = |units, activation| DenseLayer { units, activation };
     Layout::from_model(&ModelSpec {
         tables: Vec::new(),
@@ -25,11 +28,98 @@ fn layout() -> Layout {
     })
 }
 
+fn image_layout((c, h, w): (u32, u32, u32), layers: Vec<LayerSpec>) -> Layout {
+    Layout::from_model(&ModelSpec {
+        tables: Vec::new(),
+        wide: None,
+        input_size: c * h * w,
+        input_shape: Some(InputShape {
+            channels: c,
+            height: h,
+            width: w,
+        }),
+        layers,
+        hidden: Vec::new(),
+        output: OutputLayer {
+            units: 6,
+            loss: Loss::SoftmaxCrossEntropy,
+        },
+    })
+}
+
+fn conv(
+    filters: u32,
+    kernel: u32,
+    stride: u32,
+    padding: u32,
+    activation: Activation,
+) -> Conv2dLayer {
+    Conv2dLayer {
+        filters,
+        kernel,
+        stride,
+        padding,
+        activation,
+    }
+}
+
+fn layer(f: impl FnOnce(&mut LayerSpec)) -> LayerSpec {
+    let mut l = LayerSpec::default();
+    f(&mut l);
+    l
+}
+
+fn pool(size: u32) -> PoolLayer {
+    PoolLayer { size, stride: None }
+}
+
+/// conv2d splits by filters, and the pooling after it by the same channels.
+fn conv_layout() -> Layout {
+    image_layout(
+        (2, 9, 8),
+        vec![
+            layer(|l| l.conv2d = Some(conv(5, 3, 1, 1, Activation::Relu))),
+            layer(|l| l.max_pool2d = Some(pool(2))),
+            layer(|l| l.conv2d = Some(conv(6, 3, 1, 1, Activation::Tanh))),
+            layer(|l| {
+                l.dense = Some(DenseLayer {
+                    units: 7,
+                    activation: Activation::Relu,
+                })
+            }),
+        ],
+    )
+}
+
+/// locallyConnected2d splits by rows, with halos; the pooling after it by
+/// rows too (one partition of four gets none), then a conv2d by channels.
+fn local_layout() -> Layout {
+    image_layout(
+        (1, 12, 7),
+        vec![
+            layer(|l| l.locally_connected2d = Some(conv(4, 3, 1, 1, Activation::Relu))),
+            layer(|l| l.locally_connected2d = Some(conv(3, 3, 2, 1, Activation::Tanh))),
+            layer(|l| l.avg_pool2d = Some(pool(2))),
+            layer(|l| l.conv2d = Some(conv(4, 2, 1, 0, Activation::Sigmoid))),
+        ],
+    )
+}
+
+fn layouts() -> Vec<(&'static str, Layout)> {
+    vec![
+        ("dense", dense_layout()),
+        ("conv2d", conv_layout()),
+        ("locallyConnected2d", local_layout()),
+    ]
+}
+
 const ROWS: usize = 41;
 
-fn batch() -> (Vec<f32>, Vec<u32>) {
-    let x = (0..ROWS * 23)
-        .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+/// Values in [-1, 1) without the repeats of a short cycle, which would make
+/// ties for max pooling, where the gradient has a kink.
+fn batch(inputs: usize) -> (Vec<f32>, Vec<u32>) {
+    let x = (0..ROWS * inputs)
+        .map(|i| ((i as u64 * 2_654_435_761 % 10_007) as f32 / 5_003.5) - 1.0)
         .collect();
     let y = (0..ROWS).map(|i| (i * 7 % 6) as u32).collect();
     (x, y)
@@ -37,18 +127,22 @@ fn batch() -> (Vec<f32>, Vec<u32>) {
 
 /// Runs every partition on its own thread; returns the logits each saw,
 /// the mean loss each computed, and the gradient in the layout's order.
-fn partitioned(parts: usize, canonical: &[f32]) -> (Vec<Array2<f32>>, Vec<f64>, Vec<f32>) {
-    let l = layout();
-    let p = Partitioning::new(&l, parts);
-    let stored = p.to_stored(&l, canonical);
-    let (x, y) = batch();
+fn partitioned(
+    l: &Layout,
+    parts: usize,
+    canonical: &[f32],
+) -> (Vec<Array2<f32>>, Vec<f64>, Vec<f32>) {
+    let p = Partitioning::new(l, parts);
+    let stored = p.to_stored(l, canonical);
+    let inputs = l.inputs();
+    let (x, y) = batch(inputs);
     let exchanges = LocalExchange::connected(parts, Duration::from_secs(10));
     let results: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = exchanges
             .into_iter()
             .enumerate()
             .map(|(me, mut ex)| {
-                let (l, p, stored, x, y) = (&l, &p, &stored, &x, &y);
+                let (p, stored, x, y) = (&p, &stored, &x, &y);
                 scope.spawn(move || {
                     // Each partition is a process with its own pool.
                     let pool = rayon::ThreadPoolBuilder::new()
@@ -58,9 +152,9 @@ fn partitioned(parts: usize, canonical: &[f32]) -> (Vec<Array2<f32>>, Vec<f64>, 
                     pool.install(|| {
                         let m = PartitionedMlp::new(l, p, me);
                         let own = &stored[p.range(me)];
-                        let mut scratch = m.scratch(ROWS);
+                        let mut scratch = m.scratch(ROWS, 2);
                         let mut grad = vec![0.0; m.len()];
-                        let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
+                        let xv = ArrayView2::from_shape((ROWS, inputs), &x[..]).unwrap();
                         let loss = m
                             .batch_gradient(own, xv, y, &mut scratch, &mut ex, 7, &mut grad)
                             .unwrap();
@@ -79,7 +173,7 @@ fn partitioned(parts: usize, canonical: &[f32]) -> (Vec<Array2<f32>>, Vec<f64>, 
         losses.push(loss);
         grad.extend(g);
     }
-    (logits, losses, p.to_canonical(&l, &grad))
+    (logits, losses, p.to_canonical(l, &grad))
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -92,14 +186,19 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn partitioned_outputs_and_gradients_equal_the_whole_model() {
-    let l = layout();
+    for (name, l) in layouts() {
+        same_as_the_whole_model(name, &l);
+    }
+}
+
+fn same_as_the_whole_model(name: &str, l: &Layout) {
     let mut params = l.initial_values(0..l.len(), 11);
     for (i, p) in params.iter_mut().enumerate() {
         *p += 0.01 * ((i % 5) as f32 - 2.0);
     }
-    let (x, y) = batch();
-    let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
-    let whole = Mlp::new(&l);
+    let (x, y) = batch(l.inputs());
+    let xv = ArrayView2::from_shape((ROWS, l.inputs()), &x[..]).unwrap();
+    let whole = Mlp::new(l);
     let logits = whole.logits(&params, xv);
     let mut ws = whole.workspaces(ROWS, 1);
     let mut grad = vec![0.0; l.len()];
@@ -108,23 +207,26 @@ fn partitioned_outputs_and_gradients_equal_the_whole_model() {
         grad.iter().any(|g| g.abs() > 1e-3),
         "a gradient worth comparing"
     );
-    for parts in [1, 2, 4] {
-        let (z, losses, g) = partitioned(parts, &params);
+    for parts in [1, 2, 3, 4] {
+        let (z, losses, g) = partitioned(l, parts, &params);
         for (me, z) in z.iter().enumerate() {
             let diff = max_abs_diff(z.as_slice().unwrap(), logits.as_slice().unwrap());
             assert!(
                 diff <= 1e-5,
-                "P={parts}, partition {me}: logits differ by {diff}"
+                "{name}, P={parts}, partition {me}: logits differ by {diff}"
             );
         }
         for (me, l2) in losses.iter().enumerate() {
             assert!(
                 (l2 - loss).abs() <= 1e-5,
-                "P={parts}, partition {me}: loss {l2} vs {loss}"
+                "{name}, P={parts}, partition {me}: loss {l2} vs {loss}"
             );
         }
         let diff = max_abs_diff(&g, &grad);
-        assert!(diff <= 1e-5, "P={parts}: gradients differ by {diff}");
+        assert!(
+            diff <= 1e-5,
+            "{name}, P={parts}: gradients differ by {diff}"
+        );
     }
 }
 
@@ -152,27 +254,33 @@ impl Exchange for Counting {
 
 #[test]
 fn only_the_predicted_boundary_values_cross() {
-    let l = layout();
-    let (x, y) = batch();
-    for parts in [1, 2, 4] {
-        let p = Partitioning::new(&l, parts);
-        let stored = p.to_stored(&l, &l.initial_values(0..l.len(), 2));
+    for (name, l) in layouts() {
+        predicted_values_cross(name, &l);
+    }
+}
+
+fn predicted_values_cross(name: &str, l: &Layout) {
+    let inputs = l.inputs();
+    let (x, y) = batch(inputs);
+    for parts in [1, 2, 3, 4] {
+        let p = Partitioning::new(l, parts);
+        let stored = p.to_stored(l, &l.initial_values(0..l.len(), 2));
         let sent: u64 = std::thread::scope(|scope| {
             let handles: Vec<_> = LocalExchange::connected(parts, Duration::from_secs(10))
                 .into_iter()
                 .enumerate()
                 .map(|(me, inner)| {
-                    let (l, p, stored, x, y) = (&l, &p, &stored, &x, &y);
+                    let (p, stored, x, y) = (&p, &stored, &x, &y);
                     scope.spawn(move || {
                         let m = PartitionedMlp::new(l, p, me);
                         let mut ex = Counting { inner, sent: 0 };
-                        let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
+                        let xv = ArrayView2::from_shape((ROWS, inputs), &x[..]).unwrap();
                         let mut grad = vec![0.0; m.len()];
                         m.batch_gradient(
                             &stored[p.range(me)],
                             xv,
                             y,
-                            &mut m.scratch(ROWS),
+                            &mut m.scratch(ROWS, 3),
                             &mut ex,
                             0,
                             &mut grad,
@@ -184,18 +292,33 @@ fn only_the_predicted_boundary_values_cross() {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
-        assert_eq!(sent, boundary_bytes(&l, ROWS, parts), "P={parts}");
+        assert_eq!(sent, boundary_bytes(l, &p, ROWS), "{name}, P={parts}");
     }
 }
 
 #[test]
+fn a_spatial_split_sends_the_halo_not_the_map() {
+    let l = local_layout();
+    let p = Partitioning::new(&l, 3);
+    let c = crossings(&l, &p);
+    // locallyConnected2d0's output is 12 × 7 × 4, in bands of 4 rows; the
+    // next layer's 3-row windows at stride 2 reach one row beyond a band
+    // on the top side only (rows 3 and 7), so 2 rows of 7 × 4 cross.
+    assert_eq!(c[0].layer, "locallyConnected2d0");
+    assert_eq!((c[0].forward, c[0].output), (2 * 7 * 4, 12 * 7 * 4));
+    // The first layer reads the input, which every partition has.
+    let dense = crossings(&dense_layout(), &Partitioning::new(&dense_layout(), 3));
+    assert_eq!(dense[0].forward, 37 * 2, "a dense slice goes to every peer");
+}
+
+#[test]
 fn a_lost_peer_is_an_error_not_a_hang() {
-    let l = layout();
+    let l = dense_layout();
     let p = Partitioning::new(&l, 2);
     let m = PartitionedMlp::new(&l, &p, 0);
     let mut ex = LocalExchange::connected(2, Duration::from_millis(100)).remove(0);
     let stored = p.to_stored(&l, &l.initial_values(0..l.len(), 1));
-    let (x, y) = batch();
+    let (x, y) = batch(23);
     let xv = ArrayView2::from_shape((ROWS, 23), &x[..]).unwrap();
     let mut grad = vec![0.0; m.len()];
     let err = m
@@ -203,7 +326,7 @@ fn a_lost_peer_is_an_error_not_a_hang() {
             &stored[p.range(0)],
             xv,
             &y,
-            &mut m.scratch(ROWS),
+            &mut m.scratch(ROWS, 3),
             &mut ex,
             0,
             &mut grad,
