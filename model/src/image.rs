@@ -28,7 +28,8 @@ impl ImageScratch {
         let col = layers
             .iter()
             .map(|l| match l.op {
-                ImageOp::Conv { tied: true, .. } => l.output.pixels() * l.patch(),
+                // One more row for conv's transposed windows (see conv.rs).
+                ImageOp::Conv { tied: true, .. } => l.output.pixels() * (l.patch() + 1),
                 ImageOp::Conv { tied: false, .. } => rows * l.patch(),
                 _ => 0,
             })

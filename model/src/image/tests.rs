@@ -110,11 +110,12 @@ fn gradient_check(l: &Layout) {
 #[test]
 fn conv2d_gradients_match_finite_differences() {
     // Padding, a stride of 2, and a conv2d after a conv2d (so the first's
-    // input gradient is exercised through the second's parameters).
+    // input gradient is exercised through the second's parameters). The
+    // first has 2 input channels (the transposed im2col), the second 6.
     gradient_check(&model(
         (2, 6, 5),
         vec![
-            layer(|l| l.conv2d = Some(conv(3, 3, 1, 1))),
+            layer(|l| l.conv2d = Some(conv(6, 3, 1, 1))),
             layer(|l| l.conv2d = Some(conv(2, 3, 2, 1))),
             layer(|l| l.flatten = Some(Flatten {})),
             layer(|l| {
@@ -213,13 +214,14 @@ fn naive_conv(
 
 #[test]
 fn conv_outputs_match_a_direct_convolution() {
-    for tied in [true, false] {
+    // 2 input channels build im2col transposed, 6 the usual way.
+    for (tied, channels) in [(true, 2), (true, 6), (false, 2)] {
         let c = Conv2dLayer {
             activation: Activation::Linear,
             ..conv(3, 3, 2, 1)
         };
         let l = model(
-            (2, 7, 6),
+            (channels, 7, 6),
             vec![layer(|l| {
                 if tied {
                     l.conv2d = Some(c.clone())
@@ -245,7 +247,7 @@ fn conv_outputs_match_a_direct_convolution() {
         for r in 0..n {
             let want = naive_conv(
                 &xs[r * d..(r + 1) * d],
-                (7, 6, 2),
+                (7, 6, channels as usize),
                 &p[kernel.range()],
                 &p[bias.range()],
                 (3, 2, 1, 3),
