@@ -28,7 +28,7 @@ OUTPUT_MOUNT=/var/lib/distbelief/output    # where the coordinator mounts that c
 JOB_TIMEOUT=${E2E_JOB_TIMEOUT:-420}        # seconds a job may take to finish
 STEP_TIMEOUT=${E2E_STEP_TIMEOUT:-180}      # seconds for the other waits
 RESTORE_TIMEOUT=${E2E_RESTORE_TIMEOUT:-90} # seconds for a deleted shard to come back restored
-TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-750}    # everything before the uninstall step (kind: after cluster and image)
+TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-840}    # everything before the uninstall step (kind: after cluster and image)
 UNINSTALL_TIMEOUT=120                      # the uninstall step, on top of that
 BUILD_TIMEOUT=${E2E_BUILD_TIMEOUT:-3600}   # a cold release build of the workspace is slow
 
