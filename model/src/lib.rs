@@ -12,6 +12,8 @@ pub mod optimizer;
 pub mod partition;
 pub mod saved;
 pub mod synth;
+#[cfg(test)]
+mod test_models;
 pub mod wide_deep;
 
 pub use mlp::Mlp;

@@ -1,11 +1,9 @@
 use distbelief_api::layout::Layout;
-use distbelief_api::{
-    Activation, Conv2dLayer, DenseLayer, Flatten, InputShape, LayerSpec, Loss, ModelSpec,
-    OutputLayer, PoolLayer,
-};
+use distbelief_api::{Activation, Conv2dLayer, DenseLayer, Flatten, LayerSpec, PoolLayer};
 use ndarray::ArrayView2;
 
 use crate::Mlp;
+use crate::test_models::{image_model as model, inputs, layer};
 
 fn conv(filters: u32, kernel: u32, stride: u32, padding: u32) -> Conv2dLayer {
     Conv2dLayer {
@@ -15,39 +13,6 @@ fn conv(filters: u32, kernel: u32, stride: u32, padding: u32) -> Conv2dLayer {
         padding,
         activation: Activation::Tanh,
     }
-}
-
-fn layer(f: impl FnOnce(&mut LayerSpec)) -> LayerSpec {
-    let mut l = LayerSpec::default();
-    f(&mut l);
-    l
-}
-
-fn model((c, h, w): (u32, u32, u32), layers: Vec<LayerSpec>, classes: u32) -> Layout {
-    Layout::from_model(&ModelSpec {
-        input_size: c * h * w,
-        input_shape: Some(InputShape {
-            channels: c,
-            height: h,
-            width: w,
-        }),
-        layers,
-        hidden: Vec::new(),
-        output: OutputLayer {
-            units: classes,
-            loss: Loss::SoftmaxCrossEntropy,
-        },
-        tables: Vec::new(),
-        wide: None,
-    })
-}
-
-/// Values in [-1, 1) without the repeats of a short cycle, which would
-/// make ties for max pooling, where the loss has a kink.
-fn inputs(n: usize, d: usize) -> Vec<f32> {
-    (0..n * d)
-        .map(|i| ((i as u64 * 2_654_435_761 % 10_007) as f32 / 5_003.5) - 1.0)
-        .collect()
 }
 
 fn params(l: &Layout) -> Vec<f32> {

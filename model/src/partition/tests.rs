@@ -3,9 +3,9 @@ use std::time::Duration;
 use super::*;
 use crate::Mlp;
 use crate::exchange::{Exchange, ExchangeError, LocalExchange, Tag};
+use crate::test_models::{image_model, inputs, layer};
 use distbelief_api::{
-    Activation, Conv2dLayer, DenseLayer, InputShape, LayerSpec, Loss, ModelSpec, OutputLayer,
-    PoolLayer,
+    Activation, Conv2dLayer, DenseLayer, LayerSpec, Loss, ModelSpec, OutputLayer, PoolLayer,
 };
 
 fn dense_layout() -> Layout {
@@ -28,23 +28,8 @@ fn dense_layout() -> Layout {
     })
 }
 
-fn image_layout((c, h, w): (u32, u32, u32), layers: Vec<LayerSpec>) -> Layout {
-    Layout::from_model(&ModelSpec {
-        tables: Vec::new(),
-        wide: None,
-        input_size: c * h * w,
-        input_shape: Some(InputShape {
-            channels: c,
-            height: h,
-            width: w,
-        }),
-        layers,
-        hidden: Vec::new(),
-        output: OutputLayer {
-            units: 6,
-            loss: Loss::SoftmaxCrossEntropy,
-        },
-    })
+fn image_layout(shape: (u32, u32, u32), layers: Vec<LayerSpec>) -> Layout {
+    image_model(shape, layers, 6)
 }
 
 fn conv(
@@ -61,12 +46,6 @@ fn conv(
         padding,
         activation,
     }
-}
-
-fn layer(f: impl FnOnce(&mut LayerSpec)) -> LayerSpec {
-    let mut l = LayerSpec::default();
-    f(&mut l);
-    l
 }
 
 fn pool(size: u32) -> PoolLayer {
@@ -115,14 +94,9 @@ fn layouts() -> Vec<(&'static str, Layout)> {
 
 const ROWS: usize = 41;
 
-/// Values in [-1, 1) without the repeats of a short cycle, which would make
-/// ties for max pooling, where the gradient has a kink.
-fn batch(inputs: usize) -> (Vec<f32>, Vec<u32>) {
-    let x = (0..ROWS * inputs)
-        .map(|i| ((i as u64 * 2_654_435_761 % 10_007) as f32 / 5_003.5) - 1.0)
-        .collect();
+fn batch(d: usize) -> (Vec<f32>, Vec<u32>) {
     let y = (0..ROWS).map(|i| (i * 7 % 6) as u32).collect();
-    (x, y)
+    (inputs(ROWS, d), y)
 }
 
 /// Runs every partition on its own thread; returns the logits each saw,
