@@ -967,8 +967,10 @@ fn stop_and_resume(name: &str, restart_first: bool) {
         .expect("an evaluation after the resume");
     // Early in training this job's accuracy swings by up to 0.13 between
     // evaluations 0.5 s apart, so the resumed model is held to the first
-    // half's last three evaluations rather than to its last one. A model
-    // that started afresh scores far below them.
+    // half's last three evaluations rather than to its last one, with a
+    // margin of 0.08: one uninterrupted run went 0.6315 → 0.575 between two
+    // evaluations (CI, 2026-11-26), so 0.03 failed on noise. A model that
+    // started afresh scores 0.1-0.25, far below.
     let lately = points
         .iter()
         .filter(|p| num(p, "seconds") <= seconds1)
@@ -977,7 +979,7 @@ fn stop_and_resume(name: &str, restart_first: bool) {
         .map(|p| num(p, "test_accuracy"))
         .fold(stopped_at, f64::min);
     assert!(
-        first_eval >= lately - 0.03,
+        first_eval >= lately - 0.08,
         "the resumed run's first evaluation ({first_eval}) fell back from {lately}, the least of the first half's last three; it ended at {seconds1} s: {curve}"
     );
 }
