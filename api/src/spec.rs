@@ -904,6 +904,17 @@ pub struct StopSpec {
     /// Seconds between evaluations on the test set, from 0.05 to 86400. Default: 2.
     #[serde(default = "default_eval_interval")]
     pub eval_interval_seconds: f64,
+    /// With targetTestAccuracy: test examples an evaluation scores first, a
+    /// fixed sample of the test set drawn with the job's seed, so that
+    /// evaluating often costs the training little. The rest of the test set
+    /// is scored too, on the same parameters, when the sample's accuracy
+    /// comes within two standard errors of the target, and at the last
+    /// evaluation; only a whole-set score counts toward the target and the
+    /// best accuracy. 0, a test set no larger, a job without an accuracy
+    /// target, or a model with tables scores the whole set every time.
+    /// Default: 2000.
+    #[serde(default = "default_eval_sample")]
+    pub eval_sample_examples: u32,
 }
 
 impl Default for StopSpec {
@@ -914,6 +925,7 @@ impl Default for StopSpec {
             max_epochs: default_max_epochs(),
             max_seconds: default_max_seconds(),
             eval_interval_seconds: default_eval_interval(),
+            eval_sample_examples: default_eval_sample(),
         }
     }
 }
@@ -1038,6 +1050,9 @@ fn default_max_seconds() -> u64 {
 }
 fn default_eval_interval() -> f64 {
     2.0
+}
+fn default_eval_sample() -> u32 {
+    2000
 }
 fn default_slow_fraction() -> f64 {
     0.5

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use distbelief_api::{Partitioning, ShardProgress};
 use distbelief_model::Mlp;
 use distbelief_model::WideDeep;
-use distbelief_model::data::Dataset;
+use distbelief_model::data::{self, Dataset};
 use distbelief_model::saved::{self, SavedTable};
 use distbelief_model::wide_deep::{Score, TableRows};
 use distbelief_proto::staleness::StalenessHistogram;
@@ -18,7 +18,7 @@ use distbelief_ps_client::{ShardClient, export_table, fetch_all, fetch_table_row
 use crate::Shared;
 use crate::metrics::CoordinatorMetrics;
 use crate::output::{self, Saved};
-use crate::tracker::StopReason;
+use crate::tracker::{Scored, StopReason};
 
 pub(crate) struct Evaluator {
     pub shared: Arc<Shared>,
@@ -30,6 +30,9 @@ pub(crate) struct Evaluator {
     /// before evaluating and saving.
     pub partitioning: Arc<Partitioning>,
     pub test: Arc<Dataset>,
+    /// Scored first at each evaluation before the last, when the job has an
+    /// accuracy target (see `stop.evalSampleExamples`).
+    pub sample: Option<Arc<Sampled>>,
     /// A model with tables: scored by AUC, with the test set's rows.
     pub sparse: Option<Arc<SparseTest>>,
     pub metrics: CoordinatorMetrics,
@@ -79,6 +82,24 @@ impl SparseTest {
     }
 }
 
+/// One evaluation's figures, before they are placed on the curve.
+struct Evaluated {
+    accuracy: f64,
+    loss: f64,
+    auc: Option<f64>,
+    sampled: bool,
+    scored: u64,
+}
+
+/// The test set split for evaluating often: a fixed sample scored at every
+/// evaluation, and the rest, scored when the sample is within reach of the
+/// target (together, the whole set).
+pub(crate) struct Sampled {
+    pub sample: Dataset,
+    pub rest: Dataset,
+    pub target: f64,
+}
+
 /// What the shards said beside their parameters.
 struct ShardFigures {
     staleness: StalenessHistogram,
@@ -120,6 +141,10 @@ impl Evaluator {
 
     /// One evaluation; hands back the parameter buffer for the next.
     async fn evaluate_once(&mut self, mut params: Vec<f32>, limit: Option<StopReason>) -> Vec<f32> {
+        let (at, done) = {
+            let t = self.shared.tracker();
+            (t.snapshot(self.shared.now()), t.is_done())
+        };
         if let Err(e) = fetch_all(&mut self.clients, &mut params).await {
             tracing::warn!("evaluation skipped, parameters unavailable: {e}");
             self.give_up_at(limit, "the shards did not answer at the end");
@@ -144,18 +169,48 @@ impl Evaluator {
             self.test.clone(),
             self.partitioning.clone(),
         );
-        let Ok((params, accuracy, loss, auc)) = tokio::task::spawn_blocking(move || {
+        // The last evaluation is the record: the whole set.
+        let sample = self.sample.clone().filter(|_| limit.is_none() && !done);
+        let Ok((params, score)) = tokio::task::spawn_blocking(move || {
             let params = if partitioning.parts() > 1 {
                 partitioning.to_canonical(mlp.layout(), &params)
             } else {
                 params
             };
+            let whole = |accuracy, loss, auc| Evaluated {
+                accuracy,
+                loss,
+                auc,
+                sampled: false,
+                scored: test.len() as u64,
+            };
             if let (Some(s), Some(rows)) = (sparse, rows) {
                 let score = s.evaluate(&params, rows, &test);
-                return (params, score.accuracy, score.log_loss, Some(score.auc));
+                return (
+                    params,
+                    whole(score.accuracy, score.log_loss, Some(score.auc)),
+                );
             }
-            let (a, l) = mlp.evaluate(&params, &test);
-            (params, a, l, None)
+            let Some(s) = sample else {
+                let (a, l) = mlp.evaluate(&params, &test);
+                return (params, whole(a, l, None));
+            };
+            let (a, l) = mlp.evaluate(&params, &s.sample);
+            let n = s.sample.len() as u64;
+            if !data::within_reach(a, s.sample.len(), s.target) {
+                let score = Evaluated {
+                    accuracy: a,
+                    loss: l,
+                    auc: None,
+                    sampled: true,
+                    scored: n,
+                };
+                return (params, score);
+            }
+            let (ra, rl) = mlp.evaluate(&params, &s.rest);
+            let (n, r) = (n as f64, s.rest.len() as f64);
+            let mean = |x: f64, y: f64| (x * n + y * r) / (n + r);
+            (params, whole(mean(a, ra), mean(l, rl), None))
         })
         .await
         else {
@@ -167,7 +222,16 @@ impl Evaluator {
         self.metrics
             .eval_seconds
             .observe(started.elapsed().as_secs_f64());
-        let status = self.record(figures, accuracy, loss, auc, limit);
+        let accuracy = score.accuracy;
+        let scored = Scored {
+            at,
+            test_accuracy: score.accuracy,
+            test_loss: score.loss,
+            test_auc: score.auc,
+            sampled: score.sampled,
+            scored: score.scored,
+        };
+        let status = self.record(figures, scored, limit);
         if status.done {
             let version = self.shared.shards().iter().map(|s| s.version).sum();
             self.save(&params, accuracy, version, &status).await;
@@ -225,20 +289,13 @@ impl Evaluator {
     }
 
     /// Feeds the evaluation to the tracker and the metrics; the job's status after it.
-    fn record(
-        &self,
-        f: ShardFigures,
-        accuracy: f64,
-        loss: f64,
-        auc: Option<f64>,
-        limit: Option<StopReason>,
-    ) -> JobStatus {
+    fn record(&self, f: ShardFigures, e: Scored, limit: Option<StopReason>) -> JobStatus {
         let now = self.shared.now();
         let status = {
             let mut t = self.shared.tracker();
             t.set_shard_figures(f.staleness, (f.push_bytes, f.fetch_bytes), f.updates);
             t.set_table_rows(f.table_rows);
-            t.on_eval(now, accuracy, loss, auc);
+            t.on_scored(now, e);
             if let Some(reason) = limit {
                 t.finish(reason, now);
             }
@@ -246,11 +303,13 @@ impl Evaluator {
         };
         self.metrics.observe(&status);
         tracing::info!(
-            seconds = format!("{:.1}", status.train_seconds),
-            test_accuracy = format!("{accuracy:.4}"),
-            test_loss = format!("{loss:.4}"),
-            test_auc = auc.map(|a| format!("{a:.4}")),
-            examples = status.examples,
+            seconds = format!("{:.1}", e.at.seconds),
+            test_accuracy = format!("{:.4}", e.test_accuracy),
+            test_loss = format!("{:.4}", e.test_loss),
+            test_auc = e.test_auc.map(|a| format!("{a:.4}")),
+            examples = e.at.examples,
+            scored = e.scored,
+            sampled = e.sampled,
             done = status.done,
             "evaluated"
         );

@@ -476,6 +476,20 @@ pub async fn serve(
                 &test,
             ))
         }),
+        sample: job
+            .spec
+            .stop
+            .target_test_accuracy
+            .filter(|_| job.tables.is_empty())
+            .and_then(|target| {
+                let n = job.spec.stop.eval_sample_examples as usize;
+                let (sample, rest) = test.split_sample(n, job.downpour.seed)?;
+                Some(Arc::new(evaluate::Sampled {
+                    sample,
+                    rest,
+                    target,
+                }))
+            }),
         test: Arc::new(test),
         metrics,
     };

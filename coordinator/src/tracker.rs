@@ -108,6 +108,26 @@ impl Replica {
     }
 }
 
+/// Training's progress when an evaluation's parameters were fetched.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    pub seconds: f64,
+    pub examples: u64,
+}
+
+/// An evaluation's figures (see [`Tracker::on_scored`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scored {
+    pub at: Snapshot,
+    pub test_accuracy: f64,
+    pub test_loss: f64,
+    pub test_auc: Option<f64>,
+    /// On the fixed sample of the test set, not the whole set.
+    pub sampled: bool,
+    /// Test examples scored.
+    pub scored: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct Tracker {
     stop: StopSpec,
@@ -482,22 +502,58 @@ impl Tracker {
     /// Records an evaluation; reaching the target ends the job.
     /// Records an evaluation: accuracy and loss, and for binary labels
     /// the AUC. Either target reached ends the job.
+    /// A whole-test-set evaluation of the parameters as they are `now`.
     pub fn on_eval(&mut self, now: f64, test_accuracy: f64, test_loss: f64, test_auc: Option<f64>) {
-        let seconds = self.train_seconds(now);
-        self.curve.push(CurvePoint {
-            seconds,
-            test_accuracy,
-            test_loss,
-            train_loss: self.train_loss,
+        let at = self.snapshot(now);
+        self.on_scored(
+            now,
+            Scored {
+                at,
+                test_accuracy,
+                test_loss,
+                test_auc,
+                sampled: false,
+                scored: 0,
+            },
+        );
+    }
+
+    /// Where training stands `now`, for an evaluation of the parameters
+    /// fetched then.
+    pub fn snapshot(&self, now: f64) -> Snapshot {
+        Snapshot {
+            seconds: self.train_seconds(now),
             examples: self.examples(),
-            test_auc,
+        }
+    }
+
+    /// Records an evaluation, finished `now`, of the parameters fetched at
+    /// `e.at`: the curve point stands at the snapshot (the examples and
+    /// seconds those parameters had seen), so evaluation's own time does not
+    /// move it. Only a whole-set score counts toward the target.
+    pub fn on_scored(&mut self, now: f64, e: Scored) {
+        self.curve.push(CurvePoint {
+            seconds: e.at.seconds,
+            test_accuracy: e.test_accuracy,
+            test_loss: e.test_loss,
+            train_loss: self.train_loss,
+            examples: e.at.examples,
+            test_auc: e.test_auc,
+            sampled: e.sampled,
+            scored: e.scored,
         });
-        self.best = Some(self.best.map_or(test_accuracy, |b| b.max(test_accuracy)));
-        if let Some(auc) = test_auc {
+        if e.sampled {
+            return;
+        }
+        self.best = Some(
+            self.best
+                .map_or(e.test_accuracy, |b| b.max(e.test_accuracy)),
+        );
+        if let Some(auc) = e.test_auc {
             self.best_auc = Some(self.best_auc.map_or(auc, |b| b.max(auc)));
         }
         if self.target_met() && self.time_to_target.is_none() {
-            self.time_to_target = Some(seconds);
+            self.time_to_target = Some(e.at.seconds);
             self.finish(StopReason::TargetReached, now);
         }
     }

@@ -256,6 +256,7 @@ fn tracker_state() -> distbelief_proto::v1::TrackerState {
         max_epochs: 3.0,
         max_seconds: 600,
         eval_interval_seconds: 1.0,
+        eval_sample_examples: 0,
     };
     let mut t = distbelief_coordinator::Tracker::new(stop, 0, 60_000).with_backup_window(5.0);
     let report = |replica, incarnation, steps, backup_of| ProgressReport {

@@ -13,6 +13,7 @@ fn tracker() -> Tracker {
         max_epochs: 3.0,
         max_seconds: 600,
         eval_interval_seconds: 1.0,
+        eval_sample_examples: 0,
     };
     Tracker::new(stop, 2, 60_000)
 }

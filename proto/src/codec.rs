@@ -31,6 +31,26 @@ pub fn encode_f32(values: &[f32]) -> Bytes {
     out.freeze()
 }
 
+/// f32 values lent to a `Bytes` (see [`share_f32`]).
+struct SharedF32(std::sync::Arc<Vec<f32>>);
+
+impl AsRef<[u8]> for SharedF32 {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// `values` as little-endian f32 bytes: on a little-endian machine the
+/// bytes are the vector's own, lent without a copy, and the vector comes
+/// back out of its `Arc` once every `Bytes` made from it is dropped.
+pub fn share_f32(values: &std::sync::Arc<Vec<f32>>) -> Bytes {
+    if cfg!(target_endian = "little") {
+        Bytes::from_owner(SharedF32(values.clone()))
+    } else {
+        encode_f32(values)
+    }
+}
+
 /// Decodes little-endian f32 bytes into `out`, which must be exactly
 /// `bytes.len() / 4` long. Returns `None` when the byte count does not fit.
 pub fn decode_f32_into(bytes: &[u8], out: &mut [f32]) -> Option<()> {

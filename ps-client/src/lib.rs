@@ -5,9 +5,13 @@
 //! that one does not answer (the next call then goes there).
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
-use distbelief_proto::codec::{chunk_ranges, decode_f32_into, encode_f32, encode_threshold_signs};
+use bytes::Bytes;
+use distbelief_proto::codec::{
+    chunk_ranges, decode_f32_into, encode_f32, encode_threshold_signs, share_f32,
+};
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
     FetchRequest, GradientChunk, GradientEncoding, InfoRequest, ParameterChunk, PushReply,
@@ -457,23 +461,41 @@ impl ShardClient {
 
     /// A gradient for the whole range as f32 chunks.
     pub fn dense_chunks(&self, id: PushId, grad: &[f32]) -> Vec<GradientChunk> {
-        chunk_ranges(grad.len())
-            .map(|r| GradientChunk {
-                offset: (self.range.start + r.start) as u64,
-                values: encode_f32(&grad[r]),
-                ..self.chunk_header(id)
-            })
-            .collect()
+        self.f32_chunks(id, encode_f32(grad), None)
     }
 
     /// A push of several mini-batches' summed gradients with the sums of
     /// their squares, which Adagrad's accumulator takes on the shard.
     pub fn summed_chunks(&self, id: PushId, sum: &[f32], squares: &[f32]) -> Vec<GradientChunk> {
-        let mut chunks = self.dense_chunks(id, sum);
-        for (c, r) in chunks.iter_mut().zip(chunk_ranges(sum.len())) {
-            c.squares = encode_f32(&squares[r]);
-        }
-        chunks
+        self.f32_chunks(id, encode_f32(sum), Some(encode_f32(squares)))
+    }
+
+    /// As [`Self::dense_chunks`] or [`Self::summed_chunks`], with chunks
+    /// that borrow the vectors' bytes rather than copy them: a replica's
+    /// push buffers go out as they are.
+    pub fn shared_chunks(
+        &self,
+        id: PushId,
+        sum: &Arc<Vec<f32>>,
+        squares: Option<&Arc<Vec<f32>>>,
+    ) -> Vec<GradientChunk> {
+        self.f32_chunks(id, share_f32(sum), squares.map(share_f32))
+    }
+
+    /// Chunks of whole f32 values (and their squares) for the whole range.
+    fn f32_chunks(&self, id: PushId, values: Bytes, squares: Option<Bytes>) -> Vec<GradientChunk> {
+        let bytes = |r: &Range<usize>| r.start * 4..r.end * 4;
+        chunk_ranges(values.len() / 4)
+            .map(|r| GradientChunk {
+                offset: (self.range.start + r.start) as u64,
+                values: values.slice(bytes(&r)),
+                squares: squares
+                    .as_ref()
+                    .map(|sq| sq.slice(bytes(&r)))
+                    .unwrap_or_default(),
+                ..self.chunk_header(id)
+            })
+            .collect()
     }
 
     /// A gradient for the whole range quantised to ±`threshold` with error

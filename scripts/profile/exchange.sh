@@ -14,7 +14,7 @@ bin=target/release/distbelief
 sed -e "s/name: fashion-mnist-downpour/name: profile-$n/" \
     -e "s/nFetch: 2/nFetch: $n/" -e "s/nPush: 2/nPush: $n/" \
     -e "s/targetTestAccuracy: 0.85/targetTestAccuracy: 0.99/" \
-    -e "s/maxSeconds: 600/maxSeconds: 30/" -e "s/evalIntervalSeconds: 1/evalIntervalSeconds: 10/" \
+    -e "s/maxSeconds: 600/maxSeconds: 30/" -e "s/evalIntervalSeconds: 0.25/evalIntervalSeconds: 10/" \
     examples/fashion-mnist-downpour.yaml > "$out/job.yaml"
 "$bin" train "$out/job.yaml" --out "$out/run" --summary-json "$out/summary.json" > "$out/train.log" 2>&1 &
 train=$!

@@ -64,17 +64,19 @@ pub struct Lookahead {
     /// Adagrad: the estimate of the shards' accumulators.
     accum: Vec<f32>,
     replicas: f32,
-    /// The local moves of the gradients not yet pushed.
-    unpushed: Vec<f32>,
+    /// The local moves of the gradients not yet pushed. None at nPush 1:
+    /// every push follows a single step, so fetched parameters, installed
+    /// before the next, never have a move to get back.
+    unpushed: Option<Vec<f32>>,
 }
 
 impl Lookahead {
-    pub fn new(optimizer: Optimizer, len: usize, replicas: usize) -> Self {
+    pub fn new(optimizer: Optimizer, len: usize, replicas: usize, n_push: u64) -> Self {
         Lookahead {
             optimizer,
             accum: optimizer.new_accumulators(len),
             replicas: replicas.max(1) as f32,
-            unpushed: vec![0.0; len],
+            unpushed: (n_push > 1).then(|| vec![0.0; len]),
         }
     }
 
@@ -89,26 +91,47 @@ impl Lookahead {
 
     /// Moves `params` by one mini-batch's gradient `grad`.
     pub fn step(&mut self, params: &mut [f32], grad: &[f32]) {
-        match self.optimizer {
-            Optimizer::Sgd { learning_rate } => {
-                for ((p, u), g) in params.iter_mut().zip(&mut self.unpushed).zip(grad) {
-                    let d = -learning_rate * g;
-                    *p += d;
-                    *u += d;
+        let n = params.len().min(grad.len());
+        let (params, grad) = (&mut params[..n], &grad[..n]);
+        match (self.optimizer, self.unpushed.as_mut()) {
+            (Optimizer::Sgd { learning_rate }, unpushed) => {
+                for (p, g) in params.iter_mut().zip(grad) {
+                    *p -= learning_rate * g;
+                }
+                if let Some(u) = unpushed {
+                    for (u, g) in u.iter_mut().zip(grad) {
+                        *u -= learning_rate * g;
+                    }
                 }
             }
-            Optimizer::Adagrad {
-                learning_rate,
-                epsilon,
-                ..
-            } => {
+            (
+                Optimizer::Adagrad {
+                    learning_rate,
+                    epsilon,
+                    ..
+                },
+                unpushed,
+            ) => {
                 let r = self.replicas;
-                let moves = params.iter_mut().zip(&mut self.unpushed);
-                for (((p, u), a), g) in moves.zip(&mut self.accum).zip(grad) {
+                let accum = &mut self.accum[..grad.len()];
+                let step = |a: &mut f32, g: f32| {
                     *a += r * g * g;
-                    let d = -learning_rate * g / (a.sqrt() + epsilon);
-                    *p += d;
-                    *u += d;
+                    -learning_rate * g / (a.sqrt() + epsilon)
+                };
+                match unpushed {
+                    Some(u) => {
+                        let moves = params.iter_mut().zip(&mut u[..grad.len()]);
+                        for (((p, u), a), g) in moves.zip(accum.iter_mut()).zip(grad) {
+                            let d = step(a, *g);
+                            *p += d;
+                            *u += d;
+                        }
+                    }
+                    None => {
+                        for ((p, a), g) in params.iter_mut().zip(accum.iter_mut()).zip(grad) {
+                            *p += step(a, *g);
+                        }
+                    }
                 }
             }
         }
@@ -116,12 +139,17 @@ impl Lookahead {
 
     /// The gradients stepped on so far have been handed to the shards.
     pub fn pushed(&mut self) {
-        self.unpushed.fill(0.0);
+        if let Some(u) = self.unpushed.as_mut() {
+            u.fill(0.0);
+        }
     }
 
     /// `params`, freshly fetched into `range`, get the moves not yet pushed.
     pub fn reapply(&self, range: Range<usize>, params: &mut [f32]) {
-        for (p, u) in params[range.clone()].iter_mut().zip(&self.unpushed[range]) {
+        let Some(unpushed) = &self.unpushed else {
+            return;
+        };
+        for (p, u) in params[range.clone()].iter_mut().zip(&unpushed[range]) {
             *p += u;
         }
     }
@@ -161,7 +189,7 @@ mod tests {
             let start = vec![1.0f32, -2.0, 0.5];
             let (mut shard, mut accum) = (start.clone(), optimizer.new_accumulators(3));
             let mut local = start.clone();
-            let mut la = Lookahead::new(optimizer, 3, 1);
+            let mut la = Lookahead::new(optimizer, 3, 1, 1);
             for g in &grads {
                 optimizer.apply(&mut shard, &mut accum, g);
                 la.step(&mut local, g);
@@ -179,7 +207,7 @@ mod tests {
     fn fetched_parameters_keep_only_the_moves_not_yet_pushed() {
         let sgd = Optimizer::Sgd { learning_rate: 1.0 };
         let mut params = vec![0.0f32; 4];
-        let mut la = Lookahead::new(sgd, 4, 2);
+        let mut la = Lookahead::new(sgd, 4, 2, 2);
         la.step(&mut params, &[1.0, 1.0, 1.0, 1.0]);
         la.pushed();
         la.step(&mut params, &[0.0, 2.0, 0.0, 3.0]);
@@ -198,7 +226,7 @@ mod tests {
             epsilon: 0.0,
         };
         let mut params = vec![0.0f32];
-        let mut la = Lookahead::new(adagrad, 1, 4);
+        let mut la = Lookahead::new(adagrad, 1, 4, 1);
         la.step(&mut params, &[3.0]);
         // a = 4 · 9, so the step is 3 / 6.
         assert!((params[0] + 0.5).abs() < 1e-6, "{params:?}");

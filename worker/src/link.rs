@@ -348,17 +348,17 @@ impl Link {
                 average,
                 grant: None,
             };
+            // The chunks borrow the push's buffers, which come back for
+            // the next push once the chunks are gone.
+            let (grad, squares) = (Arc::new(p.grad), p.squares.map(Arc::new));
             let chunks = match threshold {
                 Some(t) => {
-                    for (r, g) in residual.iter_mut().zip(&p.grad) {
+                    for (r, g) in residual.iter_mut().zip(grad.iter()) {
                         *r += g;
                     }
                     client.threshold_chunks(id, &mut residual, t)
                 }
-                None => match &p.squares {
-                    Some(sq) => client.summed_chunks(id, &p.grad, sq),
-                    None => client.dense_chunks(id, &p.grad),
-                },
+                None => client.shared_chunks(id, &grad, squares.as_ref()),
             };
             metrics
                 .push_bytes
@@ -427,9 +427,11 @@ impl Link {
                 }
             }
             self.answered(&mut answered, p.fetch);
-            self.recycle(p.grad);
-            if let Some(sq) = p.squares {
-                self.recycle(sq);
+            drop(chunks);
+            for buffer in std::iter::once(grad).chain(squares) {
+                if let Ok(b) = Arc::try_unwrap(buffer) {
+                    self.recycle(b);
+                }
             }
             if let Some(values) = params {
                 self.recycle(values);

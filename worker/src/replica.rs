@@ -483,7 +483,14 @@ pub async fn run_replica(
             .map_err(|e| WorkerError::Compute(e.to_string()))?
     };
 
-    let mut tick = tokio::time::interval(opts.report_interval);
+    // An evaluation counts the examples the replicas last reported: reports
+    // a quarter of the evaluation interval apart keep that count close to
+    // the examples in the parameters it scores.
+    let quarter = Duration::from_secs_f64(job.spec.stop.eval_interval_seconds / 4.0);
+    let every = opts
+        .report_interval
+        .min(quarter.max(Duration::from_millis(50)));
+    let mut tick = tokio::time::interval(every);
     let mut last = (Instant::now(), 0u64);
     let mut eps = 0.0;
     let outcome = loop {
@@ -585,7 +592,7 @@ async fn local_steps(
     replicas: usize,
 ) -> Lookahead {
     let optimizer = Optimizer::from_spec(&job.downpour);
-    let mut lookahead = Lookahead::new(optimizer, len, replicas);
+    let mut lookahead = Lookahead::new(optimizer, len, replicas, u64::from(job.downpour.n_push));
     if matches!(optimizer, Optimizer::Adagrad { .. }) {
         let mut accum = vec![0.0f32; len];
         let mut rest = &mut accum[..];
@@ -857,6 +864,22 @@ impl Compute {
                 None => self
                     .net
                     .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?,
+                // The first mini-batch of a push: the sum is still zero, so
+                // the gradient goes straight into it and is its own part.
+                Some(_) if acc_steps == 0 => {
+                    let loss = self
+                        .net
+                        .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?;
+                    if let Some(sq) = squares.as_mut() {
+                        for (s, g) in sq.iter_mut().zip(&acc) {
+                            *s = g * g;
+                        }
+                    }
+                    if let Some(lookahead) = self.lookahead.as_mut() {
+                        lookahead.step(&mut params, &acc);
+                    }
+                    loss
+                }
                 Some(one) => {
                     one.fill(0.0);
                     let loss = self

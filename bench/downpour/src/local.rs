@@ -24,9 +24,11 @@ pub struct LocalRun {
 }
 
 /// Trains until the job's target accuracy or `max_seconds`, evaluating every
-/// `eval_every` seconds. The clock includes the evaluations: a distributed
-/// job's coordinator evaluates as often, on the same cores, and its clock is
-/// the wall clock.
+/// `eval_every` seconds as the coordinator does: on the job's fixed sample
+/// of the test set first, and on the whole set once the sample is within
+/// reach of the target (`stop.evalSampleExamples`). The clock includes the
+/// evaluations: a distributed job's coordinator evaluates as often, on the
+/// same cores, and its clock is the wall clock.
 pub fn train(
     job: &Job,
     train: &Dataset,
@@ -51,6 +53,10 @@ pub fn train(
         let mut grad = vec![0.0f32; params.len()];
         let (mut x, mut y) = (vec![0.0f32; batch * train.dim], vec![0u32; batch]);
         let target = job.spec.stop.target_test_accuracy.unwrap_or(1.0);
+        let sample =
+            job.spec.stop.target_test_accuracy.and_then(|_| {
+                test.split_sample(job.spec.stop.eval_sample_examples as usize, d.seed)
+            });
         let (mut examples, mut trained, mut epoch) = (0u64, 0.0f64, 0u64);
         let mut eval_seconds = 0.0;
         let mut time_to_target = None;
@@ -74,12 +80,24 @@ pub fn train(
                     || trained >= max_seconds
                 {
                     let started = Instant::now();
-                    let accuracy = mlp.evaluate(&params, test).0;
+                    let (accuracy, sampled) = match &sample {
+                        Some((s, rest)) => {
+                            let a = mlp.evaluate(&params, s).0;
+                            if data::within_reach(a, s.len(), target) || trained >= max_seconds {
+                                let r = mlp.evaluate(&params, rest).0;
+                                let n = (s.len() as f64, rest.len() as f64);
+                                ((a * n.0 + r * n.1) / (n.0 + n.1), false)
+                            } else {
+                                (a, true)
+                            }
+                        }
+                        None => (mlp.evaluate(&params, test).0, false),
+                    };
                     let spent = started.elapsed().as_secs_f64();
                     eval_seconds += spent;
                     trained += spent;
                     curve.push((trained, examples, accuracy));
-                    if accuracy >= target {
+                    if !sampled && accuracy >= target {
                         time_to_target = Some(trained);
                         break 'outer accuracy;
                     }

@@ -13,6 +13,9 @@
 //!   (k) (c) run by another `distbelief` binary (`--baseline`), and (l) (c)
 //!   without local steps: what a change to the runtime does to examples to
 //!   the target, beside the binary before it, in one run
+//!   (m) TensorFlow ParameterServerStrategy's setup as its users run it:
+//!   (c) with learning rate 0.05 and nFetch = nPush = 1, a fetch and a push
+//!   every step
 
 mod micro;
 
@@ -52,7 +55,7 @@ struct Args {
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter. (k) and
     /// (l) run only with --baseline.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j", "m"])]
     configs: Vec<String>,
     /// Another distbelief binary (an earlier build) that runs (k): the
     /// job as written, so that binary must accept it.
@@ -73,6 +76,9 @@ struct Setup {
     local_steps: bool,
     /// Run by the --baseline binary.
     baseline: bool,
+    /// nFetch and nPush both, and the learning rate (the job's otherwise).
+    every_step: bool,
+    learning_rate: Option<f64>,
 }
 
 impl Setup {
@@ -83,6 +89,14 @@ impl Setup {
 
     const fn by_baseline(mut self) -> Setup {
         self.baseline = true;
+        self
+    }
+
+    /// TensorFlow ParameterServerStrategy's setup: a fetch and a push
+    /// every step, at learning rate 0.05.
+    const fn as_tf_peer(mut self) -> Setup {
+        self.every_step = true;
+        self.learning_rate = Some(0.05);
         self
     }
 }
@@ -102,6 +116,8 @@ const fn setup(
         batch_factor,
         local_steps: true,
         baseline: false,
+        every_step: false,
+        learning_rate: None,
     }
 }
 
@@ -121,6 +137,8 @@ fn downpour(
         batch_factor,
         local_steps,
         baseline,
+        every_step,
+        learning_rate,
         ..
     } = c;
     let text =
@@ -135,6 +153,13 @@ fn downpour(
     if !local_steps {
         doc["spec"]["algorithm"]["downpour"]["localSteps"] = false.into();
     }
+    if every_step {
+        doc["spec"]["algorithm"]["downpour"]["nFetch"] = 1.into();
+        doc["spec"]["algorithm"]["downpour"]["nPush"] = 1.into();
+    }
+    if let Some(lr) = learning_rate {
+        doc["spec"]["algorithm"]["downpour"]["learningRate"] = lr.into();
+    }
     if let Some(s) = eval_interval {
         doc["spec"]["stop"]["evalIntervalSeconds"] = s.into();
     }
@@ -142,10 +167,11 @@ fn downpour(
     let batch = downpour["batchSize"].as_u64().unwrap_or(128) * u64::from(batch_factor);
     downpour["batchSize"] = batch.into();
     let name = format!(
-        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}",
+        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}{}",
         n_push.map_or(String::new(), |n| format!("-p{n}")),
         if local_steps { "" } else { "-nolocal" },
-        if baseline { "-baseline" } else { "" }
+        if baseline { "-baseline" } else { "" },
+        if every_step { "-tf-peer" } else { "" }
     );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
@@ -199,6 +225,7 @@ fn main() -> anyhow::Result<()> {
             setup("j_2x2_npush4_no_local_steps", (2, 2, 1), Some(4), 1).without_local_steps(),
             setup("k_2x2_baseline", (2, 2, 1), None, 1).by_baseline(),
             setup("l_2x2_no_local_steps", (2, 2, 1), None, 1).without_local_steps(),
+            setup("m_2x2_tf_peer", (2, 2, 1), None, 1).as_tf_peer(),
         ]
         .into_iter()
         .filter(|s| {
@@ -349,6 +376,14 @@ fn main() -> anyhow::Result<()> {
             ratios.insert(
                 "npush4_local_steps_vs_none".into(),
                 json!({ "examples_to_target": h / j }),
+            );
+        }
+        // A fetch and a push every step against the example's exchanges:
+        // what an exchange costs, in examples/s.
+        if let (Some(m), Some(c)) = (eps_of.get("m_2x2_tf_peer"), eps_of.get("c_2x2")) {
+            ratios.insert(
+                "tf_peer_vs_c".into(),
+                json!({ "examples_per_second": m / c }),
             );
         }
         // This build against the baseline's, on the same job.

@@ -20,6 +20,8 @@ pub fn curve_json(curve: &[CurvePoint]) -> String {
                 "test_auc": c.test_auc,
                 "test_loss": c.test_loss,
                 "train_loss": c.train_loss,
+                "sampled": c.sampled,
+                "scored": c.scored,
             })
         })
         .collect();

@@ -50,8 +50,12 @@ pub struct Summary {
     /// name.
     pub table_rows_evicted: std::collections::BTreeMap<String, u64>,
     pub time_to_target_seconds: Option<f64>,
-    /// Examples trained on when the evaluation that first reached the target ran.
+    /// Examples trained on when the parameters of the first whole-set
+    /// evaluation to reach the target were fetched.
     pub examples_to_target: Option<u64>,
+    /// How the evaluations scored: on the whole test set, or first on a
+    /// fixed sample of it (stop.evalSampleExamples).
+    pub evaluations: EvaluationsSummary,
     pub examples: u64,
     pub steps: u64,
     pub epochs: f64,
@@ -90,6 +94,17 @@ pub struct Summary {
     pub chaos: Option<ChaosSummary>,
     /// What the push audit found (--audit, --chaos).
     pub audit: Option<Verdict>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EvaluationsSummary {
+    /// Evaluations that scored the whole test set.
+    pub whole: usize,
+    /// Evaluations that scored only the sample, which was not within reach
+    /// of the target.
+    pub sampled: usize,
+    /// The sample's size; null when no evaluation used one.
+    pub sample_examples: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -178,6 +193,7 @@ impl Summary {
             examples_to_target: s
                 .curve
                 .iter()
+                .filter(|c| !c.sampled)
                 .find(|c| {
                     let st = &job.spec.stop;
                     st.target_test_accuracy
@@ -187,6 +203,11 @@ impl Summary {
                             .is_some_and(|t| c.test_auc.is_some_and(|a| a >= t))
                 })
                 .map(|c| c.examples),
+            evaluations: EvaluationsSummary {
+                whole: s.curve.iter().filter(|c| !c.sampled).count(),
+                sampled: s.curve.iter().filter(|c| c.sampled).count(),
+                sample_examples: s.curve.iter().find(|c| c.sampled).map(|c| c.scored),
+            },
             examples: s.examples,
             steps: s.steps,
             epochs: s.epochs,

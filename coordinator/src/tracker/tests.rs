@@ -7,6 +7,7 @@ fn stop(target: Option<f64>) -> StopSpec {
         max_epochs: 2.0,
         max_seconds: 100,
         eval_interval_seconds: 1.0,
+        eval_sample_examples: 0,
     }
 }
 
@@ -81,6 +82,36 @@ fn target_reached_stops_everyone() {
     assert_eq!(s.train_seconds, 4.0);
     assert_eq!(s.best_test_accuracy, Some(0.81));
     assert_eq!(s.curve.len(), 2);
+}
+
+#[test]
+fn a_sampled_score_is_on_the_curve_but_only_a_whole_one_reaches_the_target() {
+    let mut t = Tracker::new(stop(Some(0.8)), 0, 1000);
+    t.on_report(&report(0, 1, 10), 10.0);
+    let at = t.snapshot(12.0);
+    t.on_report(&report(0, 1, 15), 12.5);
+    let scored = |accuracy, sampled| Scored {
+        at,
+        test_accuracy: accuracy,
+        test_loss: 0.5,
+        test_auc: None,
+        sampled,
+        scored: if sampled { 20 } else { 100 },
+    };
+    t.on_scored(13.0, scored(0.9, true));
+    assert!(!t.is_done(), "a sample does not reach the target");
+    assert_eq!(t.status(13.0).best_test_accuracy, None);
+    t.on_scored(13.5, scored(0.85, false));
+    assert!(t.is_done());
+    let s = t.status(20.0);
+    // The point and the time to the target stand where the parameters
+    // were fetched; the job ended when the evaluation did.
+    assert_eq!(s.time_to_target_seconds, Some(2.0));
+    assert_eq!(s.train_seconds, 3.5);
+    assert_eq!(s.curve.len(), 2);
+    assert!(s.curve[0].sampled && !s.curve[1].sampled);
+    assert_eq!((s.curve[1].examples, s.curve[1].scored), (100, 100));
+    assert_eq!(s.best_test_accuracy, Some(0.85));
 }
 
 #[test]
