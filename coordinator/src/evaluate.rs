@@ -141,15 +141,18 @@ impl Evaluator {
 
     /// One evaluation; hands back the parameter buffer for the next.
     async fn evaluate_once(&mut self, mut params: Vec<f32>, limit: Option<StopReason>) -> Vec<f32> {
-        let (at, done) = {
-            let t = self.shared.tracker();
-            (t.snapshot(self.shared.now()), t.is_done())
-        };
         if let Err(e) = fetch_all(&mut self.clients, &mut params).await {
             tracing::warn!("evaluation skipped, parameters unavailable: {e}");
             self.give_up_at(limit, "the shards did not answer at the end");
             return params;
         }
+        // Right after the fetch, so that every report that came before the
+        // parameters counts; reports trail the replicas' training by at
+        // most a quarter of the evaluation interval.
+        let (at, done) = {
+            let t = self.shared.tracker();
+            (t.snapshot(self.shared.now()), t.is_done())
+        };
         let rows = match &self.sparse {
             Some(s) => match fetch_table_rows(&mut self.clients, &s.keys, &s.dims()).await {
                 Ok(rows) => Some(rows),

@@ -1178,11 +1178,15 @@ long_shard() {
   job_wait "$LONG" "$RESTORE_TIMEOUT" "shard 0 back in a new pod with .status.progress.shards[shard 0].restoredVersion > 0" t_shard0_restored || return 1
   shard0_restored=$J_R0 shard1_restored=${J_R1:-0}
   log "$LONG: shard 0 restored checkpoint version $J_R0"
-  accuracy_kept "$acc_before" 0.02 "the restore"
+  # 0.04: the job evaluates on the test set's 2,000-example sample (its
+  # target, 0.999, is never within reach), which moves by about twice as
+  # much between evaluations as the whole set; a shard that lost its state
+  # would fall to 0.1-0.3.
+  accuracy_kept "$acc_before" 0.04 "the restore"
 }
 
 # accuracy_kept BEFORE TOLERANCE WHAT: the test accuracies the job reports
-# over the next 12 s (evalIntervalSeconds is 1) must all be >= BEFORE - TOLERANCE.
+# over the next 12 s (evalIntervalSeconds is 0.25) must all be >= BEFORE - TOLERANCE.
 accuracy_kept() {
   local before=$1 tol=$2 what=$3 end samples=() min s
   end=$((SECONDS + 12))

@@ -219,6 +219,30 @@ mod tests {
     }
 
     #[test]
+    fn at_npush_1_local_steps_move_the_copy_the_same_and_fetches_land_as_they_come() {
+        let adagrad = Optimizer::Adagrad {
+            learning_rate: 0.1,
+            initial_accumulator: 0.1,
+            epsilon: 1e-8,
+        };
+        let (mut one, mut two) = (vec![0.5f32, -1.0], vec![0.5f32, -1.0]);
+        let mut la1 = Lookahead::new(adagrad, 2, 2, 1);
+        let mut la2 = Lookahead::new(adagrad, 2, 2, 2);
+        for g in [[0.5f32, -2.0], [1.0, 0.25]] {
+            la1.step(&mut one, &g);
+            la2.step(&mut two, &g);
+            la1.pushed();
+            la2.pushed();
+        }
+        assert_eq!(one, two, "the same moves, unpushed kept or not");
+        // Every push follows a single step: nothing is left to reapply.
+        let mut fetched = vec![3.0f32, 4.0];
+        la1.step(&mut one, &[1.0, 1.0]);
+        la1.reapply(0..2, &mut fetched);
+        assert_eq!(fetched, vec![3.0, 4.0]);
+    }
+
+    #[test]
     fn adagrads_estimate_counts_every_replicas_squares() {
         let adagrad = Optimizer::Adagrad {
             learning_rate: 1.0,

@@ -94,7 +94,7 @@ impl Setup {
 
     /// TensorFlow ParameterServerStrategy's setup: a fetch and a push
     /// every step, at learning rate 0.05.
-    const fn as_tf_peer(mut self) -> Setup {
+    const fn like_tf_peer(mut self) -> Setup {
         self.every_step = true;
         self.learning_rate = Some(0.05);
         self
@@ -225,7 +225,7 @@ fn main() -> anyhow::Result<()> {
             setup("j_2x2_npush4_no_local_steps", (2, 2, 1), Some(4), 1).without_local_steps(),
             setup("k_2x2_baseline", (2, 2, 1), None, 1).by_baseline(),
             setup("l_2x2_no_local_steps", (2, 2, 1), None, 1).without_local_steps(),
-            setup("m_2x2_tf_peer", (2, 2, 1), None, 1).as_tf_peer(),
+            setup("m_2x2_tf_peer", (2, 2, 1), None, 1).like_tf_peer(),
         ]
         .into_iter()
         .filter(|s| {

@@ -122,6 +122,8 @@ mod tests {
                 test_loss: 2.0 - 0.4 * f64::from(i),
                 train_loss: f64::NAN,
                 examples: 0,
+                sampled: i == 1,
+                scored: 100,
             })
             .collect();
         let svg = curve_svg("a<b", &curve).unwrap();

@@ -85,8 +85,13 @@ pub fn format_line(
         .filter(|r| r.seconds_since_report < 3.0)
         .map(|r| r.examples_per_second)
         .fold(0.0, |a, b| a + b);
+    // An evaluation that scored only the test set's sample says so; the
+    // best is always a whole-set score.
+    let sampled = s.curve.last().is_some_and(|c| c.sampled);
+    let latest = |a: f64| format!("{a:.4}{}", if sampled { " sampled" } else { "" });
     let acc = match (s.test_accuracy, s.best_test_accuracy) {
-        (Some(a), Some(b)) => format!("{a:.4} (best {b:.4})"),
+        (Some(a), Some(b)) => format!("{} (best {b:.4})", latest(a)),
+        (Some(a), None) => latest(a),
         _ => "-".into(),
     };
     // Binary labels: the AUC is the figure to watch.
@@ -179,6 +184,22 @@ mod tests {
             "no epoch limit: 12.34 of 24.68 s"
         );
         assert_eq!(limit_share(&s, (1.0, 0.0)), 1.0, "never past the end");
+    }
+
+    #[test]
+    fn a_score_on_the_sample_says_so_and_shows_before_any_whole_one() {
+        let s = JobStatus {
+            test_accuracy: Some(0.8312),
+            curve: vec![distbelief_proto::v1::CurvePoint {
+                test_accuracy: 0.8312,
+                sampled: true,
+                scored: 2000,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let line = format_line(&s, 2, 2, 0, 0);
+        assert!(line.contains("test acc 0.8312 sampled |"), "{line}");
     }
 
     #[test]
