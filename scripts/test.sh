@@ -6,7 +6,8 @@
 # suites that all run even if an earlier one failed: the manifest checks, the
 # cargo tests (with the control-plane tests against the Kubernetes kit) and
 # the end-to-end suite on kind or the kit's node (each skips, counted as
-# skipped, where it cannot run). The last line adds them all up:
+# skipped, where it cannot run), with the link check of the docs beside the
+# manifests. The last line adds them all up:
 #   tests: N passed, N failed, N skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,8 @@ status=0
 
 echo "== manifests (scripts/check-manifests.sh)" >&2
 scripts/check-manifests.sh 2>&1 | tee -a "$log" || status=1
+echo "== links (scripts/check-links.py)" >&2
+python3 scripts/check-links.py 2>&1 | tee -a "$log" || status=1
 
 # The control-plane tests (cli/tests/controlplane.rs, named kit_*) run
 # against the Kubernetes kit's real API server when ../shared/k8s is there;
@@ -93,7 +96,7 @@ tests/e2e/run.sh 8>&- 2>&1 | tee -a "$log" || status=1
 # cargo prints one "test result:" line per test binary; the two scripts print
 # one "<name>: N passed, N failed, N skipped" line each.
 awk '/^test result:/ { p += $4; f += $6; s += $8 }
-     /^(manifests|e2e|controlplane): [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$/ { p += $2; f += $4; s += $6 }
+     /^(manifests|links|e2e|controlplane): [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$/ { p += $2; f += $4; s += $6 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s; exit (f > 0) }' "$log" || status=1
 # A suite can fail without a failed count (a compile error, a crashed script).
 exit "$status"

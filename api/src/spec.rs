@@ -133,9 +133,12 @@ impl FaultSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SlowReplica {
-    /// The replica's index, below replicas.count.
+    /// The replica's index, below replicas.count. Its processes run slower
+    /// than they could, as if on a slow machine; its backups run at full speed.
     pub replica: u32,
-    /// Each step takes this many times as long as its compute, in [1, 100].
+    /// Each step (or Sandblaster portion) takes this many times as long as
+    /// its compute, in [1, 100]. `distbelief worker --slowdown F` (or
+    /// DISTBELIEF_SLOWDOWN) sets the same for one process.
     pub factor: f64,
 }
 
@@ -149,9 +152,15 @@ impl OutputSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OutputSpec {
-    /// Kubernetes only: an existing PersistentVolumeClaim, mounted into the
-    /// coordinator (and with audit, into every pod), that receives `<job name>/model.safetensors` and
-    /// `<job name>/summary.json` when the job succeeds. Default: none.
+    /// Kubernetes only: an existing PersistentVolumeClaim, mounted at
+    /// /var/lib/distbelief/output into the coordinator (and with audit, into
+    /// every pod), that receives `<job name>/model.safetensors` (one f32
+    /// tensor per layer weight and bias, and each embedding table's keys and
+    /// rows) and `<job name>/summary.json` when the job succeeds, before the
+    /// job is reported done, so nothing stops the shards first;
+    /// status.progress.model says where, with the test accuracy (and AUC).
+    /// Locally, `distbelief train` always writes the model into the run
+    /// directory. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_claim_name: Option<String>,
     /// Audit the pushes: every shard member logs each push it applies, and
@@ -743,7 +752,9 @@ impl Default for AdagradSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ParameterServerSpec {
     /// Number of shards, 1 to 4096; the parameter vector is split into this
-    /// many contiguous ranges of near-equal size. Default: 1.
+    /// many contiguous ranges of near-equal size (with partitions,
+    /// shards / partitions per partition's range). There may not be more
+    /// shards than parameters. Default: 1.
     #[serde(default = "one")]
     pub shards: u32,
     /// Member processes per shard, 1 to 3. With 2 or 3 every shard is held by
@@ -805,7 +816,11 @@ impl CoordinatorSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReplicaSpec {
-    /// Number of replicas, 1 to 4096; each trains on its own disjoint part of the training data. Default: 1.
+    /// Number of replicas, 1 to 4096; each trains on its own disjoint part of
+    /// the training data. Replicas take the data from the coordinator one
+    /// data shard at a time, so the count may change on a running job
+    /// (`kubectl scale`, an HPA), except under synchronous or averaging,
+    /// which count on a fixed number. Default: 1.
     #[serde(default = "one")]
     pub count: u32,
     /// Replica restarts allowed over the whole job before it fails. A replica
@@ -947,7 +962,9 @@ pub struct CheckpointSpec {
     /// suspension. Default: a 1Gi claim in the default StorageClass when the
     /// cluster has one; without one, checkpoints live in the pod's emptyDir,
     /// survive container restarts only, and the job says so in its
-    /// DurableCheckpoints condition and a warning event.
+    /// DurableCheckpoints condition and a CheckpointsNotDurable warning
+    /// event. The choice is made once, when the job starts, and recorded in
+    /// status.checkpointStorage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<CheckpointVolume>,
 }

@@ -1,5 +1,5 @@
 //! Every role's /metrics endpoint serves Prometheus text with the figures the
-//! README lists, labelled with the role.
+//! metrics page (docs/metrics.md) lists, labelled with the role.
 
 use std::io::{Read, Write};
 use std::time::Duration;
