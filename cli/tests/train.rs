@@ -660,6 +660,24 @@ fn chaos_job(name: &str) -> String {
         )
 }
 
+/// A failed audit is rare and its temporary run directory goes with the
+/// test: its logs (audit lines, chain changes) are copied where the
+/// target directory keeps them.
+fn keep_for_diagnosis(name: &str, run: &Run) {
+    let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&keep);
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(run.run_dir())
+        .arg(&keep)
+        .status();
+    let _ = std::fs::write(keep.join("stderr.log"), run.stderr());
+    eprintln!(
+        "{name}: the audit found a lost or doubled push; the run directory is kept in {} ({copied:?})",
+        keep.display()
+    );
+}
+
 fn audit(s: &serde_json::Value) -> (u64, u64, u64, u64) {
     let a = &s["audit"];
     let n = |k: &str| {
@@ -728,6 +746,9 @@ spec:
     let chaos = format!("replica=10s,shard=20s,for=170s,seed=5{more}");
     let mut run = Run::start_with(yaml, &["--chaos", &chaos]);
     let s = run.finish(Duration::from_secs(245));
+    if s["audit"]["lost"] != 0 || s["audit"]["duplicated"] != 0 {
+        keep_for_diagnosis(name, &run);
+    }
     assert_eq!(s["outcome"], "finished", "{s}");
     assert_eq!(s["stop_reason"], "target_reached", "{s}");
     let chaos = &s["chaos"];

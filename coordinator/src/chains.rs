@@ -146,8 +146,22 @@ impl ChainBook {
         Some(c.clone())
     }
 
+    /// `member` was found silent (the adapter asked it): it is taken out,
+    /// unless it is the chain's only member. No other member holds every
+    /// push it acknowledged, so the chain waits for it instead: a silent
+    /// head may be slow rather than dead, and a dead one comes back through
+    /// `join`, heading again with the state it kept. Emptied, the chain
+    /// would go to whichever member joined first, with an older state.
+    pub fn suspect(&mut self, shard: u32, member: u32) -> Option<Chain> {
+        let c = self.chains.get(shard as usize)?;
+        if c.members == [member] {
+            return Some(c.clone());
+        }
+        self.remove(shard, member)
+    }
+
     /// Takes `member` out of the chain, if it is in it.
-    pub fn remove(&mut self, shard: u32, member: u32) -> Option<Chain> {
+    fn remove(&mut self, shard: u32, member: u32) -> Option<Chain> {
         if !self.valid(shard, member) {
             return None;
         }
@@ -300,11 +314,31 @@ mod tests {
         let mut b = ChainBook::new(1, 2);
         b.join(0, 0);
         b.promote(0, 0, 1, 1);
-        assert_eq!(b.remove(0, 0), Some(chain(3, &[1])));
+        assert_eq!(b.suspect(0, 0), Some(chain(3, &[1])));
         assert_eq!(b.chain(0).and_then(Chain::head), Some(1));
         // Member 1 restarts before anyone noticed it died: its old self goes,
         // and with the chain empty it heads with the state it restored.
         assert_eq!(b.join(0, 1), Some(chain(5, &[1])));
         assert_eq!(b.join(0, 0), Some(chain(5, &[1])), "0 catches up from 1");
+    }
+
+    #[test]
+    fn a_silent_only_member_keeps_its_chain_until_it_comes_back() {
+        let mut b = ChainBook::new(1, 2);
+        b.join(0, 0);
+        b.promote(0, 0, 1, 1);
+        // Member 1 failed a forward and was taken out: 0 alone holds the
+        // pushes acknowledged since.
+        assert_eq!(
+            b.remove_for_head(0, 0, 2, 1),
+            Some(Answer::Chain(chain(3, &[0])))
+        );
+        // Member 1 comes back and finds the head silent: the chain stays
+        // 0's, and 1 does not head it with its older state.
+        assert_eq!(b.suspect(0, 0), Some(chain(3, &[0])));
+        assert_eq!(b.join(0, 1), Some(chain(3, &[0])), "1 must catch up");
+        // Member 0's process died and is back: it heads with what it kept.
+        assert_eq!(b.join(0, 0), Some(chain(5, &[0])));
+        assert_eq!(b.suspect(0, 7), None, "no such member");
     }
 }

@@ -139,9 +139,9 @@ impl ChainKeeper {
                         shard,
                         member = about,
                         reported_by = member,
-                        "member does not answer; taking it out of the chain"
+                        "member does not answer; taking it out of the chain unless it is the only member"
                     );
-                    self.book().remove(shard, about)
+                    self.book().suspect(shard, about)
                 }
             }
             ChainRequestKind::Remove => self

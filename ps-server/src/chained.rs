@@ -16,9 +16,10 @@ use std::sync::Arc;
 use crate::replication::{Answer, Membership};
 use crate::service::{Replicated, Route, ShardService};
 
-/// Tries at taking out a member that failed a forward before the head
-/// gives up on the push and leaves the chain itself.
-const FORWARD_ROUNDS: usize = 3;
+/// How long the head keeps asking the coordinator to take out a member
+/// that failed a forward before it fails the push (staying head).
+const COORDINATOR_PATIENCE: Duration = Duration::from_secs(5);
+const COORDINATOR_RETRY: Duration = Duration::from_millis(200);
 /// Longest the head waits for the push slot to send its state.
 const HOLD_DEADLINE: Duration = Duration::from_secs(10);
 /// How long a member keeps a forward that overtook its predecessor.
@@ -86,9 +87,9 @@ impl ShardService {
 
     /// With the push slot free again: what is left of a push the head
     /// applied, every other member applying it. A member that failed is
-    /// taken out of the chain, so that the push can be acknowledged; a head
-    /// that cannot get it out leaves the chain itself, and the push is not
-    /// acknowledged. Owned, so that an exchange can answer with parameters
+    /// taken out of the chain, so that the push can be acknowledged; while
+    /// the coordinator cannot take it out the push is not acknowledged, and
+    /// a head that finds another member heading leaves the chain. Owned, so that an exchange can answer with parameters
     /// while this runs.
     pub(crate) fn settle(&self, m: &Arc<Membership>, answers: Vec<(u32, Answer)>) -> Replicated {
         let m = m.clone();
@@ -107,23 +108,35 @@ impl ShardService {
                     "forward failed, taking it out of the chain: {e}"
                 );
                 forward_failures.inc();
-                let mut out = false;
-                for _ in 0..FORWARD_ROUNDS {
-                    match m.ask(ChainRequestKind::Remove, to).await {
-                        Ok(c) if !c.members.contains(&to) && c.members.first() == Some(&m.me) => {
-                            out = true;
-                            break;
+                // Another head means this state holds a push the chain does
+                // not: it must catch up again. A coordinator that does not
+                // answer (restarting, frozen) changes nothing: this member
+                // still holds every acknowledged push, and leaving would let
+                // a member with an older state head the chain when it joins
+                // first. The push then goes unacknowledged, and its retry
+                // tries again.
+                let give_up = tokio::time::Instant::now() + COORDINATOR_PATIENCE;
+                loop {
+                    let why = match m.ask(ChainRequestKind::Remove, to).await {
+                        Ok(c) if c.members.first() != Some(&m.me) => {
+                            m.leave("another member heads the chain");
+                            return Err(Status::unavailable(format!(
+                                "member {} of shard {} no longer heads its chain; push again",
+                                m.me, m.shard
+                            )));
                         }
-                        Ok(c) if c.members.first() != Some(&m.me) => break,
-                        _ => {}
+                        Ok(c) if !c.members.contains(&to) => break,
+                        // A newer epoch of the same head: ask again at it.
+                        Ok(_) => format!("member {to} is still in the chain"),
+                        Err(e) => format!("the coordinator: {}", e.message()),
+                    };
+                    if tokio::time::Instant::now() >= give_up {
+                        return Err(Status::unavailable(format!(
+                            "member {} of shard {} could not replicate the push to member {to} ({why}); push again",
+                            m.me, m.shard
+                        )));
                     }
-                }
-                if !out {
-                    m.leave("a push it applied could not be replicated");
-                    return Err(Status::unavailable(format!(
-                        "member {} of shard {} could not replicate the push and left the chain; push again",
-                        m.me, m.shard
-                    )));
+                    tokio::time::sleep(COORDINATOR_RETRY).await;
                 }
                 m.reset_forwarder(to);
             }

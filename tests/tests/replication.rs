@@ -152,10 +152,18 @@ impl Members {
     /// Stops the coordinator, which forgets everything it knew, and starts
     /// a new one on its address.
     async fn restart_coordinator(&mut self) {
+        self.stop_coordinator().await;
+        self.start_coordinator().await;
+    }
+
+    async fn stop_coordinator(&mut self) {
         let _ = self.coordinator_stop.send(true);
         if let Some(task) = self.coordinator_task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
         }
+    }
+
+    async fn start_coordinator(&mut self) {
         let l = bind(&self.coordinator.clone()).await;
         let (stop, task) = serve_coordinator(&self.job, &self.addrs, l);
         self.coordinator_stop = stop;
@@ -594,4 +602,57 @@ async fn a_member_back_before_anyone_noticed_catches_up_and_stalls_nothing() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(m.version(chain[0]).await, 4);
+}
+
+/// A member dies while the coordinator is down (in the chaos runs, a shard
+/// fault and a coordinator fault land in the same tick). The head cannot
+/// have it taken out, so it cannot acknowledge, but it stays head with its
+/// state: it must not leave the chain, or the returning member, with an
+/// older state, could head it and lose what was acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_whose_member_dies_while_the_coordinator_is_down_keeps_heading() {
+    let mut m = Members::start().await;
+    let (_, chain) = m.chain_of(2).await;
+    let (head, other) = (chain[0], chain[1]);
+    let n = m.job.layout.len();
+    let mut c = m.client();
+    for seq in 1..=3 {
+        push(&mut c, seq, n).await;
+    }
+    m.stop_coordinator().await;
+    m.kill(other);
+    let pushing = tokio::spawn(async move { push(&mut c, 4, n).await });
+    // The head applies push 4 and cannot replicate it; it keeps asking the
+    // coordinator, and keeps its chain meanwhile.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m.version(head).await < 4 {
+        assert!(Instant::now() < deadline, "the head never applied push 4");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let info = m.raw(head).info(InfoRequest {}).await.expect("info");
+    let heard = info.into_inner().chain.expect("the head left its chain");
+    assert_eq!(heard.members.first(), Some(&head), "{heard:?}");
+    assert!(
+        !pushing.is_finished(),
+        "push 4 acknowledged without member {other}"
+    );
+    // The member comes back empty, then the coordinator: the chain is the
+    // head's, and the member catches up from it.
+    m.restart(other).await;
+    m.start_coordinator().await;
+    pushing.await.expect("push 4");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, now) = m.chain_of(2).await;
+        if now[0] == head && m.version(other).await == m.version(head).await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member {other} never caught up from {head}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(m.version(head).await, 4, "every push once");
 }
