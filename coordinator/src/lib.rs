@@ -5,6 +5,7 @@
 pub mod chains;
 pub mod data_shards;
 mod evaluate;
+pub mod events;
 mod keeper;
 #[cfg(feature = "kubernetes")]
 pub mod kubernetes;
@@ -492,6 +493,19 @@ pub async fn serve(
             }),
         test: Arc::new(test),
         metrics,
+        events: opts.output.as_ref().and_then(|o| {
+            let wall = crate::events::unix_now();
+            match events::EventFile::create(&o.dir, wall) {
+                Ok(f) => {
+                    tracing::info!(path = %f.path().display(), "TensorBoard events");
+                    Some(std::sync::Mutex::new(f))
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %o.dir.display(), "no TensorBoard events: {e}");
+                    None
+                }
+            }
+        }),
     };
     let evaluator = tokio::spawn(evaluator.run(every));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
