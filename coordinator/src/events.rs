@@ -143,8 +143,26 @@ impl EventFile {
             wall_time as u64,
             std::process::id()
         );
-        let path = dir.join(name);
-        let mut file = File::options().create_new(true).append(true).open(&path)?;
+        // A pod's coordinator restarted within the second has the same
+        // host name and pid 1: its file takes the next free suffix.
+        let (mut file, path) = (0..100)
+            .find_map(|n| {
+                let path = dir.join(if n == 0 {
+                    name.clone()
+                } else {
+                    format!("{name}.{n}")
+                });
+                match File::options().create_new(true).append(true).open(&path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+                    opened => Some(opened.map(|f| (f, path))),
+                }
+            })
+            .unwrap_or_else(|| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    format!("{name} and 99 more exist in {}", dir.display()),
+                ))
+            })?;
         file.write_all(&event_record(&Event {
             wall_time,
             file_version: Some("brain.Event:2".into()),
@@ -201,6 +219,15 @@ mod tests {
         assert_eq!(&r[8..12], &masked_crc(&3u64.to_le_bytes()).to_le_bytes());
         assert_eq!(&r[12..15], b"abc");
         assert_eq!(&r[15..], &masked_crc(b"abc").to_le_bytes());
+    }
+
+    #[test]
+    fn a_second_file_in_the_same_second_gets_a_name_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = EventFile::create(dir.path(), 1000.0).unwrap();
+        let b = EventFile::create(dir.path(), 1000.0).unwrap();
+        assert_ne!(a.path(), b.path());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 
     #[test]

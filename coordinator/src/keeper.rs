@@ -135,13 +135,20 @@ impl ChainKeeper {
                 if self.answers(shard, about).await {
                     self.book().chain(shard).cloned()
                 } else {
+                    let after = self.book().suspect(shard, about);
+                    let kept = after.as_ref().is_some_and(|c| c.members.contains(&about));
                     tracing::warn!(
                         shard,
                         member = about,
                         reported_by = member,
-                        "member does not answer; taking it out of the chain unless it is the only member"
+                        "member does not answer; {}",
+                        if kept {
+                            "it is the chain's only member, so the chain waits for it"
+                        } else {
+                            "taking it out of the chain"
+                        }
                     );
-                    self.book().suspect(shard, about)
+                    after
                 }
             }
             ChainRequestKind::Remove => self

@@ -89,8 +89,8 @@ impl ShardService {
     /// applied, every other member applying it. A member that failed is
     /// taken out of the chain, so that the push can be acknowledged; while
     /// the coordinator cannot take it out the push is not acknowledged, and
-    /// a head that finds another member heading leaves the chain. Owned, so that an exchange can answer with parameters
-    /// while this runs.
+    /// a head that finds another member heading leaves the chain. Owned, so
+    /// that an exchange can answer with parameters while this runs.
     pub(crate) fn settle(&self, m: &Arc<Membership>, answers: Vec<(u32, Answer)>) -> Replicated {
         let m = m.clone();
         let forward_failures = self.metrics.forward_failures.clone();

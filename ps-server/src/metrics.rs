@@ -91,7 +91,7 @@ impl PsMetrics {
             )?,
             forward_failures: IntCounter::new(
                 "ps_forward_failures_total",
-                "Replication: pushes the head could not forward to a member, which was then taken out of the chain",
+                "Replication: pushes the head could not forward to a member (it then has that member taken out of the chain)",
             )?,
             fenced_forwards: IntCounter::new(
                 "ps_fenced_forwards_total",
