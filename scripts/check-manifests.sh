@@ -16,7 +16,7 @@ CHART=charts/distbelief
 HELM="$PWD/.tools/bin/helm"
 KV="$PWD/.tools/venv/bin/kubernetes-validate"
 PY="$PWD/.tools/venv/bin/python"   # has PyYAML, a kubernetes-validate dependency
-ALL_ON=serviceMonitor.enabled=true,podMonitor.enabled=true,networkPolicy.enabled=true
+ALL_ON=serviceMonitor.enabled=true,podMonitor.enabled=true,networkPolicy.enabled=true,grafanaDashboard.enabled=true
 
 if [ ! -x "$HELM" ] || [ ! -x "$KV" ]; then
   scripts/setup.sh >&2 || { echo "FAIL: scripts/setup.sh could not install helm/kubernetes-validate"; echo "manifests: 0 passed, 1 failed, 0 skipped"; exit 1; }
@@ -226,6 +226,42 @@ refuses_leaderless() {
   fi
 }
 check "helm template refuses replicaCount=2 without leader election" refuses_leaderless
+
+# The Grafana dashboard: off by default; on, one ConfigMap with the sidecar's
+# label whose dashboard is the committed JSON, every panel with a query, and
+# the PodMonitor putting the job label its panels select by on the series.
+dashboard() {
+  "$PY" - "$tmp/default.yaml" "$tmp/all-on.yaml" "$CHART/files/grafana-dashboard.json" <<'PY'
+import json, sys, yaml
+default, on, committed = sys.argv[1:]
+def maps(path):
+    return [d for d in yaml.safe_load_all(open(path)) if d and d["kind"] == "ConfigMap"
+            and d["metadata"]["name"].endswith("-dashboard")]
+errors = []
+if maps(default):
+    errors.append("the default render has a dashboard ConfigMap")
+cms = maps(on)
+if len(cms) != 1:
+    errors.append(f"{len(cms)} dashboard ConfigMaps with grafanaDashboard.enabled=true")
+else:
+    cm = cms[0]
+    if cm["metadata"]["labels"].get("grafana_dashboard") != "1":
+        errors.append(f"labels {cm['metadata']['labels']} lack grafana_dashboard: \"1\"")
+    dash = json.loads(cm["data"]["distbelief.json"])
+    if dash != json.load(open(committed)):
+        errors.append("the ConfigMap's dashboard is not files/grafana-dashboard.json")
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    empty = [p["title"] for p in panels if not all(t.get("expr") for t in p.get("targets", [])) or not p.get("targets")]
+    if not panels or empty:
+        errors.append(f"panels without a query: {empty}")
+pm = [d for d in yaml.safe_load_all(open(on)) if d and d["kind"] == "PodMonitor"]
+if not pm or "distbelief.dev/job" not in pm[0]["spec"].get("podTargetLabels", []):
+    errors.append("the PodMonitor does not put distbelief.dev/job on the series")
+print("\n".join(errors))
+sys.exit(1 if errors else 0)
+PY
+}
+check "grafanaDashboard: off by default; on, a ConfigMap labelled for Grafana's sidecar with the dashboard, every panel queried" dashboard
 
 # --- generated files -----------------------------------------------------------
 check "$CHART/files/crd.yaml equals deploy/crd.yaml" diff -u deploy/crd.yaml "$CHART/files/crd.yaml"

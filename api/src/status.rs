@@ -103,6 +103,16 @@ pub struct DistBeliefJobStatus {
     /// Training progress, written by the job's coordinator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// The coordinator's live page (training curves, replicas, shards and
+    /// chains, events), at its Service's `http` port inside the cluster.
+    /// From outside: `kubectl port-forward svc/<job>-coordinator 9090` and
+    /// open http://localhost:9090/.
+    #[serde(
+        default,
+        rename = "dashboardURL",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dashboard_url: Option<String>,
     /// Written by the coordinator: why it cannot read the job's data yet (a
     /// missing path, a volume not filled). It reads the data again every
     /// 30 s at most, and clears this once it can.

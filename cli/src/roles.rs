@@ -33,18 +33,23 @@ fn role_index_label(role: &str) -> &'static str {
     if role == "ps" { "shard" } else { "replica" }
 }
 
+/// Serves `/metrics` and `/healthz`, and `routes` beside them; the bound
+/// address, if `--metrics-addr` was given.
 async fn start_metrics(
     c: &Common,
     registry: &prometheus::Registry,
     heartbeat: &distbelief_net::Heartbeat,
-) -> anyhow::Result<()> {
-    if let Some(addr) = c.metrics_addr {
-        let bound = distbelief_net::serve_metrics(addr, registry.clone(), Some(heartbeat.clone()))
+    routes: axum::Router,
+) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    let Some(addr) = c.metrics_addr else {
+        return Ok(None);
+    };
+    let bound =
+        distbelief_net::serve_metrics(addr, registry.clone(), Some(heartbeat.clone()), routes)
             .await
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        tracing::info!(%bound, "metrics on http://{bound}/metrics");
-    }
-    Ok(())
+    tracing::info!(%bound, "metrics on http://{bound}/metrics");
+    Ok(Some(bound))
 }
 
 fn load(c: &Common) -> anyhow::Result<Job> {
@@ -100,7 +105,7 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
     };
     runtime()?.block_on(async {
         let registry = registry("ps", Some(shard))?;
-        start_metrics(&a.common, &registry, &opts.heartbeat).await?;
+        start_metrics(&a.common, &registry, &opts.heartbeat, Default::default()).await?;
         let listener = bind(a.listen).await?;
         distbelief_ps_server::serve(&job, opts, listener, &registry, terminated()).await?;
         Ok(ExitCode::SUCCESS)
@@ -132,7 +137,7 @@ pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         });
     runtime()?.block_on(async {
         let registry = registry("worker", Some(a.replica))?;
-        start_metrics(&a.common, &registry, &opts.heartbeat).await?;
+        start_metrics(&a.common, &registry, &opts.heartbeat, Default::default()).await?;
         // Exit 0 means "stopped by the coordinator": a replica stopped by a
         // signal says so (128 + SIGTERM), so that a supervisor restarts it.
         // A signal stops it gracefully: its pushes in flight finish and its
@@ -210,9 +215,13 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             heartbeat: Default::default(),
             state,
             job_uid: a.job_uid.clone().unwrap_or_default(),
+            page: Some(Default::default()),
         };
         let registry = registry("coordinator", None)?;
-        start_metrics(&a.common, &registry, &opts.heartbeat).await?;
+        let routes = opts.page.as_ref().map(|p| p.routes()).unwrap_or_default();
+        if let Some(bound) = start_metrics(&a.common, &registry, &opts.heartbeat, routes).await? {
+            tracing::info!(%bound, "live page on http://{bound}/");
+        }
         // Bound once the data is read: see `Listen::At`.
         let listen = distbelief_coordinator::Listen::At(a.listen);
         distbelief_coordinator::serve(&job, opts, listen, &registry, terminated()).await?;

@@ -7,6 +7,7 @@
 //! Every test is named `kit_*`: scripts/test.sh runs them with the kit up,
 //! and counts them as skipped when the kit is absent.
 
+mod dashboard;
 mod kit;
 
 use std::collections::BTreeMap;

@@ -1359,3 +1359,120 @@ fn tensorboard_reads_every_scalar_the_coordinator_wrote() {
     );
     assert!(last("staleness/p99") >= last("staleness/p50"), "{scalars}");
 }
+
+/// The live page in a real browser (Debian's headless Chromium, driven over
+/// WebDriver by scripts/browser/live_page.py): its accuracy is the
+/// coordinator's, its curve grows while the job runs, and a replica killed
+/// mid-run shows as restarting, then training. The screenshot is kept as
+/// `live-page.png` under the target's tmp dir.
+#[test]
+fn the_live_page_shows_the_run_in_a_real_browser() {
+    require_fashion_mnist();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/browser/live_page.py");
+    for tool in ["chromium", "chromedriver"] {
+        assert!(
+            Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .is_ok_and(|o| o.status.success()),
+            "{tool} missing: run scripts/setup.sh (it installs Debian's chromium and chromium-driver)"
+        );
+    }
+    let yaml = job("live-page").replace("targetTestAccuracy: 0.8,", "targetTestAccuracy: 0.84,");
+    let mut run = Run::start_with(yaml, &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = loop {
+        let err = run.stderr();
+        if let Some(at) = err.find("live page on ") {
+            let rest = &err[at + "live page on ".len()..];
+            break rest.split_whitespace().next().expect("a URL").to_string();
+        }
+        assert!(Instant::now() < deadline, "no live page URL:\n{err}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-page.png");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(&url)
+        .args(["--train-pid", &run.child.id().to_string(), "--replica", "1"])
+        .arg("--screenshot")
+        .arg(&shot)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let s = run.finish(Duration::from_secs(240));
+    assert_eq!(seen["job"], "live-page", "{seen}");
+
+    // The curve gained points while the browser watched.
+    let points: Vec<u64> = seen["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| p[1].as_u64().unwrap())
+        .collect();
+    assert!(
+        points.len() >= 3 && points.windows(2).all(|w| w[0] < w[1]),
+        "{seen}"
+    );
+
+    // Every accuracy shown is one the coordinator scored, at its examples.
+    let curve: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.run_dir().join("curve.json")).expect("curve.json"),
+    )
+    .expect("curve JSON");
+    let readings = seen["readings"].as_array().expect("readings");
+    assert!(readings.len() >= 3, "{seen}");
+    for r in readings {
+        let (examples, text, value) = (
+            r[0].as_u64().unwrap(),
+            r[1].as_str().unwrap(),
+            r[2].as_f64().unwrap(),
+        );
+        let p = curve
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["examples"].as_u64() == Some(examples))
+            .unwrap_or_else(|| panic!("the page showed a point at {examples} examples that the coordinator never scored: {curve}"));
+        let scored = p["test_accuracy"].as_f64().unwrap();
+        assert_eq!(value, scored, "{r} {p}");
+        assert_eq!(text, format!("{scored:.4}"), "{r}");
+    }
+
+    // The killed replica: restarting, then training as a new process.
+    assert!(seen["killed"].as_u64().is_some(), "never killed: {seen}");
+    let states: Vec<(String, u64)> = seen["replica"]
+        .as_array()
+        .expect("states")
+        .iter()
+        .map(|s| (s[0].as_str().unwrap().to_string(), s[1].as_u64().unwrap()))
+        .collect();
+    let restarting = states.iter().position(|(s, _)| s == "restarting");
+    let back = restarting.and_then(|i| {
+        states[i..]
+            .iter()
+            .position(|(s, n)| s == "training" && *n >= 2)
+    });
+    assert!(back.is_some(), "restarting then training: {states:?}");
+    assert!(s["replica_restarts"].as_u64() >= Some(1), "{s}");
+    let events = seen["final"]["events"].to_string();
+    assert!(events.contains("replica 1 restarted"), "{events}");
+
+    let png = std::fs::read(&shot).expect("screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "{} bytes",
+        png.len()
+    );
+    // The last picture stays with the run.
+    let saved = std::fs::read_to_string(run.run_dir().join("live.html")).expect("live.html");
+    assert!(
+        saved.contains("window.SNAPSHOT") && saved.contains("\"done\":true"),
+        "live.html without its picture"
+    );
+}

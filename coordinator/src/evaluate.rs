@@ -307,6 +307,12 @@ impl Evaluator {
             t.status(now)
         };
         self.metrics.observe(&status);
+        let chains = self.shared.chains.as_ref().map(|k| k.chains());
+        self.metrics.observe_processes(
+            &status,
+            &self.shared.shards(),
+            chains.as_deref().unwrap_or_default(),
+        );
         if let (Some(file), Some((step, scalars))) = (&self.events, crate::events::scalars(&status))
         {
             let wall = crate::events::unix_now();

@@ -103,6 +103,14 @@ impl ChainKeeper {
         *self.book() = book;
     }
 
+    /// Every shard's chain as the book has it now, in shard order.
+    pub fn chains(&self) -> Vec<Chain> {
+        let book = self.book();
+        (0..self.members.len() as u32)
+            .map(|s| book.chain(s).cloned().unwrap_or_default())
+            .collect()
+    }
+
     fn book(&self) -> std::sync::MutexGuard<'_, ChainBook> {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -12,6 +12,7 @@ pub mod kubernetes;
 pub mod lbfgs;
 mod metrics;
 pub mod output;
+pub mod page;
 pub mod persist;
 pub mod portions;
 pub mod publish;
@@ -94,6 +95,8 @@ pub struct CoordinatorOptions {
     pub job_uid: String,
     /// Read unreadable data again until it reads, instead of failing.
     pub wait_for_data: bool,
+    /// The live page, served on the HTTP port beside `/metrics`.
+    pub page: Option<page::LivePage>,
 }
 
 impl CoordinatorOptions {
@@ -110,6 +113,7 @@ impl CoordinatorOptions {
             state: None,
             job_uid: String::new(),
             wait_for_data: false,
+            page: None,
         }
     }
 }
@@ -508,6 +512,14 @@ pub async fn serve(
         }),
     };
     let evaluator = tokio::spawn(evaluator.run(every));
+    let sampler = opts.page.clone().map(|p| {
+        tokio::spawn(page::keep(
+            p,
+            shared.clone(),
+            page::facts(job),
+            opts.output.as_ref().map(|o| o.dir.clone()),
+        ))
+    });
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let router = distbelief_net::server().add_service(CoordinatorServer::new(Service { shared }));
     let result = distbelief_net::serve_until(shutdown, |stop| {
@@ -517,6 +529,9 @@ pub async fn serve(
     .unwrap_or(Ok(()));
     evaluator.abort();
     beating.abort();
+    if let Some(s) = sampler {
+        s.abort();
+    }
     if let Some(d) = driver {
         d.abort();
     }

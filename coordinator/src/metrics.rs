@@ -1,5 +1,10 @@
+use distbelief_api::ShardProgress;
 use distbelief_proto::v1::JobStatus;
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::chains::Chain;
 
 /// The coordinator's Prometheus metrics (names get the registry's `distbelief_` prefix).
 #[derive(Clone)]
@@ -12,6 +17,11 @@ pub struct CoordinatorMetrics {
     pub examples: Gauge,
     pub evaluations: IntCounter,
     pub eval_seconds: Histogram,
+    pub replica_restarts: IntGauge,
+    pub shard_restores: IntGauge,
+    pub chain_epoch: IntGaugeVec,
+    pub chain_members: IntGaugeVec,
+    pub chain_head: IntGaugeVec,
 }
 
 impl CoordinatorMetrics {
@@ -43,6 +53,35 @@ impl CoordinatorMetrics {
                 HistogramOpts::new("coordinator_eval_seconds", "Time to evaluate the test set")
                     .buckets(prometheus::exponential_buckets(1e-3, 2.0, 14)?),
             )?,
+            replica_restarts: IntGauge::new(
+                "coordinator_replica_restarts",
+                "Replica processes replaced so far (restarts, reschedules, backups kept), over all replicas",
+            )?,
+            shard_restores: IntGauge::new(
+                "coordinator_shard_restores",
+                "Shard restores from a checkpoint so far, over all shards (the shards' epochs summed)",
+            )?,
+            chain_epoch: IntGaugeVec::new(
+                Opts::new(
+                    "coordinator_chain_epoch",
+                    "Replication: each shard's chain epoch, bumped by every change (the coordinator's generation in the high 32 bits)",
+                ),
+                &["shard"],
+            )?,
+            chain_members: IntGaugeVec::new(
+                Opts::new(
+                    "coordinator_chain_members",
+                    "Replication: members in each shard's chain (fewer than replication while one catches up)",
+                ),
+                &["shard"],
+            )?,
+            chain_head: IntGaugeVec::new(
+                Opts::new(
+                    "coordinator_chain_head",
+                    "Replication: the member that heads each shard's chain (-1: none)",
+                ),
+                &["shard"],
+            )?,
         };
         distbelief_net::register_all(
             registry,
@@ -55,6 +94,11 @@ impl CoordinatorMetrics {
                 Box::new(m.examples.clone()),
                 Box::new(m.evaluations.clone()),
                 Box::new(m.eval_seconds.clone()),
+                Box::new(m.replica_restarts.clone()),
+                Box::new(m.shard_restores.clone()),
+                Box::new(m.chain_epoch.clone()),
+                Box::new(m.chain_members.clone()),
+                Box::new(m.chain_head.clone()),
             ],
         )?;
         Ok(m)
@@ -76,5 +120,30 @@ impl CoordinatorMetrics {
         }
         self.examples_per_second.set(s.examples_per_second);
         self.examples.set(s.examples as f64);
+    }
+
+    /// What the coordinator knows of the job's processes: restarts, restores
+    /// and, with replication, the chains.
+    pub fn observe_processes(&self, s: &JobStatus, shards: &[ShardProgress], chains: &[Chain]) {
+        let restarts: u64 = s
+            .replicas
+            .iter()
+            .map(|r| u64::from(r.incarnations.saturating_sub(1)))
+            .sum();
+        self.replica_restarts.set(restarts as i64);
+        self.shard_restores
+            .set(shards.iter().map(|p| p.shard_epoch).sum::<u64>() as i64);
+        for (k, c) in chains.iter().enumerate() {
+            let shard = k.to_string();
+            self.chain_epoch
+                .with_label_values(&[&shard])
+                .set(c.epoch as i64);
+            self.chain_members
+                .with_label_values(&[&shard])
+                .set(c.members.len() as i64);
+            self.chain_head
+                .with_label_values(&[&shard])
+                .set(c.head().map_or(-1, i64::from));
+        }
     }
 }

@@ -597,6 +597,11 @@ impl Tracker {
         }
     }
 
+    /// The job's staleness distribution, as the shards last reported it.
+    pub fn staleness(&self) -> &StalenessHistogram {
+        &self.staleness
+    }
+
     pub fn status(&self, now: f64) -> JobStatus {
         let secs = self.train_seconds(now);
         let examples = self.examples();
@@ -646,6 +651,7 @@ impl Tracker {
                     incarnations: r.incarnations,
                     incarnation: r.incarnation,
                     backup: r.race.as_ref().map(Race::to_proto),
+                    incarnation_steps: r.steps,
                 })
                 .collect(),
             curve: self.curve.clone(),

@@ -138,10 +138,12 @@ pub fn register_all(
 /// Serves `registry` as Prometheus text on `http://addr/metrics`, and
 /// `/healthz` for liveness probes, until the process ends. Returns the bound address (useful when `addr` has port 0).
 /// With a heartbeat, `/healthz` answers 503 once it has been silent too long.
+/// `routes` adds a role's own pages (the coordinator's live page) on the same port.
 pub async fn serve_metrics(
     addr: SocketAddr,
     registry: prometheus::Registry,
     heartbeat: Option<Heartbeat>,
+    routes: axum::Router,
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -154,22 +156,20 @@ pub async fn serve_metrics(
             }
         }
     };
-    let app = axum::Router::new()
-        .route("/healthz", axum::routing::get(healthz))
-        .route(
-            "/metrics",
-            axum::routing::get(move || {
-                let registry = registry.clone();
-                async move {
-                    let mut buf = String::new();
-                    let encoder = prometheus::TextEncoder::new();
-                    match encoder.encode_utf8(&registry.gather(), &mut buf) {
-                        Ok(()) => (axum::http::StatusCode::OK, buf),
-                        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                    }
+    let app = routes.route("/healthz", axum::routing::get(healthz)).route(
+        "/metrics",
+        axum::routing::get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut buf = String::new();
+                let encoder = prometheus::TextEncoder::new();
+                match encoder.encode_utf8(&registry.gather(), &mut buf) {
+                    Ok(()) => (axum::http::StatusCode::OK, buf),
+                    Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
                 }
-            }),
-        );
+            }
+        }),
+    );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "metrics endpoint stopped");

@@ -71,9 +71,10 @@ where
 pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(), RunError> {
     let metrics = Metrics::new()?;
     if let Some(addr) = opts.metrics_addr {
-        let bound = distbelief_net::serve_metrics(addr, metrics.registry.clone(), None)
-            .await
-            .map_err(|source| RunError::Serve { addr, source })?;
+        let bound =
+            distbelief_net::serve_metrics(addr, metrics.registry.clone(), None, Default::default())
+                .await
+                .map_err(|source| RunError::Serve { addr, source })?;
         tracing::info!("metrics on http://{bound}/metrics");
     }
     let ar = reconcile::job_resource();

@@ -472,3 +472,16 @@ fn data_the_coordinator_cannot_read_is_a_condition_and_one_event() {
     let read = decide(&job(status, json!({})), &pods, now);
     assert_eq!(condition(&read).map(|c| c.0).as_deref(), Some("True"));
 }
+
+#[test]
+fn status_names_the_live_page_at_the_coordinator_services_http_port() {
+    let job = job(common::running_status(), json!({}));
+    let ns = job.namespace().expect("a namespace");
+    let plan = decide(&job, &common::running_pods("fm"), Timestamp::now());
+    assert_eq!(
+        plan.status.dashboard_url.as_deref(),
+        Some(format!("http://fm-coordinator.{ns}.svc:9090/").as_str())
+    );
+    let status = serde_json::to_value(&plan.status).expect("status encodes");
+    assert!(status.get("dashboardURL").is_some(), "{status}");
+}

@@ -38,6 +38,14 @@ impl StalenessHistogram {
         true
     }
 
+    /// Each bucket's upper bound (None for the last, unbounded one) and count.
+    pub fn buckets(&self) -> impl Iterator<Item = (Option<f64>, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(k, &c)| (self.bounds.get(k).copied(), c))
+    }
+
     pub fn max(&self) -> u64 {
         self.max
     }

@@ -380,7 +380,52 @@ pod_images=""
 t_example() {
   [ -n "$pod_images" ] || pod_images=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$EXAMPLE_NAME" \
     -o 'jsonpath={range .items[*]}{range .spec.containers[*]}{.image} {.imagePullPolicy}{"\n"}{end}{end}' 2>/dev/null | sort -u)
+  # Once it trains and has a test accuracy: the live page (up to 5 tries).
+  if [[ "$live_page" != ok* ]] && [ "$live_page_tries" -lt 5 ] && t_training && [ -n "$J_ACC" ]; then
+    live_page_tries=$((live_page_tries + 1))
+    live_page=$(live_page_check "$EXAMPLE_NAME" 2>&1) && live_page="ok: $live_page"
+  fi
   t_finished
+}
+
+# The coordinator's live page, fetched through its Service the way the docs
+# say (kubectl port-forward svc/<job>-coordinator to the Service's http
+# port): the page itself, and its JSON with the job's name and live figures.
+live_page="" live_page_tries=0
+live_page_check() {
+  local name=$1 port pf out rc=0
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "${KUBECTL[@]}" port-forward -n "$JOB_NS" "svc/$name-coordinator" "$port:http" >/dev/null 2>&1 &
+  pf=$!
+  out=$(python3 - "$port" "$name" <<'PY'
+import json, sys, time, urllib.request
+port, name = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}/"
+deadline = time.time() + 20
+while True:
+    try:
+        page = urllib.request.urlopen(base, timeout=5).read().decode()
+        view = json.load(urllib.request.urlopen(base + "api/status", timeout=5))
+        break
+    except Exception as e:
+        if time.time() > deadline:
+            sys.exit(f"cannot fetch {base} through the port-forward: {e}")
+        time.sleep(0.5)
+if "<title>distbelief</title>" not in page or "api/status" not in page:
+    sys.exit("/ is not the live page")
+if view.get("job") != name:
+    sys.exit(f"the page names job {view.get('job')!r}, not {name!r}")
+if not (view.get("examples", 0) > 0 and view.get("testAccuracy") is not None and view.get("curve")):
+    sys.exit(f"no live figures: examples {view.get('examples')}, testAccuracy {view.get('testAccuracy')}")
+states = sorted({r["state"] for r in view["replicas"]})
+print(f"{name}: the page shows {view['examples']} examples, test accuracy {view['testAccuracy']:.4f}, "
+      f"{len(view['curve'])} curve points, replicas {states}, {len(view['shards'])} shards")
+PY
+  ) || rc=$?
+  kill "$pf" 2>/dev/null || true
+  wait "$pf" 2>/dev/null || true
+  echo "$out"
+  return "$rc"
 }
 run_example() {
   local phase acc table want_policy col
@@ -392,6 +437,14 @@ run_example() {
   log "$EXAMPLE_NAME: final phase $phase, testAccuracy $acc, stopReason $(jp "dbj/$EXAMPLE_NAME" '{.status.progress.stopReason}')"
   [ "$phase" = Succeeded ] || { echo "phase $phase, expected Succeeded"; return 1; }
   ge "$acc" 0.85 || { echo "testAccuracy $acc < 0.85"; return 1; }
+  case "$live_page" in
+    ok*) log "live page: ${live_page#ok: }" ;;
+    *) echo "live page: ${live_page:-never fetched while the job trained}"; return 1 ;;
+  esac
+  local url
+  url=$(jp "dbj/$EXAMPLE_NAME" '{.status.dashboardURL}')
+  [ "$url" = "http://$EXAMPLE_NAME-coordinator.$JOB_NS.svc:9090/" ] ||
+    { echo "status.dashboardURL is '$url', not the coordinator Service's http port"; return 1; }
 
   table=$("${KUBECTL[@]}" get dbj -n "$JOB_NS" "$EXAMPLE_NAME" 2>&1) || { echo "kubectl get dbj failed: $table"; return 1; }
   printf '%s\n' "$table" | sed 's/^/    /'

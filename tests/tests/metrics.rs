@@ -55,10 +55,14 @@ spec:
     tokio::spawn(async move {
         distbelief_ps_server::serve(&j, opts, listener, &r, std::future::pending()).await
     });
-    let metrics =
-        distbelief_net::serve_metrics("127.0.0.1:0".parse().expect("addr"), registry, None)
-            .await
-            .expect("metrics endpoint");
+    let metrics = distbelief_net::serve_metrics(
+        "127.0.0.1:0".parse().expect("addr"),
+        registry,
+        None,
+        Default::default(),
+    )
+    .await
+    .expect("metrics endpoint");
 
     let n = job.layout.len();
     let mut shard = ShardClient::new(0, 0..n, &addr, Duration::from_secs(5)).expect("client");

@@ -30,6 +30,8 @@ use supervise::PROBE_EVERY;
 
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STATUS_EVERY: Duration = Duration::from_millis(500);
+/// Every process's metrics address, for Prometheus' file_sd_configs.
+const SCRAPE_TARGETS: &str = "prometheus-targets.json";
 /// How long the coordinator may fail to answer before the run is abandoned.
 const COORDINATOR_PATIENCE: Duration = Duration::from_secs(30);
 /// The coordinator's saved tracker state, in the run directory.
@@ -329,6 +331,14 @@ impl Runtime {
             job.layout.len(),
             out.display()
         );
+        if let Some(addr) = me.coordinator.health {
+            eprintln!(
+                "distbelief: live page on http://{addr}/ (saved as {} when the job ends)",
+                out.join(distbelief_coordinator::page::SNAPSHOT_FILE)
+                    .display()
+            );
+        }
+        me.write_scrape_targets();
         // Released only now: until here no port could be handed out twice.
         drop(ports);
         if let Err(e) = me.launch(&shard_ports) {
@@ -408,6 +418,29 @@ impl Runtime {
             }
         }
         let _ = std::fs::write(self.out.join("processes.tsv"), s);
+    }
+
+    /// `prometheus-targets.json` in the run directory: every process's
+    /// metrics address, for a Prometheus `file_sd_configs`, with the job's
+    /// name in `distbelief_dev_job` as the chart's PodMonitor puts it on
+    /// Kubernetes, so that the Grafana dashboard works on a local run too.
+    /// Addresses do not change across restarts.
+    fn write_scrape_targets(&self) {
+        let targets: Vec<String> = self
+            .shards
+            .iter()
+            .chain([&self.coordinator])
+            .chain(&self.replicas)
+            .filter_map(|p| p.health.map(|a| a.to_string()))
+            .collect();
+        let doc = serde_json::json!([{
+            "targets": targets,
+            "labels": {"distbelief_dev_job": self.job.name},
+        }]);
+        let path = self.out.join(SCRAPE_TARGETS);
+        if let Err(e) = std::fs::write(&path, format!("{doc:#}\n")) {
+            eprintln!("distbelief: cannot write {}: {e}", path.display());
+        }
     }
 
     fn status(&self) -> Option<JobStatus> {

@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::pod::{env, env_field, mount, tcp_ready};
 use super::template;
 use super::{
-    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, OUTPUT_DIR, PARTITION_PORT, PS_PORT,
-    Target,
+    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, METRICS_PORT, OUTPUT_DIR,
+    PARTITION_PORT, PS_PORT, Target,
 };
 
 fn grpc_port(port: u16) -> ServicePort {
@@ -184,7 +184,16 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
         metadata: t.metadata(&coordinator, "coordinator"),
         spec: Some(ServiceSpec {
             selector: Some(t.selector_labels("coordinator")),
-            ports: Some(vec![grpc_port(COORDINATOR_PORT)]),
+            // `http`: the live page (and /metrics), which status.dashboardURL names.
+            ports: Some(vec![
+                grpc_port(COORDINATOR_PORT),
+                ServicePort {
+                    name: Some("http".into()),
+                    port: METRICS_PORT.into(),
+                    target_port: Some(IntOrString::String("metrics".into())),
+                    ..Default::default()
+                },
+            ]),
             ..Default::default()
         }),
         status: None,

@@ -143,6 +143,16 @@ impl Target<'_> {
         format!("{}-coordinator", self.name)
     }
 
+    /// The coordinator's live page, through its Service's `http` port.
+    pub fn dashboard_url(&self) -> String {
+        format!(
+            "http://{}.{}.svc:{}/",
+            self.coordinator_name(),
+            self.namespace,
+            super::METRICS_PORT
+        )
+    }
+
     pub(super) fn config_map_name(&self) -> String {
         format!("{}-job", self.name)
     }

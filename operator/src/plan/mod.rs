@@ -145,6 +145,7 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
     }
     plan.apply_children = true;
     plan.status.start_time.get_or_insert(Time(now));
+    plan.status.dashboard_url = Some(t.dashboard_url());
     if job.spec.suspend {
         suspend(&mut plan, t, &live, now);
         return plan;

@@ -1,0 +1,259 @@
+//! The chart's Grafana dashboard against a real Prometheus (Debian's
+//! `prometheus`): it scrapes a local replicated run, found through the run
+//! directory's `prometheus-targets.json`, and an operator reconciling a job
+//! on the kit's API server. Every query of every panel must return data.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::kit::{self, create_job, example_job};
+
+const EXE: &str = env!("CARGO_BIN_EXE_distbelief");
+
+/// Stands in for Grafana's `$__rate_interval`: every reconcile and every
+/// push of the test falls inside it.
+const RATE_INTERVAL: &str = "1m";
+
+/// A replicated job (so that the chain panels have chains), slowed so that
+/// it shares the cores with the tests running beside it, and long enough
+/// to be scraped for a while: the test stops it once every query has data.
+fn job(name: &str) -> String {
+    format!(
+        "apiVersion: distbelief.dev/v1alpha1
+kind: DistBeliefJob
+metadata: {{name: {name}}}
+spec:
+  model: {{hidden: [{{units: 64}}], output: {{units: 10}}}}
+  data: {{trainLimit: 20000, testLimit: 1000}}
+  algorithm: {{downpour: {{learningRate: 0.03, batchSize: 64}}}}
+  parameterServers: {{shards: 2, replication: 2}}
+  replicas: {{count: 2}}
+  stop: {{maxEpochs: 1000, maxSeconds: 120, evalIntervalSeconds: 1}}
+  faults: {{slowReplicas: [{{replica: 0, factor: 20}}, {{replica: 1, factor: 20}}]}}
+"
+    )
+}
+
+/// Kills its process when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Prometheus' answer to an instant query, or None if it did not answer.
+fn query(port: u16, expr: &str) -> Option<Value> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let path = format!("/api/v1/query?query={}", percent_encode(expr));
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let body = text.split_once("\r\n\r\n")?.1;
+    serde_json::from_str(body).ok()
+}
+
+/// How many series an answer holds with a finite value.
+fn finite_series(answer: &Value) -> usize {
+    answer["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter(|s| {
+                    s["value"][1]
+                        .as_str()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .is_some_and(f64::is_finite)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Every (panel title, query) of the dashboard, with its variables set as
+/// Grafana would for this job.
+fn panel_queries(job: &str) -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../charts/distbelief/files/grafana-dashboard.json");
+    let dash: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard")).expect("JSON");
+    let mut out = Vec::new();
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"]
+                .as_str()
+                .expect("a query")
+                .replace("$__rate_interval", RATE_INTERVAL)
+                .replace("$job", job);
+            out.push((p["title"].as_str().unwrap_or("?").to_string(), expr));
+        }
+    }
+    out
+}
+
+fn wait_for_file(path: &Path, limit: Duration, run_log: &Path) {
+    let deadline = Instant::now() + limit;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no {} after {limit:?}; the run says:\n{}",
+            path.display(),
+            std::fs::read_to_string(run_log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test]
+async fn kit_every_grafana_panel_gets_data_from_a_real_prometheus() {
+    let Some(kit) = kit::kit("kit_grafana").await else {
+        return;
+    };
+    assert!(
+        Command::new("prometheus")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success()),
+        "prometheus missing: run scripts/setup.sh (it installs Debian's prometheus)"
+    );
+    let (ns, _gone) = kit.namespace("cp-grafana").await;
+    let op_port = free_port();
+    let _op = kit.operator(
+        &ns,
+        "solo",
+        &["--metrics-addr", &format!("127.0.0.1:{op_port}")],
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let name = "grafana-local";
+    let job_file = dir.path().join("job.yaml");
+    std::fs::write(&job_file, job(name)).expect("job file");
+    let run: PathBuf = dir.path().join("run");
+    let run_log = dir.path().join("train.log");
+    let _train = Killed(
+        Command::new(EXE)
+            .arg("train")
+            .arg(&job_file)
+            .arg("--out")
+            .arg(&run)
+            .args(["--threads", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&run_log).expect("log"))
+            .spawn()
+            .expect("distbelief train starts"),
+    );
+    let targets = run.join("prometheus-targets.json");
+    wait_for_file(&targets, Duration::from_secs(60), &run_log);
+
+    let prom_port = free_port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+  - job_name: distbelief-local
+    file_sd_configs: [{{files: ['{}'], refresh_interval: 1s}}]
+  - job_name: distbelief-operator
+    static_configs: [{{targets: ['127.0.0.1:{op_port}']}}]
+",
+            targets.display()
+        ),
+    )
+    .expect("prometheus.yml");
+    let prom_log = dir.path().join("prometheus.log");
+    let _prom = Killed(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&prom_log).expect("log"))
+            .spawn()
+            .expect("prometheus starts"),
+    );
+
+    // The operator's job comes once Prometheus scrapes the operator, so
+    // that its reconciles fall between two scrapes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while query(prom_port, "up{job=\"distbelief-operator\"} == 1")
+        .is_none_or(|a| finite_series(&a) == 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never scraped the operator: {}",
+            std::fs::read_to_string(&prom_log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    create_job(&kit, &ns, &example_job("fm")).await;
+
+    // Until every query has data, or 90 s: the chain and latency panels
+    // need a few evaluations and scrapes.
+    let queries = panel_queries(name);
+    assert!(queries.len() >= 10, "{queries:?}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let empty = loop {
+        let empty: Vec<String> = queries
+            .iter()
+            .filter(|(_, q)| query(prom_port, q).is_none_or(|a| finite_series(&a) == 0))
+            .map(|(t, q)| format!("{t}: {q}"))
+            .collect();
+        if empty.is_empty() || Instant::now() > deadline {
+            break empty;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    assert!(
+        empty.is_empty(),
+        "{} of {} queries return no data:\n{}\nthe run says:\n{}\nprometheus says:\n{}",
+        empty.len(),
+        queries.len(),
+        empty.join("\n"),
+        std::fs::read_to_string(&run_log).unwrap_or_default(),
+        std::fs::read_to_string(&prom_log).unwrap_or_default()
+    );
+    // The job's own figures came through, labelled as on Kubernetes.
+    let acc = query(
+        prom_port,
+        &format!("distbelief_coordinator_test_accuracy{{distbelief_dev_job=\"{name}\"}}"),
+    )
+    .expect("an answer");
+    let v: f64 = acc["data"]["result"][0]["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("a value");
+    assert!(v > 0.5, "test accuracy {v} after training: {acc}");
+}

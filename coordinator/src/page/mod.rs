@@ -1,0 +1,181 @@
+//! The live page: one self-contained HTML page at `/` on the coordinator's
+//! HTTP port (the one `/metrics` is on), and `/api/status`, the JSON it
+//! polls. A sampler looks at what the coordinator already knows (tracker,
+//! shards, chains) a few times a second; every viewer gets that one JSON
+//! text, so viewers cost the job nothing. When the job is done the last
+//! picture is also saved as `live.html` in the output directory.
+
+pub mod view;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse};
+use distbelief_api::Job;
+
+use crate::Shared;
+use view::{JobFacts, Journal, PushRates, Sample};
+
+const INDEX: &str = include_str!("index.html");
+
+/// The saved page's name in the output directory.
+pub const SNAPSHOT_FILE: &str = "live.html";
+
+/// How often the sampler looks: fast enough that a replica's restart (about
+/// half a second between its new process reporting and training) shows.
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+
+/// The page's handle: made before the coordinator serves (the HTTP port
+/// starts first), filled once it does.
+#[derive(Clone, Debug, Default)]
+pub struct LivePage {
+    latest: Arc<Mutex<Option<Arc<str>>>>,
+}
+
+impl LivePage {
+    /// `/` and `/api/status`, to be served beside `/metrics`.
+    pub fn routes(&self) -> axum::Router {
+        let latest = self.latest.clone();
+        axum::Router::new()
+            .route("/", axum::routing::get(|| async { Html(INDEX) }))
+            .route(
+                "/api/status",
+                axum::routing::get(move || {
+                    let json = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    async move {
+                        match json {
+                            Some(j) => (
+                                [
+                                    (header::CONTENT_TYPE, "application/json"),
+                                    (header::CACHE_CONTROL, "no-store"),
+                                ],
+                                j.to_string(),
+                            )
+                                .into_response(),
+                            None => (
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the coordinator is reading the job's data",
+                            )
+                                .into_response(),
+                        }
+                    }
+                }),
+            )
+    }
+
+    fn set(&self, json: String) {
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(json.into());
+    }
+}
+
+/// The page's facts about the job itself.
+pub(crate) fn facts(job: &Job) -> JobFacts {
+    JobFacts {
+        name: job.name.clone(),
+        algorithm: if job.sandblaster.is_some() {
+            "sandblaster"
+        } else {
+            "downpour"
+        },
+        metric: if matches!(job.layout.loss, distbelief_api::Loss::SigmoidCrossEntropy) {
+            "auc"
+        } else {
+            "accuracy"
+        },
+        target: job
+            .spec
+            .stop
+            .target_test_accuracy
+            .or(job.spec.stop.target_test_auc),
+        spec: serde_json::to_value(&job.spec).unwrap_or_default(),
+    }
+}
+
+fn sample(shared: &Shared) -> Sample {
+    let at = shared.now();
+    let (status, staleness) = {
+        let t = shared.tracker();
+        (t.status(at), t.staleness().buckets().collect())
+    };
+    Sample {
+        at,
+        status: shared.finish_status(status),
+        shards: shared.shards(),
+        chains: shared
+            .chains
+            .as_ref()
+            .map(|k| k.chains())
+            .unwrap_or_default(),
+        staleness,
+    }
+}
+
+/// Samples the coordinator until the task is aborted.
+pub(crate) async fn keep(
+    page: LivePage,
+    shared: Arc<Shared>,
+    facts: JobFacts,
+    snapshot_dir: Option<PathBuf>,
+) {
+    let (mut rates, mut journal) = (PushRates::default(), Journal::default());
+    let mut prev: Option<Sample> = None;
+    let mut saved: Option<String> = None;
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let s = sample(&shared);
+        rates.observe(&s.shards, s.at);
+        if let Some(p) = &prev {
+            journal.record(p, &s);
+        }
+        let json = view::view(&facts, &s, &rates, &journal).to_string();
+        if s.status.done
+            && let Some(dir) = &snapshot_dir
+            && saved.as_deref() != Some(json.as_str())
+        {
+            let path = dir.join(SNAPSHOT_FILE);
+            match std::fs::write(&path, snapshot(&json)) {
+                Ok(()) => saved = Some(json.clone()),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "cannot save the live page: {e}");
+                    saved = Some(json.clone());
+                }
+            }
+        }
+        page.set(json);
+        prev = Some(s);
+    }
+}
+
+/// The page with its last picture inside, readable with no coordinator.
+pub fn snapshot(json: &str) -> String {
+    // `<` escaped, so that no text in the spec can close the script early.
+    let data = json.replace('<', "\\u003c");
+    INDEX.replace(
+        "<!--SNAPSHOT-->",
+        &format!("<script>window.SNAPSHOT = {data};</script>"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_page_carries_its_picture_and_cannot_be_broken_out_of() {
+        let page = snapshot(r#"{"job":"</script><script>alert(1)</script>"}"#);
+        assert!(page.contains("window.SNAPSHOT = {\"job\":\"\\u003c/script>"));
+        assert_eq!(page.matches("</script>").count(), 2, "{page}");
+    }
+
+    #[test]
+    fn the_page_fetches_nothing_from_elsewhere() {
+        for needle in ["src=\"http", "href=\"http", "@import", "url(http"] {
+            assert!(!INDEX.contains(needle), "{needle}");
+        }
+        assert!(INDEX.contains("<!--SNAPSHOT-->"));
+    }
+}
