@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing distbelief needs on a fresh
-# Debian machine: protoc, the Fashion-MNIST data set, Chromium and its
-# WebDriver, Prometheus, and the manifest tools
+# Debian machine: protoc, the Fashion-MNIST data set, with --test Chromium,
+# its WebDriver and Prometheus, and the manifest tools
 # (Helm, kubernetes-validate and TensorBoard, under the gitignored .tools/). Safe to run
 # again: it prints nothing and downloads nothing when everything is present.
 set -euo pipefail
@@ -34,11 +34,14 @@ apt_install() {
 
 need=()
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-# The live page's browser test drives Debian's headless Chromium; the
-# Grafana dashboard's test runs Debian's Prometheus against a local run.
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
-command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
-command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+# With --test (scripts/test.sh): the live page's browser test drives
+# Debian's headless Chromium, and the Grafana dashboard's test runs Debian's
+# Prometheus against a local run. Training needs neither.
+if [ "${1:-}" = --test ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+  command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+fi
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"

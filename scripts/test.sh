@@ -11,7 +11,7 @@
 #   tests: N passed, N failed, N skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --test
 echo "== cargo fmt --check" >&2
 cargo fmt --all --check
 echo "== cargo clippy" >&2
@@ -85,7 +85,7 @@ if [ -n "$kit_out" ]; then
   rm -f "$kit_out"
 elif [ ${#kit_args[@]} -gt 0 ]; then
   # Counted as skipped, never as passed: say which and why.
-  n=$(cargo test --release --locked -p distbelief --test controlplane -- --list 2>/dev/null | grep -c '^kit_.*: test$' || true)
+  n=$(cargo test --release --locked -p distbelief --test controlplane -- --list 2>/dev/null | grep -c 'kit_.*: test$' || true)
   echo "SKIP: $n control-plane tests: no Kubernetes kit (scripts/kit.sh path: $(scripts/kit.sh path 2>&1 | tail -n 1))"
   echo "controlplane: 0 passed, 0 failed, $n skipped" | tee -a "$log"
 fi

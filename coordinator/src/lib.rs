@@ -355,7 +355,7 @@ pub async fn serve(
     registry: &prometheus::Registry,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), CoordinatorError> {
-    let metrics = CoordinatorMetrics::register(registry)?;
+    let metrics = CoordinatorMetrics::register(registry, !job.tables.is_empty())?;
     let mut shutdown = Box::pin(shutdown);
     let Some((test, training_examples)) = load_data(job, &opts, &mut shutdown).await? else {
         return Ok(());
@@ -513,12 +513,15 @@ pub async fn serve(
     };
     let evaluator = tokio::spawn(evaluator.run(every));
     let sampler = opts.page.clone().map(|p| {
-        tokio::spawn(page::keep(
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(page::keep(
             p,
             shared.clone(),
             page::facts(job),
             opts.output.as_ref().map(|o| o.dir.clone()),
-        ))
+            stopped,
+        ));
+        (stop, task)
     });
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     let router = distbelief_net::server().add_service(CoordinatorServer::new(Service { shared }));
@@ -529,8 +532,16 @@ pub async fn serve(
     .unwrap_or(Ok(()));
     evaluator.abort();
     beating.abort();
-    if let Some(s) = sampler {
-        s.abort();
+    // The sampler's last look saves the final picture; a slow disk does
+    // not hold the stop up for long.
+    if let Some((stop, mut task)) = sampler {
+        let _ = stop.send(());
+        if tokio::time::timeout(Duration::from_secs(2), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
     }
     if let Some(d) = driver {
         d.abort();

@@ -11,7 +11,9 @@ use crate::chains::Chain;
 pub struct CoordinatorMetrics {
     pub test_accuracy: Gauge,
     pub test_loss: Gauge,
-    pub test_auc: Gauge,
+    /// Only for jobs that score AUC (binary labels, with tables): a 0 for
+    /// every other job would draw as a score on dashboards.
+    pub test_auc: Option<Gauge>,
     pub train_loss: Gauge,
     pub examples_per_second: Gauge,
     pub examples: Gauge,
@@ -25,14 +27,18 @@ pub struct CoordinatorMetrics {
 }
 
 impl CoordinatorMetrics {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+    pub fn register(registry: &Registry, scores_auc: bool) -> prometheus::Result<Self> {
         let m = CoordinatorMetrics {
             test_accuracy: Gauge::new("coordinator_test_accuracy", "Latest test accuracy")?,
             test_loss: Gauge::new("coordinator_test_loss", "Latest mean test cross-entropy")?,
-            test_auc: Gauge::new(
-                "coordinator_test_auc",
-                "Binary labels: latest test AUC (area under the ROC curve)",
-            )?,
+            test_auc: scores_auc
+                .then(|| {
+                    Gauge::new(
+                        "coordinator_test_auc",
+                        "Binary labels: latest test AUC (area under the ROC curve)",
+                    )
+                })
+                .transpose()?,
             train_loss: Gauge::new(
                 "coordinator_train_loss",
                 "Smoothed training loss reported by replicas",
@@ -83,12 +89,14 @@ impl CoordinatorMetrics {
                 &["shard"],
             )?,
         };
+        if let Some(g) = &m.test_auc {
+            registry.register(Box::new(g.clone()))?;
+        }
         distbelief_net::register_all(
             registry,
             vec![
                 Box::new(m.test_accuracy.clone()),
                 Box::new(m.test_loss.clone()),
-                Box::new(m.test_auc.clone()),
                 Box::new(m.train_loss.clone()),
                 Box::new(m.examples_per_second.clone()),
                 Box::new(m.examples.clone()),
@@ -106,8 +114,8 @@ impl CoordinatorMetrics {
 
     pub fn observe(&self, s: &JobStatus) {
         self.evaluations.inc();
-        if let Some(a) = s.test_auc {
-            self.test_auc.set(a);
+        if let (Some(a), Some(g)) = (s.test_auc, &self.test_auc) {
+            g.set(a);
         }
         if let Some(a) = s.test_accuracy {
             self.test_accuracy.set(a);

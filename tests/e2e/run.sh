@@ -1396,7 +1396,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
   # kind: the suite's budget starts once the cluster and the image are there.
   [ "$mode" != kind ] || budget_end=$((SECONDS + TOTAL_TIMEOUT))
   if step "helm install (chart, CRD, operator Ready)" install_chart; then
-    step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj" run_example
+    step "$EXAMPLE reaches phase Succeeded with testAccuracy >= 0.85, shown by kubectl get dbj; its live page, fetched through the coordinator Service while it trains, shows its name and figures; status.dashboardURL names that port" run_example
     step "$STRAGGLER: a slowed replica's backup races it and is kept, the straggler retired" straggler_race
     step "$ELASTIC: kubectl scale 1 -> 3 -> 1 mid-run; the pods follow, no restart counted, every data shard of each epoch trained once; kubectl autoscale makes an HPA" elastic
     step "synchronous SGD with a backup worker, compressed pushes and parameter averaging reach Succeeded at their targets" variants

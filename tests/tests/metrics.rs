@@ -118,7 +118,7 @@ spec:
         );
     }
     let coordinator = prometheus::Registry::new();
-    distbelief_coordinator::CoordinatorMetrics::register(&coordinator)
+    distbelief_coordinator::CoordinatorMetrics::register(&coordinator, false)
         .expect("coordinator metrics");
     assert!(
         coordinator
@@ -126,4 +126,17 @@ spec:
             .iter()
             .any(|f| f.name() == "coordinator_test_accuracy")
     );
+    // AUC only where it is scored: a 0 would draw as a score.
+    let names = |r: &prometheus::Registry| -> Vec<String> {
+        r.gather().iter().map(|f| f.name().to_string()).collect()
+    };
+    assert!(
+        !names(&coordinator)
+            .iter()
+            .any(|n| n == "coordinator_test_auc")
+    );
+    let sparse = prometheus::Registry::new();
+    distbelief_coordinator::CoordinatorMetrics::register(&sparse, true)
+        .expect("coordinator metrics");
+    assert!(names(&sparse).iter().any(|n| n == "coordinator_test_auc"));
 }

@@ -333,7 +333,7 @@ impl Runtime {
         );
         if let Some(addr) = me.coordinator.health {
             eprintln!(
-                "distbelief: live page on http://{addr}/ (saved as {} when the job ends)",
+                "distbelief: live page on http://{addr}/ (saved as {} when the job is done)",
                 out.join(distbelief_coordinator::page::SNAPSHOT_FILE)
                     .display()
             );

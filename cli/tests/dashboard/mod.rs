@@ -1,7 +1,9 @@
 //! The chart's Grafana dashboard against a real Prometheus (Debian's
-//! `prometheus`): it scrapes a local replicated run, found through the run
-//! directory's `prometheus-targets.json`, and an operator reconciling a job
-//! on the kit's API server. Every query of every panel must return data.
+//! `prometheus`): it scrapes two local runs, found through their run
+//! directories' `prometheus-targets.json`, and an operator reconciling a
+//! job on the kit's API server. Every query of every panel must return
+//! data, with the dashboard's job variable at "All", as a user watching
+//! both would have it.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -10,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::free_port;
 use crate::kit::{self, create_job, example_job};
 
 const EXE: &str = env!("CARGO_BIN_EXE_distbelief");
@@ -18,10 +21,15 @@ const EXE: &str = env!("CARGO_BIN_EXE_distbelief");
 /// push of the test falls inside it.
 const RATE_INTERVAL: &str = "1m";
 
-/// A replicated job (so that the chain panels have chains), slowed so that
-/// it shares the cores with the tests running beside it, and long enough
-/// to be scraped for a while: the test stops it once every query has data.
-fn job(name: &str) -> String {
+/// Long enough to be scraped for a while (the test stops them once every
+/// query has data), and slowed so that they share the cores with the tests
+/// running beside them.
+const STOP: &str = "  stop: {maxEpochs: 1000, maxSeconds: 120, evalIntervalSeconds: 1}
+  faults: {slowReplicas: [{replica: 0, factor: 10}, {replica: 1, factor: 10}]}
+";
+
+/// A dense job with replicated shards: fetches, and chains.
+fn dense_job(name: &str) -> String {
     format!(
         "apiVersion: distbelief.dev/v1alpha1
 kind: DistBeliefJob
@@ -32,10 +40,42 @@ spec:
   algorithm: {{downpour: {{learningRate: 0.03, batchSize: 64}}}}
   parameterServers: {{shards: 2, replication: 2}}
   replicas: {{count: 2}}
-  stop: {{maxEpochs: 1000, maxSeconds: 120, evalIntervalSeconds: 1}}
-  faults: {{slowReplicas: [{{replica: 0, factor: 20}}, {{replica: 1, factor: 20}}]}}
-"
+{STOP}"
     )
+}
+
+/// The Adult example: tables (whose replicas exchange rows instead of
+/// fetching), and AUC.
+fn sparse_job(name: &str) -> String {
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/adult-wide-deep.yaml"),
+    )
+    .expect("the example");
+    let at = example.find("  stop:").expect("the example's stop rule");
+    format!("{}{STOP}", &example[..at]).replace("name: adult-wide-deep", &format!("name: {name}"))
+}
+
+/// `distbelief train` of `yaml` in `dir/name`, and its scrape targets file.
+fn start_run(dir: &Path, name: &str, yaml: String) -> (Killed, PathBuf) {
+    let job_file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&job_file, yaml).expect("job file");
+    let run = dir.join(name);
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(EXE)
+        .arg("train")
+        .arg(&job_file)
+        .arg("--out")
+        .arg(&run)
+        .args(["--threads", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("distbelief train starts");
+    let targets = run.join("prometheus-targets.json");
+    let train = Killed(child);
+    wait_for_file(&targets, Duration::from_secs(60), &log);
+    (train, targets)
 }
 
 /// Kills its process when dropped.
@@ -46,14 +86,6 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn percent_encode(s: &str) -> String {
@@ -98,8 +130,8 @@ fn finite_series(answer: &Value) -> usize {
 }
 
 /// Every (panel title, query) of the dashboard, with its variables set as
-/// Grafana would for this job.
-fn panel_queries(job: &str) -> Vec<(String, String)> {
+/// Grafana sets them for "All" jobs.
+fn panel_queries() -> Vec<(String, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../charts/distbelief/files/grafana-dashboard.json");
     let dash: Value =
@@ -111,7 +143,7 @@ fn panel_queries(job: &str) -> Vec<(String, String)> {
                 .as_str()
                 .expect("a query")
                 .replace("$__rate_interval", RATE_INTERVAL)
-                .replace("$job", job);
+                .replace("$job", ".*");
             out.push((p["title"].as_str().unwrap_or("?").to_string(), expr));
         }
     }
@@ -152,26 +184,17 @@ async fn kit_every_grafana_panel_gets_data_from_a_real_prometheus() {
     );
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let name = "grafana-local";
-    let job_file = dir.path().join("job.yaml");
-    std::fs::write(&job_file, job(name)).expect("job file");
-    let run: PathBuf = dir.path().join("run");
-    let run_log = dir.path().join("train.log");
-    let _train = Killed(
-        Command::new(EXE)
-            .arg("train")
-            .arg(&job_file)
-            .arg("--out")
-            .arg(&run)
-            .args(["--threads", "1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&run_log).expect("log"))
-            .spawn()
-            .expect("distbelief train starts"),
-    );
-    let targets = run.join("prometheus-targets.json");
-    wait_for_file(&targets, Duration::from_secs(60), &run_log);
+    let (_dense, dense_targets) =
+        start_run(dir.path(), "grafana-dense", dense_job("grafana-dense"));
+    let (_sparse, sparse_targets) =
+        start_run(dir.path(), "grafana-sparse", sparse_job("grafana-sparse"));
+    let logs = || {
+        ["grafana-dense", "grafana-sparse"]
+            .map(|n| {
+                std::fs::read_to_string(dir.path().join(format!("{n}.log"))).unwrap_or_default()
+            })
+            .join("\n")
+    };
 
     let prom_port = free_port();
     let config = dir.path().join("prometheus.yml");
@@ -181,11 +204,12 @@ async fn kit_every_grafana_panel_gets_data_from_a_real_prometheus() {
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
   - job_name: distbelief-local
-    file_sd_configs: [{{files: ['{}'], refresh_interval: 1s}}]
+    file_sd_configs: [{{files: ['{}', '{}'], refresh_interval: 1s}}]
   - job_name: distbelief-operator
     static_configs: [{{targets: ['127.0.0.1:{op_port}']}}]
 ",
-            targets.display()
+            dense_targets.display(),
+            sparse_targets.display()
         ),
     )
     .expect("prometheus.yml");
@@ -222,7 +246,7 @@ scrape_configs:
 
     // Until every query has data, or 90 s: the chain and latency panels
     // need a few evaluations and scrapes.
-    let queries = panel_queries(name);
+    let queries = panel_queries();
     assert!(queries.len() >= 10, "{queries:?}");
     let deadline = Instant::now() + Duration::from_secs(90);
     let empty = loop {
@@ -238,22 +262,32 @@ scrape_configs:
     };
     assert!(
         empty.is_empty(),
-        "{} of {} queries return no data:\n{}\nthe run says:\n{}\nprometheus says:\n{}",
+        "{} of {} queries return no data:\n{}\nthe runs say:\n{}\nprometheus says:\n{}",
         empty.len(),
         queries.len(),
         empty.join("\n"),
-        std::fs::read_to_string(&run_log).unwrap_or_default(),
+        logs(),
         std::fs::read_to_string(&prom_log).unwrap_or_default()
     );
-    // The job's own figures came through, labelled as on Kubernetes.
-    let acc = query(
+    // Each job's own figures came through, labelled as on Kubernetes.
+    for (name, metric) in [
+        ("grafana-dense", "test_accuracy"),
+        ("grafana-sparse", "test_accuracy"),
+        ("grafana-sparse", "test_auc"),
+    ] {
+        let q = format!("distbelief_coordinator_{metric}{{distbelief_dev_job=\"{name}\"}}");
+        let a = query(prom_port, &q).expect("an answer");
+        let v: f64 = a["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{q}: {a}"));
+        assert!(v > 0.5, "{q} = {v} after training");
+    }
+    // AUC only where it is scored.
+    let a = query(
         prom_port,
-        &format!("distbelief_coordinator_test_accuracy{{distbelief_dev_job=\"{name}\"}}"),
+        "distbelief_coordinator_test_auc{distbelief_dev_job=\"grafana-dense\"}",
     )
     .expect("an answer");
-    let v: f64 = acc["data"]["result"][0]["value"][1]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .expect("a value");
-    assert!(v > 0.5, "test accuracy {v} after training: {acc}");
+    assert_eq!(a["data"]["result"].as_array().map(Vec::len), Some(0), "{a}");
 }

@@ -72,23 +72,18 @@ impl LivePage {
 
 /// The page's facts about the job itself.
 pub(crate) fn facts(job: &Job) -> JobFacts {
+    // AUC is scored for the models with tables (binary labels), and is
+    // then the figure the page plots.
+    let auc = !job.tables.is_empty();
+    let stop = &job.spec.stop;
     JobFacts {
         name: job.name.clone(),
-        algorithm: if job.sandblaster.is_some() {
-            "sandblaster"
+        metric: if auc { "auc" } else { "accuracy" },
+        target: if auc {
+            stop.target_test_auc
         } else {
-            "downpour"
+            stop.target_test_accuracy
         },
-        metric: if matches!(job.layout.loss, distbelief_api::Loss::SigmoidCrossEntropy) {
-            "auc"
-        } else {
-            "accuracy"
-        },
-        target: job
-            .spec
-            .stop
-            .target_test_accuracy
-            .or(job.spec.stop.target_test_auc),
         spec: serde_json::to_value(&job.spec).unwrap_or_default(),
     }
 }
@@ -112,41 +107,59 @@ fn sample(shared: &Shared) -> Sample {
     }
 }
 
-/// Samples the coordinator until the task is aborted.
+/// Samples the coordinator until `stop` fires, then takes a last sample, so
+/// that a coordinator stopped right after the job is done still saves the
+/// final picture.
 pub(crate) async fn keep(
     page: LivePage,
     shared: Arc<Shared>,
     facts: JobFacts,
     snapshot_dir: Option<PathBuf>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     let (mut rates, mut journal) = (PushRates::default(), Journal::default());
     let mut prev: Option<Sample> = None;
-    let mut saved: Option<String> = None;
+    // What the saved page showed: its curve points and events. Saved again
+    // only when they change (a last evaluation after the stop), not at
+    // every sample while a finished coordinator waits to be stopped.
+    let mut saved: Option<(usize, u64)> = None;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        tick.tick().await;
+        let last = tokio::select! {
+            _ = tick.tick() => false,
+            _ = &mut stop => true,
+        };
         let s = sample(&shared);
         rates.observe(&s.shards, s.at);
         if let Some(p) = &prev {
             journal.record(p, &s);
         }
         let json = view::view(&facts, &s, &rates, &journal).to_string();
+        let shown = (s.status.curve.len(), journal.recorded());
         if s.status.done
             && let Some(dir) = &snapshot_dir
-            && saved.as_deref() != Some(json.as_str())
+            && saved != Some(shown)
         {
-            let path = dir.join(SNAPSHOT_FILE);
-            match std::fs::write(&path, snapshot(&json)) {
-                Ok(()) => saved = Some(json.clone()),
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), "cannot save the live page: {e}");
-                    saved = Some(json.clone());
-                }
-            }
+            save(dir, &json);
+            saved = Some(shown);
         }
         page.set(json);
+        if last {
+            return;
+        }
         prev = Some(s);
+    }
+}
+
+/// Writes the page with its picture as `live.html` in `dir`, whole or not
+/// at all: a reader never finds half a page.
+fn save(dir: &std::path::Path, json: &str) {
+    let (path, part) = (dir.join(SNAPSHOT_FILE), dir.join(".live.html.part"));
+    let written =
+        std::fs::write(&part, snapshot(json)).and_then(|()| std::fs::rename(&part, &path));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), "cannot save the live page: {e}");
     }
 }
 

@@ -49,15 +49,19 @@ pub fn replica_state(r: &ReplicaProgress, status: &JobStatus) -> &'static str {
 
 /// Each shard's pushes per second, from the last two versions seen: shards'
 /// versions change only when the coordinator evaluates, so the rate spans
-/// two changes, not two samples.
+/// two changes, not two samples. A shard whose version has not changed for
+/// twice that span (and a second) has stopped taking pushes: 0.
 #[derive(Debug, Clone, Default)]
 pub struct PushRates {
     /// Per shard: (seconds, version) of the two latest distinct versions.
     seen: Vec<[(f64, u64); 2]>,
+    /// When the shards were last looked at.
+    now: f64,
 }
 
 impl PushRates {
     pub fn observe(&mut self, shards: &[ShardProgress], at: f64) {
+        self.now = at;
         for s in shards {
             let k = s.shard as usize;
             if self.seen.len() <= k {
@@ -72,7 +76,11 @@ impl PushRates {
 
     pub fn rate(&self, shard: u32) -> f64 {
         match self.seen.get(shard as usize) {
-            Some(&[(t0, v0), (t1, v1)]) if t1 > t0 && v1 >= v0 => (v1 - v0) as f64 / (t1 - t0),
+            Some(&[(t0, v0), (t1, v1)])
+                if t1 > t0 && v1 >= v0 && self.now - t1 <= 2.0 * (t1 - t0) + 1.0 =>
+            {
+                (v1 - v0) as f64 / (t1 - t0)
+            }
             _ => 0.0,
         }
     }
@@ -83,6 +91,8 @@ impl PushRates {
 #[derive(Debug, Clone, Default)]
 pub struct Journal {
     events: VecDeque<(f64, &'static str, String)>,
+    /// Every event ever recorded, the dropped ones included.
+    recorded: u64,
 }
 
 impl Journal {
@@ -91,8 +101,16 @@ impl Journal {
             if self.events.len() == EVENTS_KEPT {
                 self.events.pop_front();
             }
-            self.events.push_back((next.at, kind, text));
+            // On the training clock, as the curves are.
+            self.events
+                .push_back((next.status.train_seconds, kind, text));
+            self.recorded += 1;
         }
+    }
+
+    /// Events recorded so far, the ones no longer kept included.
+    pub fn recorded(&self) -> u64 {
+        self.recorded
     }
 
     fn to_json(&self) -> Value {
@@ -177,7 +195,11 @@ pub fn changes(prev: &Sample, next: &Sample) -> Vec<(&'static str, String)> {
         if prev.chains.get(s).is_some_and(|old| old != c) {
             out.push((
                 "chain",
-                format!("shard {s}: chain epoch {} {}", c.epoch, chain_words(c)),
+                format!(
+                    "shard {s}: chain epoch {} {}",
+                    chain_epoch(c),
+                    chain_words(c)
+                ),
             ));
         }
     }
@@ -199,6 +221,12 @@ pub fn changes(prev: &Sample, next: &Sample) -> Vec<(&'static str, String)> {
     out
 }
 
+/// The epoch within the coordinator's generation (the high 32 bits), as
+/// the Grafana dashboard shows it too.
+fn chain_epoch(c: &Chain) -> u64 {
+    c.epoch & 0xFFFF_FFFF
+}
+
 fn chain_words(c: &Chain) -> String {
     match c.head() {
         Some(h) => format!("head {h}, members {:?}", c.members),
@@ -210,7 +238,6 @@ fn chain_words(c: &Chain) -> String {
 #[derive(Debug, Clone)]
 pub struct JobFacts {
     pub name: String,
-    pub algorithm: &'static str,
     /// The target metric's name: "accuracy", or "auc" for sparse binary jobs.
     pub metric: &'static str,
     pub target: Option<f64>,
@@ -247,24 +274,23 @@ pub fn view(job: &JobFacts, s: &Sample, rates: &PushRates, journal: &Journal) ->
             })
         })
         .collect();
-    let shards: Vec<Value> = s
-        .shards
-        .iter()
-        .map(|p| {
-            let chain = s
-                .chains
-                .get(p.shard as usize)
-                .map(|c| json!({"epoch": c.epoch, "head": c.head(), "members": c.members}));
-            json!({
-                "shard": p.shard, "version": p.version, "shardEpoch": p.shard_epoch,
-                "restoredVersion": p.restored_version, "pushesPerSecond": rates.rate(p.shard),
-                "chain": chain,
+    let shards: Vec<Value> =
+        s.shards
+            .iter()
+            .map(|p| {
+                let chain = s.chains.get(p.shard as usize).map(
+                    |c| json!({"epoch": chain_epoch(c), "head": c.head(), "members": c.members}),
+                );
+                json!({
+                    "shard": p.shard, "version": p.version, "shardEpoch": p.shard_epoch,
+                    "restoredVersion": p.restored_version, "pushesPerSecond": rates.rate(p.shard),
+                    "chain": chain,
+                })
             })
-        })
-        .collect();
+            .collect();
     let staleness = st.staleness.unwrap_or_default();
     json!({
-        "job": job.name, "algorithm": job.algorithm, "metric": job.metric, "target": job.target,
+        "job": job.name, "metric": job.metric, "target": job.target,
         "at": s.at, "done": st.done, "stopReason": st.stop_reason,
         "trainSeconds": st.train_seconds, "examples": st.examples, "steps": st.steps,
         "examplesPerSecond": st.examples_per_second, "epochs": st.epochs,
@@ -354,6 +380,11 @@ mod tests {
         r.observe(&at(410), 2.0);
         assert_eq!(r.rate(0), 300.0);
         assert_eq!(r.rate(3), 0.0);
+        // No push since: the rate holds for a while, then is 0.
+        r.observe(&at(410), 3.0);
+        assert_eq!(r.rate(0), 300.0);
+        r.observe(&at(410), 5.1);
+        assert_eq!(r.rate(0), 0.0);
     }
 
     fn sample(at: f64, f: impl FnOnce(&mut Sample)) -> Sample {
@@ -381,8 +412,9 @@ mod tests {
                 ..Default::default()
             });
             s.status.table_rows_evicted = vec![0, 40];
+            // A restarted coordinator's generation is in the high bits.
             s.chains[0] = Chain {
-                epoch: 2,
+                epoch: (1 << 32) + 2,
                 members: vec![1],
             };
             s.status.done = true;
@@ -397,7 +429,7 @@ mod tests {
         );
         let texts: Vec<_> = changes(&a, &b).into_iter().map(|(_, t)| t).collect();
         assert!(texts[2].contains("table 1: 40 rows evicted"), "{texts:?}");
-        assert!(texts[3].contains("head 1"), "{texts:?}");
+        assert!(texts[3].contains("chain epoch 2 head 1"), "{texts:?}");
         // Nothing new, nothing said.
         assert!(changes(&b, &b).is_empty());
         let mut j = Journal::default();
@@ -421,7 +453,6 @@ mod tests {
         });
         let facts = JobFacts {
             name: "fm".into(),
-            algorithm: "downpour",
             metric: "accuracy",
             target: Some(0.85),
             spec: json!({"replicas": {"count": 2}}),
@@ -435,7 +466,6 @@ mod tests {
         assert_eq!(v["staleness"]["buckets"][1]["count"], 5);
         assert_eq!(v["spec"]["replicas"]["count"], 2);
         // A loss not yet known is null, not NaN (which JSON cannot carry).
-        assert_eq!(v["replicas"][0]["loss"], 0.0);
         let mut nan = s.clone();
         nan.status.train_loss = f64::NAN;
         let v = view(&facts, &nan, &PushRates::default(), &Journal::default());
