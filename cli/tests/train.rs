@@ -1480,10 +1480,33 @@ fn the_live_page_shows_the_run_in_a_real_browser() {
         "{} bytes",
         png.len()
     );
-    // The last picture stays with the run.
-    let saved = std::fs::read_to_string(run.run_dir().join("live.html")).expect("live.html");
+    // The last picture stays with the run: opened from disk, with no
+    // coordinator, it shows the job finished at the coordinator's final
+    // figure and every evaluation.
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg("--saved")
+        .arg(run.run_dir().join("live.html"))
+        .output()
+        .expect("python3 runs");
     assert!(
-        saved.contains("window.SNAPSHOT") && saved.contains("\"done\":true"),
-        "live.html without its picture"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(page["job"], "live-page", "{page}");
+    assert!(
+        page["badge"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("finished: ")),
+        "{page}"
+    );
+    let last = s["final_test_accuracy"].as_f64().expect("a final accuracy");
+    assert_eq!(page["accuracy"], format!("{last:.4}"), "{page} {s}");
+    assert_eq!(
+        page["points"].as_u64(),
+        curve.as_array().map(|c| c.len() as u64),
+        "{page}"
     );
 }

@@ -14,6 +14,7 @@ It kills replica --replica of the `distbelief train` process --train-pid
 --kill-after points, and saves a screenshot at the end.
 
 usage: live_page.py URL --train-pid PID --replica N --screenshot PNG
+       live_page.py --saved live.html    (what the saved page shows, as JSON)
 """
 
 import argparse
@@ -157,7 +158,27 @@ def replica_pid(train_pid, replica):
     return None
 
 
+def saved(path):
+    """What a saved page (live.html) shows when opened from disk."""
+    d = Driver()
+    try:
+        d.go("file://" + os.path.abspath(path))
+        deadline = time.time() + 10
+        while True:
+            r = d.js(READ % 0)
+            if r["job"] != "distbelief" or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        r["note"] = d.js("return document.getElementById('note').textContent;")
+    finally:
+        d.close()
+    json.dump(r, sys.stdout)
+    print()
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--saved":
+        return saved(sys.argv[2])
     p = argparse.ArgumentParser()
     p.add_argument("url")
     p.add_argument("--train-pid", type=int, required=True)

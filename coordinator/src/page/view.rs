@@ -321,7 +321,7 @@ pub fn view(job: &JobFacts, s: &Sample, rates: &PushRates, journal: &Journal) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use distbelief_proto::v1::{BackupRace, CurvePoint};
+    use distbelief_proto::v1::{BackupRace, CurvePoint, SandblasterProgress};
 
     fn replica(steps: u64, incarnations: u32, silent: f64) -> ReplicaProgress {
         ReplicaProgress {
@@ -470,5 +470,29 @@ mod tests {
         nan.status.train_loss = f64::NAN;
         let v = view(&facts, &nan, &PushRates::default(), &Journal::default());
         assert_eq!(v["trainLoss"], Value::Null);
+        assert_eq!(v["sandblaster"], Value::Null);
+        // Sandblaster's batches and backup portions, and their event.
+        let mut sb = s.clone();
+        sb.status.sandblaster = Some(SandblasterProgress {
+            batches: 7,
+            backup_portions_issued: 12,
+            backup_portions_used: 3,
+            ..Default::default()
+        });
+        let v = view(&facts, &sb, &PushRates::default(), &Journal::default());
+        assert_eq!(v["sandblaster"]["batches"], 7);
+        assert_eq!(v["sandblaster"]["backupPortionsIssued"], 12);
+        assert_eq!(v["sandblaster"]["backupPortionsUsed"], 3);
+        let mut before = sb.clone();
+        if let Some(b) = before.status.sandblaster.as_mut() {
+            b.backup_portions_issued = 4;
+        }
+        assert_eq!(
+            changes(&before, &sb),
+            [(
+                "backup",
+                "8 backup portions issued (12 in all, 3 used)".to_string()
+            )]
+        );
     }
 }
