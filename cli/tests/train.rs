@@ -1340,8 +1340,16 @@ fn tensorboard_reads_every_scalar_the_coordinator_wrote() {
             "{loss:?} {p}"
         );
     }
+    // Training loss is written once a replica has reported one: an
+    // evaluation before that (at 0 examples) has none, in curve.json too.
+    let with_loss: Vec<u64> = points
+        .iter()
+        .filter(|p| p["train_loss"].is_f64())
+        .map(|p| p["examples"].as_u64().unwrap())
+        .collect();
+    let steps: Vec<u64> = series("train/loss").iter().map(|p| p.0).collect();
+    assert_eq!(steps, with_loss, "train/loss: {scalars}\n{curve}");
     for tag in [
-        "train/loss",
         "train/examples_per_second",
         "train/epochs",
         "staleness/p50",
