@@ -11,19 +11,34 @@
 #   tests: N passed, N failed, N skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Each step's wall time, printed at the end, so that a slow suite shows
+# (docs/development.md lists what each takes on 2 cores).
+run_start=$SECONDS
+step_name=
+step_start=$SECONDS
+times=()
+step() {
+  [ -n "$step_name" ] && times+=("$(printf '%-28s %5d s' "$step_name" $((SECONDS - step_start)))")
+  step_name=$1
+  step_start=$SECONDS
+  [ -n "$step_name" ] && echo "== $step_name" >&2
+  return 0
+}
+
+step "setup (scripts/setup.sh)"
 scripts/setup.sh --test
-echo "== cargo fmt --check" >&2
+step "cargo fmt --check"
 cargo fmt --all --check
-echo "== cargo clippy" >&2
+step "cargo clippy (builds)"
 cargo clippy --release --locked --workspace --all-targets -- -D warnings
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
 
-echo "== manifests (scripts/check-manifests.sh)" >&2
+step "manifests and links"
 scripts/check-manifests.sh 2>&1 | tee -a "$log" || status=1
-echo "== links (scripts/check-links.py)" >&2
 python3 scripts/check-links.py 2>&1 | tee -a "$log" || status=1
 
 # The control-plane tests (cli/tests/controlplane.rs, named kit_*) run
@@ -42,7 +57,7 @@ if scripts/kit.sh path >/dev/null 2>&1; then
     echo "== waiting (up to 60 min) for another test run that uses the kit" >&2
     flock -w 3600 8 || { echo "FAIL: another test run held the kit for 60 min" | tee -a "$log"; status=1; }
   fi
-  echo "== Kubernetes kit (scripts/kit.sh up)" >&2
+  step "Kubernetes kit (scripts/kit.sh up)"
   # 8>&-: the kit's daemons outlive this run and must not hold the lock.
   if kit_env=$(scripts/kit.sh up 8>&-); then
     eval "$kit_env"
@@ -56,7 +71,7 @@ if [ -z "${DISTBELIEF_KIT_KUBECONFIG:-}" ]; then
   kit_args=(-- --skip kit_)
 fi
 
-echo "== cargo test" >&2
+step "cargo test: build"
 # --all-targets: unit, integration and binary tests (the crates have no doctests).
 # The control-plane tests mostly wait on the API server, so their binary
 # runs beside the rest (from the package's directory, as cargo runs it),
@@ -77,9 +92,10 @@ for line in sys.stdin:
     kit_args=(-- --skip kit_)
   fi
 fi
+step "cargo test (and kit_ beside)"
 cargo test --release --locked --workspace --all-targets --no-fail-fast "${kit_args[@]}" 8>&- 2>&1 | tee -a "$log" || status=1
 if [ -n "$kit_out" ]; then
-  echo "== control-plane tests (ran beside cargo test)" >&2
+  step "control-plane tests: rest"
   wait "$kit_pid" || status=1
   tee -a "$log" < "$kit_out"
   rm -f "$kit_out"
@@ -90,8 +106,12 @@ elif [ ${#kit_args[@]} -gt 0 ]; then
   echo "controlplane: 0 passed, 0 failed, $n skipped" | tee -a "$log"
 fi
 
-echo "== e2e (tests/e2e/run.sh)" >&2
+step "e2e (tests/e2e/run.sh)"
 tests/e2e/run.sh 8>&- 2>&1 | tee -a "$log" || status=1
+step ""
+echo "== time by step" >&2
+printf '%s\n' "${times[@]}" >&2
+printf '%-28s %5d s\n' "total" $((SECONDS - run_start)) >&2
 
 # cargo prints one "test result:" line per test binary; the two scripts print
 # one "<name>: N passed, N failed, N skipped" line each.

@@ -696,6 +696,50 @@ async fn current_replica_pod(kit: &Kit, ns: &str, replica: u32, min: u32) -> (St
     .await
 }
 
+/// Every `replicaRestarts` value the job was written with, in order (runs
+/// of one value as one), from `first` until the job is Failed. A watch that
+/// loses its history fails the test rather than skip a write.
+async fn restarts_written(
+    jobs: &Api<DynamicObject>,
+    name: &str,
+    first: DynamicObject,
+    mut from: String,
+) -> Vec<u64> {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    // Records one write; true once the job is Failed.
+    fn record(seen: &mut Vec<u64>, o: &DynamicObject) -> bool {
+        let n = o.data["status"]["replicaRestarts"].as_u64().unwrap_or(0);
+        if seen.last() != Some(&n) {
+            seen.push(n);
+        }
+        o.data["status"]["phase"] == "Failed"
+    }
+    let mut seen = Vec::new();
+    if record(&mut seen, &first) {
+        return seen;
+    }
+    let wp = WatchParams::default().fields(&format!("metadata.name={name}"));
+    // The server ends a watch after its timeout: resume from the last
+    // version seen, so that no write falls between two watches.
+    loop {
+        let mut events = jobs.watch(&wp, &from).await.expect("watch").boxed();
+        while let Some(e) = events.next().await {
+            match e.expect("a watch event") {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                    from = o.metadata.resource_version.clone().unwrap_or(from);
+                    if record(&mut seen, &o) {
+                        return seen;
+                    }
+                }
+                WatchEvent::Bookmark(b) => from = b.metadata.resource_version,
+                WatchEvent::Deleted(_) => panic!("the job was deleted: {seen:?}"),
+                WatchEvent::Error(e) => panic!("the watch lost writes ({e:?}) after {seen:?}"),
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
     let Some(kit) = kit::kit("kit_restarts").await else {
@@ -711,7 +755,9 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
     let (pod1, attempt1) = current_replica_pod(&kit, &ns, 1, 0).await;
 
     // Racing writers: the "coordinator" writes progress every 150 ms while
-    // a watcher records every replicaRestarts value it sees.
+    // a watch records replicaRestarts at every write of the job (a watch
+    // delivers each one, however briefly a value stood; polling could miss
+    // one on a loaded machine).
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (c, ns, stop) = (kit.client.clone(), ns.clone(), stop.clone());
@@ -738,22 +784,14 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
         })
     };
     let watcher = {
-        let (c, ns, stop) = (kit.client.clone(), ns.clone(), stop.clone());
-        tokio::spawn(async move {
-            let jobs: Api<DynamicObject> =
-                Api::namespaced_with(c, &ns, &distbelief_operator::reconcile::job_resource());
-            let mut seen = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(j) = jobs.get("fm").await
-                    && let Some(n) = j.data["status"]["replicaRestarts"].as_u64()
-                    && seen.last() != Some(&n)
-                {
-                    seen.push(n);
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            seen
-        })
+        let jobs: Api<DynamicObject> = Api::namespaced_with(
+            kit.client.clone(),
+            &ns,
+            &distbelief_operator::reconcile::job_resource(),
+        );
+        let first = jobs.get("fm").await.expect("the job");
+        let from = first.metadata.resource_version.clone().expect("a version");
+        tokio::spawn(async move { restarts_written(&jobs, "fm", first, from).await })
     };
 
     // An eviction is not the replica's fault: no budget used.
@@ -785,10 +823,12 @@ async fn kit_restart_counts_climb_one_at_a_time_and_the_budget_is_exact() {
         (status(&kit, &ns, "fm").await["phase"] == "Failed").then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.unwrap();
-    let seen = watcher.await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(60), watcher)
+        .await
+        .expect("the watch saw the job fail within 60 s")
+        .unwrap();
     let st = status(&kit, &ns, "fm").await;
     assert_eq!(st["replicaRestarts"], 10, "{st}");
     assert_eq!(st["replicaReschedules"], 1, "{st}");
@@ -1249,9 +1289,23 @@ async fn kit_a_replica_pod_refused_by_a_quota_is_reported_then_created_once_it_f
         note.contains("(Forbidden)") && note.contains("exceeded quota: small"),
         "{note}"
     );
-    // The operator asks again every second (the kit's backoff); over five
-    // seconds of refusals no budget is used and no attempt moves.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The operator asks again every second (the kit's backoff). Once it has
+    // been refused four times more (waited for, bounded), no budget is used
+    // and no attempt has moved.
+    let refused = |st: &Value| -> u64 {
+        st["replicas"]
+            .as_array()
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| r["creationRefused"]["refusals"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    wait_for(Duration::from_secs(60), "4 refusals", || async {
+        (refused(&status(&kit, &ns, "fm").await) >= 4).then_some(())
+    })
+    .await;
     let st = status(&kit, &ns, "fm").await;
     assert_eq!(st["replicaRestarts"], 0, "{st}");
     assert_eq!(st["replicaReschedules"], 0, "{st}");

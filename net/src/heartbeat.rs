@@ -60,9 +60,10 @@ mod tests {
 
     #[test]
     fn stuck_once_silent_past_the_limit() {
-        let h = Heartbeat::new(Duration::from_millis(30));
+        // A limit far above any preemption between two lines of a test.
+        let h = Heartbeat::new(Duration::from_secs(2));
         assert!(h.stuck().is_none());
-        std::thread::sleep(Duration::from_millis(60));
+        std::thread::sleep(Duration::from_millis(2100));
         let why = h.stuck().expect("silent past the limit");
         assert!(why.contains("limit"), "{why}");
         h.clone().beat();

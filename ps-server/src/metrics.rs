@@ -22,6 +22,8 @@ pub struct PsMetrics {
     pub checkpoint_hold_seconds: Histogram,
     pub forward_failures: IntCounter,
     pub fenced_forwards: IntCounter,
+    /// Pushes arriving now: each holds one of the shard's assembly slots.
+    pub pushes_arriving: IntGauge,
     /// Per embedding table: rows stored, and since the shard's start (or
     /// restore) rows created, rows evicted and row updates refused while
     /// a key waits for admission.
@@ -97,6 +99,10 @@ impl PsMetrics {
                 "ps_fenced_forwards_total",
                 "Replication: forwards refused because they came from another chain epoch",
             )?,
+            pushes_arriving: IntGauge::new(
+                "ps_pushes_arriving",
+                "Pushes being received now, each holding one of the shard's assembly slots",
+            )?,
             table_rows: table_gauge("ps_table_rows", "Embedding table rows this shard stores")?,
             table_rows_created: table_gauge(
                 "ps_table_rows_created",
@@ -128,6 +134,7 @@ impl PsMetrics {
                 Box::new(m.checkpoint_hold_seconds.clone()),
                 Box::new(m.forward_failures.clone()),
                 Box::new(m.fenced_forwards.clone()),
+                Box::new(m.pushes_arriving.clone()),
                 Box::new(m.table_rows.clone()),
                 Box::new(m.table_rows_created.clone()),
                 Box::new(m.table_rows_evicted.clone()),

@@ -162,6 +162,7 @@ impl ShardService {
             .await
             .map_err(|_| busy("another push is still arriving"))?
             .map_err(|_| Status::unavailable("shard is shutting down"))?;
+        let _arriving = Arriving::new(&self.metrics.pushes_arriving);
         let range = self.read().range.clone();
         let (buffer, squares) = {
             let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
@@ -745,5 +746,22 @@ pub async fn checkpoint_now(
             tracing::error!("checkpoint task failed: {e}");
             false
         }
+    }
+}
+
+/// Counts a push in `ps_pushes_arriving` for as long as it holds its
+/// assembly slot, however it ends.
+struct Arriving(prometheus::IntGauge);
+
+impl Arriving {
+    fn new(g: &prometheus::IntGauge) -> Self {
+        g.inc();
+        Arriving(g.clone())
+    }
+}
+
+impl Drop for Arriving {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -35,6 +35,8 @@ struct Members {
     runtimes: Vec<Option<tokio::runtime::Runtime>>,
     /// Each member's shard, as its service holds it.
     states: Vec<Option<Arc<RwLock<Shard>>>>,
+    /// Each member's metrics.
+    registries: Vec<prometheus::Registry>,
     coordinator_stop: watch::Sender<bool>,
     coordinator_task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -96,6 +98,7 @@ impl Members {
             coordinator,
             runtimes: vec![None, None],
             states: vec![None, None],
+            registries: vec![prometheus::Registry::new(), prometheus::Registry::new()],
             coordinator_stop: stop,
             coordinator_task: Some(coordinator_task),
         };
@@ -128,13 +131,26 @@ impl Members {
             .build()
             .expect("runtime");
         let l = l.into_std().expect("std listener");
+        // A restarted member's metrics start again, as a new process's would.
+        let registry = prometheus::Registry::new();
+        self.registries[member as usize] = registry.clone();
         rt.spawn(async move {
             let l = TcpListener::from_std(l).expect("listener");
             let never = std::future::pending::<()>();
-            let registry = prometheus::Registry::new();
             let _ = distbelief_ps_server::serve_state(state, opts, l, &registry, never).await;
         });
         self.runtimes[member as usize] = Some(rt);
+    }
+
+    /// A member's gauge, by name (0 before it is first set).
+    fn gauge(&self, member: u32, name: &str) -> f64 {
+        self.registries[member as usize]
+            .gather()
+            .iter()
+            .filter(|f| f.name() == name)
+            .flat_map(|f| f.get_metric())
+            .map(|m| m.get_gauge().get_value())
+            .sum()
     }
 
     /// Drops the member with every task and connection it had.
@@ -457,7 +473,16 @@ async fn an_exchange_answers_before_the_other_member_applies_and_acknowledges_on
         let chunks = tokio_stream::iter(stall).chain(tokio_stream::pending());
         raw.push(chunks).await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Waited for on the member's own gauge, not a sleep that a loaded
+    // machine may outlast.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while m.gauge(backup, "ps_pushes_arriving") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stalled push never took the member's slot"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let mut answered = vec![0.0; n];
     let (version, ack) = c
         .exchange(c.dense_chunks(id(2), &vec![0.5; n]), &mut answered)

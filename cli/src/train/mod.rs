@@ -83,8 +83,8 @@ struct Runtime {
     /// Where shards and replicas log pushes, with --audit or --chaos.
     audit: Option<PathBuf>,
     chaos: Option<chaos::Chaos>,
-    /// Processes killed for not answering their liveness probe.
-    unresponsive_killed: u32,
+    /// Processes killed for not answering their liveness probe, by role.
+    unresponsive_killed: summary::Unresponsive,
     /// Every member of every shard, for asking what their checkpoints hold.
     shard_addrs: Vec<String>,
     incarnations: incarnations::Record,
@@ -311,7 +311,7 @@ impl Runtime {
                 .chaos
                 .clone()
                 .map(|c| chaos::Chaos::new(c, Instant::now())),
-            unresponsive_killed: 0,
+            unresponsive_killed: summary::Unresponsive::default(),
             shard_addrs: shard_addrs.clone(),
             incarnations: incarnations::Record::open(out, args.resume)?,
         };
@@ -547,7 +547,8 @@ impl Runtime {
             wall_seconds: started.elapsed().as_secs_f64(),
         };
         let mut summary = Summary::new(&self.job, &status, run);
-        summary.unresponsive_killed = self.unresponsive_killed;
+        summary.unresponsive_killed = self.unresponsive_killed.total();
+        summary.unresponsive_killed_by_role = self.unresponsive_killed;
         summary.coordinator_restarts = self.coordinator_restarts;
         summary.progress_regressions = self.progress_regressions;
         summary.chaos = self.chaos.as_ref().map(|c| c.done.clone());

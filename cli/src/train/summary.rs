@@ -87,13 +87,29 @@ pub struct Summary {
     pub sandblaster: Option<SandblasterSummary>,
     /// Downpour: the coordinator's ledger of data shards.
     pub data_shards: Option<DataShardsSummary>,
-    /// Shards and replicas killed (and so restarted) for not answering their
-    /// liveness probe: frozen or stuck.
+    /// Processes killed (and so restarted) for not answering their liveness
+    /// probe: frozen or stuck.
     pub unresponsive_killed: u32,
+    /// The same, by role: each is also one of that role's restarts.
+    pub unresponsive_killed_by_role: Unresponsive,
     /// What --chaos broke.
     pub chaos: Option<ChaosSummary>,
     /// What the push audit found (--audit, --chaos).
     pub audit: Option<Verdict>,
+}
+
+/// Processes killed for silence, by role.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Unresponsive {
+    pub coordinator: u32,
+    pub shard: u32,
+    pub replica: u32,
+}
+
+impl Unresponsive {
+    pub fn total(&self) -> u32 {
+        self.coordinator + self.shard + self.replica
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -251,6 +267,7 @@ impl Summary {
                 trained_again: d.trained_again,
             }),
             unresponsive_killed: 0,
+            unresponsive_killed_by_role: Unresponsive::default(),
             chaos: None,
             audit: None,
         }

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 
 use super::Runtime;
 use super::chaos;
-use super::procs::Proc;
+use super::procs::{Proc, Role};
 
 /// Liveness probes: how often, how long each may take, and how long a shard
 /// or replica may go without answering before it is killed and restarted
@@ -89,7 +89,12 @@ impl Runtime {
                 p.kill();
                 // Answering is judged afresh from the restart.
                 p.answered = Instant::now();
-                self.unresponsive_killed += 1;
+                let by_role = &mut self.unresponsive_killed;
+                *match p.role {
+                    Role::Coordinator => &mut by_role.coordinator,
+                    Role::Shard => &mut by_role.shard,
+                    Role::Replica => &mut by_role.replica,
+                } += 1;
             }
         }
         Ok(())
