@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
 """Where a Downpour job's CPU goes, by role and by part of the exchange.
+For models with tables, the keyed parts have categories of their own:
+hashing and deduplicating keys and summing row gradients on the replica,
+gathering and scattering embeddings, looking rows up and Adagrad on rows on
+the shard.
 
 Reads `perf script -F comm,pid,ip,sym` output of a system-wide,
 call-graph (dwarf) `perf record` taken while `distbelief train` ran, and the
@@ -30,6 +34,11 @@ for line in open(sys.argv[1]):
         cur[1].append(f[1] if len(f) > 1 else '')
 # Category rules: first rule whose marker appears anywhere in the stack (leaf first order matters).
 rules = [
+    ('rows: Adagrad on the shard', ['update_row', 'Table::apply', 'apply_checked']),
+    ('rows: lookup, admission on the shard', ['Table::fetch', 'Table::row', 'Table::admit', 'insert_row', 'Table::check', 'Table::export']),
+    ('keys: hash, dedup, row sums (replica)', ['keys::key_of', 'keys::mix', 'WideDeep::keys', 'each_key', 'RowSums', 'TableRows::new', 'TableRows::slot', 'TableRows::row', 'shard_of']),
+    ('embeddings: gather, scatter (replica)', ['WideDeep::inputs', 'WideDeep::gradient']),
+    ('rows: fetch and push messages (client)', ['fetch_table_rows', 'fetch_rows', 'rows_chunks']),
     ('gemm (model compute)', ['sgemm_kernel', 'packing::pack', 'distbelief_model::mlp', 'general_mat_mul']),
     ('evaluation', ['evaluat', 'Evaluat']),
     ('shard apply (adagrad)', ['adagrad', 'apply_summed', 'Shard::apply']),
@@ -68,6 +77,10 @@ npush = int(sys.argv[5])
 exchanges = steps_per_s / npush * window
 per = window * cpus / n / exchanges * 1e6
 print(f'exchanges in window ~{exchanges:.0f}; one sample = {window*cpus/n*1e3:.2f} ms CPU; {s["examples_per_second"]:.0f} examples/s')
+# What a replica does not spend on its CPU it waits (for rows, for acks).
+for role in sorted(r for r in total if r.startswith('worker')):
+    busy = total[role] * cpus / n
+    print(f'  {role}: busy {100*busy:.0f}% of a core, waiting or runnable {100*(1-busy):.0f}%')
 cats = collections.Counter()
 for (r, c), k in by.items():
     if r.startswith(('worker', 'ps')):
