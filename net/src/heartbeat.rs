@@ -29,13 +29,24 @@ impl Heartbeat {
     }
 
     pub fn silent_for(&self) -> Duration {
+        self.silent_at(Instant::now())
+    }
+
+    /// How long the loop had been silent at `now`; pure, so that tests need
+    /// no sleep.
+    fn silent_at(&self, now: Instant) -> Duration {
         let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-        self.start.elapsed().saturating_sub(last)
+        now.saturating_duration_since(self.start)
+            .saturating_sub(last)
     }
 
     /// None while healthy; otherwise what `/healthz` answers.
     pub fn stuck(&self) -> Option<String> {
-        let silent = self.silent_for();
+        self.stuck_at(Instant::now())
+    }
+
+    fn stuck_at(&self, now: Instant) -> Option<String> {
+        let silent = self.silent_at(now);
         (silent > self.limit).then(|| {
             format!(
                 "main loop has not made progress for {:.0} s (limit {} s)",
@@ -60,13 +71,18 @@ mod tests {
 
     #[test]
     fn stuck_once_silent_past_the_limit() {
-        // A limit far above any preemption between two lines of a test.
         let h = Heartbeat::new(Duration::from_secs(2));
-        assert!(h.stuck().is_none());
-        std::thread::sleep(Duration::from_millis(2100));
-        let why = h.stuck().expect("silent past the limit");
+        let at = |s: u64| h.start + Duration::from_secs(s);
+        assert!(h.stuck_at(at(1)).is_none());
+        let why = h.stuck_at(at(3)).expect("silent past the limit");
         assert!(why.contains("limit"), "{why}");
+        // A beat after `now` was read counts from at least `now`.
+        let now = Instant::now();
         h.clone().beat();
-        assert!(h.stuck().is_none(), "a clone beats the same heart");
+        let later = |s: u64| now + Duration::from_secs(s);
+        assert!(
+            h.stuck_at(later(1)).is_none(),
+            "a clone beats the same heart"
+        );
     }
 }

@@ -23,8 +23,10 @@ const INDEX: &str = include_str!("index.html");
 /// The saved page's name in the output directory.
 pub const SNAPSHOT_FILE: &str = "live.html";
 
-/// How often the sampler looks: fast enough that a replica's restart (about
-/// half a second between its new process reporting and training) shows.
+/// How often the sampler looks. A replica's `restarting` can be shorter than
+/// this (its new process reports and trains within half a second), so the
+/// page's record of a restart is the process number, the restart count and
+/// the events list, which come from counters and cannot be missed.
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 /// The page's handle: made before the coordinator serves (the HTTP port
