@@ -2,6 +2,14 @@
 //! platform: readers make them, replicas send them to the shard
 //! [`shard_of`] names, and shards store rows under them.
 
+/// A map by key, with a hasher that is cheap on 64-bit keys (keys are
+/// already mixed) and seeded per process, so a peer cannot pick keys that
+/// collide.
+pub type KeyMap<V> = std::collections::HashMap<u64, V, foldhash::fast::RandomState>;
+
+/// A set of keys, hashed as [`KeyMap`] does.
+pub type KeySet = std::collections::HashSet<u64, foldhash::fast::RandomState>;
+
 /// A key from a categorical field's value: FNV-1a over the field and the
 /// value, then a 64-bit finalizer, so that every process and platform gets
 /// the same key.

@@ -4,12 +4,11 @@
 //! cross-entropy. Rows come from the shards per batch; the passes here are
 //! pure.
 
-use std::collections::HashMap;
-
 use distbelief_api::layout::{Layout, Tables};
 use ndarray::{ArrayView2, ArrayViewMut2};
 
 use crate::data::{Dataset, SparseFeatures};
+use crate::keys::{KeyMap, KeySet};
 use crate::mlp::{Extra, Mlp, Scratch};
 
 #[derive(Debug, Clone)]
@@ -29,7 +28,7 @@ pub struct TableRows {
     pub keys: Vec<u64>,
     /// `dim` values per key.
     pub values: Vec<f32>,
-    slot: HashMap<u64, usize>,
+    slot: KeyMap<usize>,
 }
 
 impl TableRows {
@@ -93,7 +92,7 @@ impl WideDeep {
             .tables
             .iter()
             .map(|t| {
-                let mut seen = std::collections::HashSet::new();
+                let mut seen = KeySet::default();
                 let mut keys = Vec::new();
                 for &i in examples {
                     for &f in &t.fields {

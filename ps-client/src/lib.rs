@@ -434,7 +434,8 @@ impl ShardClient {
     }
 
     /// A table's rows of a push: `keys` (distinct) and their summed
-    /// gradients, `dim` each, as chunks of at most a few hundred KiB.
+    /// gradients, `dim` each, with the sums of their squares when the push
+    /// holds several mini-batches, as chunks of at most a few hundred KiB.
     pub fn rows_chunks(
         &self,
         id: PushId,
@@ -442,19 +443,26 @@ impl ShardClient {
         dim: usize,
         keys: &[u64],
         grads: &[f32],
+        squares: Option<&[f32]>,
     ) -> Vec<GradientChunk> {
-        let per = (ROW_BYTES / (4 * dim.max(1) + 8)).max(1);
+        let dim = dim.max(1);
+        let per_value = if squares.is_some() { 8 } else { 4 };
+        let per = (ROW_BYTES / (per_value * dim + 8)).max(1);
         keys.chunks(per)
-            .zip(grads.chunks(per * dim.max(1)))
-            .map(|(k, g)| GradientChunk {
-                table: Some(table),
-                keys: k
-                    .iter()
-                    .flat_map(|k| k.to_le_bytes())
-                    .collect::<Vec<u8>>()
-                    .into(),
-                values: encode_f32(g),
-                ..self.chunk_header(id)
+            .enumerate()
+            .map(|(i, k)| {
+                let values = i * per * dim..(i * per + k.len()) * dim;
+                GradientChunk {
+                    table: Some(table),
+                    keys: k
+                        .iter()
+                        .flat_map(|k| k.to_le_bytes())
+                        .collect::<Vec<u8>>()
+                        .into(),
+                    values: encode_f32(&grads[values.clone()]),
+                    squares: squares.map(|s| encode_f32(&s[values])).unwrap_or_default(),
+                    ..self.chunk_header(id)
+                }
             })
             .collect()
     }

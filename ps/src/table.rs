@@ -7,9 +7,10 @@
 //! its row would start with, so fetches need only a read lock, and every
 //! process, restore and replay agrees on a row it never stored.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use distbelief_model::Optimizer;
+use distbelief_model::keys::{KeyMap, KeySet};
 pub use distbelief_model::keys::{key_of, shard_of};
 use distbelief_model::optimizer::sgd;
 
@@ -111,17 +112,17 @@ impl Meta {
     }
 }
 
-/// Rows live in slots: `dim` values and the accumulators of slot `s` sit
-/// at `s * dim` and `s * accumulators` of two flat arrays, so the table
-/// makes no allocation per row, and a stored row costs its values, its
-/// bookkeeping and a map entry (bench/sparse measures it).
+/// Rows live in slots: slot `s` holds its `dim` values and then its
+/// accumulators at `s * stride` of one flat array, so the table makes no
+/// allocation per row, a row's update touches one stretch of memory, and a
+/// stored row costs its values, its bookkeeping and a map entry
+/// (bench/sparse measures it).
 #[derive(Debug, Clone)]
 pub struct Table {
     config: TableConfig,
     /// Each stored key's slot.
-    slots: HashMap<u64, usize>,
-    values: Vec<f32>,
-    accum: Vec<f32>,
+    slots: KeyMap<usize>,
+    data: Vec<f32>,
     meta: Vec<Meta>,
     /// Slots evictions freed, reused before new ones. Without a capacity
     /// nothing is evicted, so every slot below `meta.len()` holds a row.
@@ -146,9 +147,8 @@ impl Table {
     pub fn new(config: TableConfig) -> Self {
         Table {
             config,
-            slots: HashMap::new(),
-            values: Vec::new(),
-            accum: Vec::new(),
+            slots: KeyMap::default(),
+            data: Vec::new(),
             meta: Vec::new(),
             free: Vec::new(),
             order: BTreeSet::new(),
@@ -179,17 +179,42 @@ impl Table {
         self.config.capacity.is_some()
     }
 
+    /// Floats a slot takes: the row's values, then its accumulators.
+    fn stride(&self) -> usize {
+        self.config.dim + self.config.accumulators()
+    }
+
+    fn values_of(&self, s: usize) -> &[f32] {
+        let at = s * self.stride();
+        &self.data[at..at + self.config.dim]
+    }
+
+    fn accum_of(&self, s: usize) -> &[f32] {
+        let at = s * self.stride();
+        &self.data[at + self.config.dim..at + self.stride()]
+    }
+
+    /// Slot `s`'s values and accumulators, to update.
+    fn slot_mut(&mut self, s: usize) -> (&mut [f32], &mut [f32]) {
+        let (stride, dim) = (self.stride(), self.config.dim);
+        self.data[s * stride..(s + 1) * stride].split_at_mut(dim)
+    }
+
+    /// Asks the CPU to start loading slot `s` and its bookkeeping: a
+    /// push's or fetch's keys land all over a large table, and loading a
+    /// few slots ahead overlaps their cache misses.
+    fn prefetch(&self, s: usize) {
+        let at = s * self.stride();
+        prefetch(&self.data, at);
+        prefetch(&self.data, at + self.stride() - 1);
+        prefetch(&self.meta, s);
+    }
+
     /// A stored row: its values, accumulators, uses and last update.
     fn row(&self, key: u64) -> Option<(&[f32], &[f32], u64, u64)> {
         let &s = self.slots.get(&key)?;
-        let (dim, width) = (self.config.dim, self.config.accumulators());
         let m = self.meta[s];
-        Some((
-            &self.values[s * dim..(s + 1) * dim],
-            &self.accum[s * width..(s + 1) * width],
-            m.uses,
-            m.last,
-        ))
+        Some((self.values_of(s), self.accum_of(s), m.uses, m.last))
     }
 
     /// Every stored row's key, values, accumulators, uses and last update:
@@ -206,16 +231,9 @@ impl Table {
         } else {
             Box::new(0..self.meta.len())
         };
-        let (dim, width) = (self.config.dim, self.config.accumulators());
         slots.map(move |s| {
             let m = self.meta[s];
-            (
-                m.key,
-                &self.values[s * dim..(s + 1) * dim],
-                &self.accum[s * width..(s + 1) * width],
-                m.uses,
-                m.last,
-            )
+            (m.key, self.values_of(s), self.accum_of(s), m.uses, m.last)
         })
     }
 
@@ -238,9 +256,13 @@ impl Table {
                 end: keys.len() * dim,
             });
         }
-        for (key, row) in keys.iter().zip(out.chunks_exact_mut(dim)) {
-            match self.slots.get(key) {
-                Some(&s) => row.copy_from_slice(&self.values[s * dim..(s + 1) * dim]),
+        let slots: Vec<Option<usize>> = keys.iter().map(|k| self.slots.get(k).copied()).collect();
+        for (i, (key, row)) in keys.iter().zip(out.chunks_exact_mut(dim)).enumerate() {
+            if let Some(&Some(ahead)) = slots.get(i + PREFETCH_AHEAD) {
+                self.prefetch(ahead);
+            }
+            match slots[i] {
+                Some(s) => row.copy_from_slice(self.values_of(s)),
                 None => initial_row(&self.config, *key, row),
             }
         }
@@ -260,7 +282,6 @@ impl Table {
         keys: &mut Vec<u64>,
         values: &mut Vec<f32>,
     ) -> Option<usize> {
-        let dim = self.config.dim;
         let mut s = from;
         let mut taken = 0;
         while s < self.meta.len() && taken < max_rows.max(1) {
@@ -268,7 +289,7 @@ impl Table {
             // A freed slot keeps the key it last held; only a capped table frees slots.
             if !self.capped() || self.slots.get(&key) == Some(&s) {
                 keys.push(key);
-                values.extend_from_slice(&self.values[s * dim..(s + 1) * dim]);
+                values.extend_from_slice(self.values_of(s));
                 taken += 1;
             }
             s += 1;
@@ -302,37 +323,54 @@ impl Table {
         steps: u32,
         optimizer: Optimizer,
     ) -> usize {
-        let (dim, width, capped) = (self.config.dim, self.config.accumulators(), self.capped());
-        let mut updated = 0;
-        for (i, &key) in keys.iter().enumerate() {
+        let (dim, row_wise) = (self.config.dim, self.config.row_wise);
+        let update = |t: &mut Table, i: usize, s: usize, clock: u64| {
             let g = &grads[i * dim..(i + 1) * dim];
             let sq = squares.map(|s| &s[i * dim..(i + 1) * dim]);
-            self.clock = self.clock.saturating_add(1);
-            if !self.admit(key) {
-                self.stats.refused += 1;
-                continue;
-            }
-            let s = self.slots[&key];
-            let m = &mut self.meta[s];
-            if capped {
-                self.order.remove(&m.rank());
-            }
-            update_row(
-                optimizer,
-                self.config.row_wise,
-                &mut self.values[s * dim..(s + 1) * dim],
-                &mut self.accum[s * width..(s + 1) * width],
-                (g, sq),
-                steps,
-            );
+            let (values, accum) = t.slot_mut(s);
+            update_row(optimizer, row_wise, values, accum, (g, sq), steps);
+            let m = &mut t.meta[s];
             m.uses = m.uses.saturating_add(1);
-            m.last = self.clock;
-            if capped {
-                self.order.insert(m.rank());
+            m.last = clock;
+        };
+        if self.capped() {
+            // Admitting a key may evict a row named earlier in the push, so
+            // each row is found and updated before the next is admitted.
+            let mut updated = 0;
+            for (i, &key) in keys.iter().enumerate() {
+                self.clock = self.clock.saturating_add(1);
+                let Some(s) = self.admit(key) else {
+                    self.stats.refused += 1;
+                    continue;
+                };
+                self.order.remove(&self.meta[s].rank());
+                update(self, i, s, self.clock);
+                self.order.insert(self.meta[s].rank());
+                updated += 1;
             }
-            updated += 1;
+            return updated;
         }
-        updated
+        // Without a capacity no slot is freed: every row is found (or made)
+        // first, then updated with its slot loaded a few rows ahead.
+        let found: Vec<(usize, usize, u64)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &key)| {
+                self.clock = self.clock.saturating_add(1);
+                let s = self.admit(key);
+                if s.is_none() {
+                    self.stats.refused += 1;
+                }
+                s.map(|s| (i, s, self.clock))
+            })
+            .collect();
+        for (n, &(i, s, clock)) in found.iter().enumerate() {
+            if let Some(&(_, ahead, _)) = found.get(n + PREFETCH_AHEAD) {
+                self.prefetch(ahead);
+            }
+            update(self, i, s, clock);
+        }
+        found.len()
     }
 
     /// Whether a push's rows for this table could be applied: lengths,
@@ -364,22 +402,22 @@ impl Table {
         {
             return Err(PsError::BadSquare { index, value });
         }
-        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        let mut seen = KeySet::with_capacity_and_hasher(keys.len(), Default::default());
         if let Some(&key) = keys.iter().find(|&&k| !seen.insert(k)) {
             return Err(PsError::DuplicateKey(key));
         }
         Ok(())
     }
 
-    /// Whether `key` has a row now, making one if its count allows (and
-    /// room, evicting the least-used row).
-    fn admit(&mut self, key: u64) -> bool {
-        if self.slots.contains_key(&key) {
-            return true;
+    /// The slot of `key`'s row, making one if its count allows (and room,
+    /// evicting the least-used row); None while the key waits for admission.
+    fn admit(&mut self, key: u64) -> Option<usize> {
+        if let Some(&s) = self.slots.get(&key) {
+            return Some(s);
         }
         if self.config.min_count > 1 {
             if self.pending.bump(key, self.clock) < self.config.min_count {
-                return false;
+                return None;
             }
             self.pending.remove(key);
         }
@@ -389,18 +427,18 @@ impl Table {
             }
         }
         let s = self.insert_row(key, 0, self.clock);
-        let dim = self.config.dim;
-        initial_row(&self.config, key, &mut self.values[s * dim..(s + 1) * dim]);
+        let (config, optimizer) = (self.config.clone(), self.config.optimizer);
+        let (values, accum) = self.slot_mut(s);
+        initial_row(&config, key, values);
         if let Optimizer::Adagrad {
             initial_accumulator,
             ..
-        } = self.config.optimizer
+        } = optimizer
         {
-            let width = self.config.accumulators();
-            self.accum[s * width..(s + 1) * width].fill(initial_accumulator);
+            accum.fill(initial_accumulator);
         }
         self.stats.created += 1;
-        true
+        Some(s)
     }
 
     /// A slot for a new row of `key` (values left for the caller to set),
@@ -415,8 +453,7 @@ impl Table {
             None => {
                 self.meta.push(meta);
                 let n = self.meta.len();
-                self.values.resize(n * self.config.dim, 0.0);
-                self.accum.resize(n * self.config.accumulators(), 0.0);
+                self.data.resize(n * self.stride(), 0.0);
                 n - 1
             }
         };
@@ -446,7 +483,7 @@ impl Table {
 /// first seen in, so that a full set forgets the oldest.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Pending {
-    counts: HashMap<u64, (u32, u64)>,
+    counts: KeyMap<(u32, u64)>,
     /// (first seen, key)
     order: BTreeSet<(u64, u64)>,
 }
@@ -498,6 +535,26 @@ impl PartialEq for Table {
             && self.len() == other.len()
             && self.slots.keys().all(|&k| self.row(k) == other.row(k))
     }
+}
+
+/// Rows loaded ahead of the one being read or updated.
+const PREFETCH_AHEAD: usize = 8;
+
+/// A hint to load `items[at]` into the cache; nothing if out of bounds.
+fn prefetch<T>(items: &[T], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(item) = items.get(at) {
+        // SAFETY: a prefetch only hints the cache and never faults; the
+        // pointer comes from a live reference.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                std::ptr::from_ref(item).cast::<i8>(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (items, at);
 }
 
 fn update_row(

@@ -42,15 +42,15 @@ fn wide_and_deep_reaches_auc_0_90_on_adult_in_one_process() {
     let test = data::load(&job.spec.data, false).expect("reads Adult");
     let batches = (train.len() / 128) as u64;
     let run = local_sparse::train(&job, &train, &test, 3 * batches * 128, 3);
-    for (examples, a, l) in &run.curve {
-        println!("{examples} examples: test AUC {a:.4}, log loss {l:.4}");
+    for (examples, seconds, a, l) in &run.curve {
+        println!("{examples} examples, {seconds:.2} s: test AUC {a:.4}, log loss {l:.4}");
     }
     println!("table rows {:?}", run.table_rows);
-    let (_, best_auc, loss) = run
+    let (_, _, best_auc, loss) = run
         .curve
         .iter()
         .copied()
-        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .max_by(|a, b| a.2.total_cmp(&b.2))
         .expect("three evaluations");
     assert_eq!(run.curve.len(), 3);
     assert!(best_auc >= 0.90, "test AUC {best_auc:.4}");

@@ -12,6 +12,7 @@ mod orders;
 mod partitions;
 mod portions;
 mod replica;
+mod row_sums;
 mod sparse;
 
 pub use error::WorkerError;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::metrics::WorkerMetrics;
+pub use crate::row_sums::RowSums;
 use distbelief_ps_client::audit::{self, Appender, PushKey};
 use distbelief_ps_client::{PushId, ShardClient, Stamp};
 
@@ -34,6 +35,8 @@ struct Pending {
     steps: u32,
     /// Answer with the parameters after applying it (an exchange).
     fetch: bool,
+    /// Per table, the rows of the shard's keys (empty for a dense model).
+    rows: Vec<RowSums>,
 }
 
 /// How a replica's pushes are stamped and sent, the same on every link.
@@ -183,10 +186,11 @@ impl Link {
     }
 
     /// Hands a gradient (the sum of `steps` mini-batches', with the sum of
-    /// their squares when the link keeps squares and `steps` > 1) to the
-    /// push task; with `fetch`, fresh parameters are wanted too. If the
-    /// previous push has not left yet, the two are summed, so compute never
-    /// waits. Returns false when an old sum had to be dropped.
+    /// their squares when the link keeps squares and `steps` > 1) and the
+    /// summed rows of the shard's keys to the push task; with `fetch`, fresh
+    /// parameters are wanted too. If the previous push has not left yet,
+    /// the two are summed, so compute never waits. Returns false when an
+    /// old sum had to be dropped.
     pub fn offer(
         &self,
         grad: &[f32],
@@ -194,6 +198,7 @@ impl Link {
         steps: u32,
         base: Stamp,
         fetch: bool,
+        rows: Vec<RowSums>,
     ) -> bool {
         // An idle link answers the push with the parameters (an exchange).
         // A busy one would make the parameters wait for the push queued
@@ -225,6 +230,13 @@ impl Link {
                     }
                     p.base = p.base.min(base);
                     p.steps += steps;
+                    if p.rows.is_empty() {
+                        p.rows = rows;
+                    } else {
+                        for (mine, more) in p.rows.iter_mut().zip(&rows) {
+                            mine.merge(more);
+                        }
+                    }
                     if fetch && !p.fetch {
                         p.fetch = true;
                         self.exchanges.fetch_add(1, Ordering::Relaxed);
@@ -251,6 +263,7 @@ impl Link {
                         base,
                         steps,
                         fetch,
+                        rows,
                     }) {
                         if old.fetch {
                             self.exchanges.fetch_sub(1, Ordering::Relaxed);
@@ -351,7 +364,7 @@ impl Link {
             // The chunks borrow the push's buffers, which come back for
             // the next push once the chunks are gone.
             let (grad, squares) = (Arc::new(p.grad), p.squares.map(Arc::new));
-            let chunks = match threshold {
+            let mut chunks = match threshold {
                 Some(t) => {
                     for (r, g) in residual.iter_mut().zip(grad.iter()) {
                         *r += g;
@@ -360,9 +373,22 @@ impl Link {
                 }
                 None => client.shared_chunks(id, &grad, squares.as_ref()),
             };
-            metrics
-                .push_bytes
-                .inc_by(chunks.iter().map(|c| c.values.len() as u64).sum());
+            for r in p.rows.iter().filter(|r| !r.is_empty()) {
+                chunks.extend(client.rows_chunks(
+                    id,
+                    r.table,
+                    r.dim,
+                    &r.keys,
+                    &r.grads,
+                    r.squares.as_deref(),
+                ));
+            }
+            metrics.push_bytes.inc_by(
+                chunks
+                    .iter()
+                    .map(|c| (c.values.len() + c.keys.len() + c.squares.len()) as u64)
+                    .sum(),
+            );
             let mut answered = false;
             loop {
                 let started = Instant::now();
@@ -477,15 +503,30 @@ mod tests {
     async fn coalesced_pushes_carry_the_sum_of_their_squares() {
         let l = link();
         // The first push is still waiting when the next two come.
-        assert!(l.offer(&[1.0, 2.0, 0.0, 0.0], None, 1, Stamp::new(1, 1), false));
-        assert!(l.offer(&[3.0, 0.0, 0.0, 1.0], None, 1, Stamp::new(1, 1), false));
+        assert!(l.offer(
+            &[1.0, 2.0, 0.0, 0.0],
+            None,
+            1,
+            Stamp::new(1, 1),
+            false,
+            Vec::new()
+        ));
+        assert!(l.offer(
+            &[3.0, 0.0, 0.0, 1.0],
+            None,
+            1,
+            Stamp::new(1, 1),
+            false,
+            Vec::new()
+        ));
         let two = [1.0, 1.0, 1.0, 1.0];
         assert!(l.offer(
             &two,
             Some(&[0.5, 0.5, 0.5, 0.5]),
             2,
             Stamp::new(1, 1),
-            false
+            false,
+            Vec::new()
         ));
         let pending = lock(&l.pending);
         let p = pending.as_ref().expect("one pending push");
@@ -526,7 +567,7 @@ mod tests {
     async fn a_waiter_asks_for_parameters_once_no_exchange_will_bring_them() {
         let l = link();
         // An exchange is on its way: the waiter leaves the fetch to it.
-        assert!(l.offer(&[0.0; 4], None, 1, Stamp::new(1, 1), true));
+        assert!(l.offer(&[0.0; 4], None, 1, Stamp::new(1, 1), true, Vec::new()));
         assert!(l.exchange_coming());
         let stop = Arc::new(AtomicBool::new(false));
         let waiter = {

@@ -372,24 +372,35 @@ pub async fn run_replica(
                 "the model has tables, but the training data has no categorical fields".into(),
             )
         })?;
+        let squares = squares_travel(&job);
+        let links = start_links(
+            &job,
+            &opts,
+            &clients,
+            squares,
+            incarnation,
+            &fence,
+            &metrics,
+            &mut tasks,
+        )?;
+        draining.clone_from(&links);
         let worker = SparseWorker {
             model: WideDeep::new(&job.layout, &job.tables),
             train,
             sparse,
             feed,
             clients,
+            links,
             runtime: tokio::runtime::Handle::current(),
-            replica: opts.replica,
-            incarnation,
-            fence: fence.clone(),
             batch: job.downpour.batch_size as usize,
             n_fetch: u64::from(job.downpour.n_fetch),
             n_push: u64::from(job.downpour.n_push),
+            squares,
+            max_staleness: job.downpour.max_staleness.map(u64::from),
             slowdown,
             progress: progress.clone(),
             stop: stop.clone(),
             metrics: metrics.clone(),
-            ack_log: ack_log(&opts)?,
         };
         std::thread::Builder::new()
             .name(format!("replica-{}-sparse", opts.replica))
@@ -426,23 +437,17 @@ pub async fn run_replica(
             true => Some(local_steps(&job, &mut clients, params.len(), replicas).await),
             false => None,
         };
-        let links: Vec<Arc<Link>> = clients.into_iter().map(|c| Link::new(c, squares)).collect();
-        draining.clone_from(&links);
-        let ack_log = ack_log(&opts)?;
-        let pushing = Pushing {
-            replica: opts.replica,
+        let links = start_links(
+            &job,
+            &opts,
+            &clients,
+            squares,
             incarnation,
-            fence: fence.clone(),
-            threshold: job.downpour.compression.map(|c| c.threshold as f32),
-            average: job.downpour.averaging.is_some(),
-            ack_log,
-        };
-        for link in &links {
-            tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
-            tasks.push(tokio::spawn(
-                link.clone().push_loop(pushing.clone(), metrics.clone()),
-            ));
-        }
+            &fence,
+            &metrics,
+            &mut tasks,
+        )?;
+        draining.clone_from(&links);
         let sync = job.downpour.synchronous.is_some();
         let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
         let ctx = Compute {
@@ -581,6 +586,39 @@ pub async fn run_replica(
     Ok(summary)
 }
 
+/// A link to each shard, with its fetch and push tasks running.
+#[allow(clippy::too_many_arguments)]
+fn start_links(
+    job: &Job,
+    opts: &ReplicaOptions,
+    clients: &[distbelief_ps_client::ShardClient],
+    squares: bool,
+    incarnation: u64,
+    fence: &Arc<AtomicU64>,
+    metrics: &WorkerMetrics,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<Vec<Arc<Link>>, WorkerError> {
+    let links: Vec<Arc<Link>> = clients
+        .iter()
+        .map(|c| Link::new(c.clone(), squares))
+        .collect();
+    let pushing = Pushing {
+        replica: opts.replica,
+        incarnation,
+        fence: fence.clone(),
+        threshold: job.downpour.compression.map(|c| c.threshold as f32),
+        average: job.downpour.averaging.is_some(),
+        ack_log: ack_log(opts)?,
+    };
+    for link in &links {
+        tasks.push(tokio::spawn(link.clone().fetch_loop(metrics.clone())));
+        tasks.push(tokio::spawn(
+            link.clone().push_loop(pushing.clone(), metrics.clone()),
+        ));
+    }
+    Ok(links)
+}
+
 /// Local steps, with Adagrad's estimate started from the shards' own
 /// accumulators. If they cannot be read, the estimate starts from the
 /// initial value, which steps too far on a job that has trained a while
@@ -647,7 +685,7 @@ pub(crate) fn unless_stopping(
 
 /// Whether parameters at `have` are more than `bound` versions behind the
 /// shard's `latest` (always, across a restore of the shard).
-fn too_stale(latest: Stamp, have: Stamp, bound: Option<u64>) -> bool {
+pub(crate) fn too_stale(latest: Stamp, have: Stamp, bound: Option<u64>) -> bool {
     bound.is_some_and(|b| have.behind(latest) > b)
 }
 
@@ -930,6 +968,7 @@ impl Compute {
                         acc_steps as u32,
                         acc_base[i],
                         fetch,
+                        Vec::new(),
                     ) {
                         self.metrics.dropped_gradients.inc();
                     }

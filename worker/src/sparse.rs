@@ -1,29 +1,34 @@
-//! Downpour for a model with tables: each mini-batch fetches only the rows
-//! its examples use (the next batch's rows are fetched while this one
-//! computes), and every nPush steps one push per shard carries the dense
-//! range's summed gradient and the summed gradients of the rows it touched
-//! whose keys that shard holds. The dense range is fetched every nFetch
-//! steps, as for dense models. Pushes go through the shards' one push path:
-//! a failed push is sent again with the same sequence, so it is applied once.
+//! Downpour for a model with tables. Each mini-batch needs the rows its
+//! examples use, so rows are fetched per batch, `ahead` batches before the
+//! batch is computed. Everything else is the dense loop's: gradients go to
+//! the shards through the same links (one push task per shard, pushes
+//! coalesced with the sums of their squares while one is in flight, fresh
+//! dense parameters answering a push every nFetch steps, drained on
+//! SIGTERM), each push carrying the shard's dense range and the summed rows
+//! of the keys it holds.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use distbelief_model::data::{Dataset, SparseFeatures};
 use distbelief_model::keys::shard_of;
 use distbelief_model::wide_deep::{TableRows, WideDeep};
-use distbelief_ps_client::audit::Appender;
-use distbelief_ps_client::{ClientError, PushId, ShardClient, Stamp, fetch_all, fetch_table_rows};
+use distbelief_ps_client::{ClientError, ShardClient, Stamp, fetch_table_rows};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 
 use crate::error::WorkerError;
 use crate::feed::Feed;
-use crate::link::acknowledged;
+use crate::link::{Link, RowSums};
 use crate::metrics::WorkerMetrics;
-use crate::replica::{Progress, lower_priority, unless_stopping};
+use crate::replica::{Progress, lower_priority, too_stale, unless_stopping};
+
+/// Batches whose rows are fetched before they are computed, unless the
+/// job bounds staleness tighter: enough to hide a row fetch's round trip
+/// behind the computing of the batches before it.
+pub(crate) const ROWS_AHEAD: usize = 3;
 
 pub(crate) struct SparseWorker {
     pub model: WideDeep,
@@ -31,56 +36,37 @@ pub(crate) struct SparseWorker {
     /// The training data's categorical keys.
     pub sparse: SparseFeatures,
     pub feed: Feed,
+    /// For row fetches; pushes and dense fetches go through `links`.
     pub clients: Vec<ShardClient>,
+    pub links: Vec<Arc<Link>>,
     pub runtime: Handle,
-    pub replica: u32,
-    pub incarnation: u64,
-    pub fence: Arc<AtomicU64>,
     pub batch: usize,
     pub n_fetch: u64,
     pub n_push: u64,
+    /// Row sums keep their squares (Adagrad, plain pushes).
+    pub squares: bool,
+    /// Bounded staleness of the dense range, and of rows through `ahead`.
+    pub max_staleness: Option<u64>,
     pub slowdown: f64,
     pub progress: Arc<Progress>,
     pub stop: Arc<AtomicBool>,
     pub metrics: WorkerMetrics,
-    pub ack_log: Option<Arc<Mutex<Appender>>>,
-}
-
-/// Summed row gradients of one table since the last push.
-#[derive(Default)]
-struct RowSums {
-    slot: HashMap<u64, usize>,
-    keys: Vec<u64>,
-    values: Vec<f32>,
-}
-
-impl RowSums {
-    fn add(&mut self, dim: usize, rows: &TableRows, grads: &[f32]) {
-        for (i, &k) in rows.keys.iter().enumerate() {
-            let g = &grads[i * dim..(i + 1) * dim];
-            if g.iter().all(|v| *v == 0.0) {
-                continue;
-            }
-            let at = *self.slot.entry(k).or_insert_with(|| {
-                self.keys.push(k);
-                self.values.resize(self.values.len() + dim, 0.0);
-                self.keys.len() - 1
-            });
-            for (s, v) in self.values[at * dim..(at + 1) * dim].iter_mut().zip(g) {
-                *s += v;
-            }
-        }
-    }
 }
 
 type Fetching = JoinHandle<Result<Vec<TableRows>, ClientError>>;
-type Pushing = JoinHandle<Result<(), WorkerError>>;
 
 impl SparseWorker {
     pub fn run(self, params: Vec<f32>, versions: Vec<Stamp>) -> Result<(), WorkerError> {
         lower_priority();
         let stop = self.stop.clone();
         unless_stopping(&stop, self.train_loop(params, versions))
+    }
+
+    /// Batches fetched ahead: a bound of b versions allows rows fetched b
+    /// batches before they are used.
+    fn ahead(&self) -> usize {
+        self.max_staleness
+            .map_or(ROWS_AHEAD, |b| (b as usize).clamp(1, ROWS_AHEAD))
     }
 
     /// Starts fetching the rows of `examples` from the shards that hold them.
@@ -94,6 +80,7 @@ impl SparseWorker {
             // checkpoint holds its lock) or away is asked again, rather
             // than the replica restarting and reloading its data.
             let mut backoff = distbelief_net::Backoff::default();
+            let started = Instant::now();
             let values = loop {
                 match fetch_table_rows(&mut clients, &keys, &dims).await {
                     Ok(values) => break values,
@@ -105,6 +92,9 @@ impl SparseWorker {
                     }
                 }
             };
+            metrics
+                .fetch_seconds
+                .observe(started.elapsed().as_secs_f64());
             Ok(keys
                 .into_iter()
                 .zip(&dims)
@@ -114,27 +104,65 @@ impl SparseWorker {
         })
     }
 
+    /// Empty row sums for every shard and table.
+    fn no_rows(&self) -> Vec<Vec<RowSums>> {
+        let tables = &self.model.tables().tables;
+        self.links
+            .iter()
+            .map(|_| {
+                tables
+                    .iter()
+                    .enumerate()
+                    .map(|(t, table)| RowSums::new(t as u32, table.dim, self.squares))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Makes fetched dense parameters the ones computed on.
+    fn install(
+        &self,
+        i: usize,
+        f: crate::link::Fetched,
+        params: &mut [f32],
+        versions: &mut [Stamp],
+    ) {
+        let link = &self.links[i];
+        params[link.client.range.clone()].copy_from_slice(&f.values);
+        versions[i] = f.version;
+        link.recycle(f.values);
+    }
+
     fn train_loop(
         mut self,
         mut params: Vec<f32>,
         mut versions: Vec<Stamp>,
     ) -> Result<(), WorkerError> {
         let batch = self.batch.min(self.train.len()).max(1);
-        let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
+        let shards = self.links.len() as u32;
         let mut scratch = self.model.mlp().scratch(batch);
         let mut acc = vec![0.0f32; params.len()];
-        let mut sums: Vec<RowSums> = dims.iter().map(|_| RowSums::default()).collect();
-        let (mut acc_steps, mut acc_base) = (0u64, versions.clone());
-        let mut current = vec![0usize; batch];
-        if !self.feed.next_batch(&mut current)? {
-            self.stop.store(true, Ordering::Relaxed);
-            return Ok(());
-        }
-        let mut fetching = self.fetch_rows(&current);
-        let mut dense: Option<JoinHandle<_>> = None;
-        let mut pushing: Option<Pushing> = None;
-        let (mut step, mut sequence) = (0u64, 0u64);
+        let mut squares = (self.squares && self.n_push > 1).then(|| vec![0.0f32; params.len()]);
+        let mut one = squares.as_ref().map(|_| vec![0.0f32; params.len()]);
+        let mut sums = self.no_rows();
+        let mut acc_base = versions.clone();
+        let mut acc_steps = 0u32;
+        let mut queued: VecDeque<(Vec<usize>, Fetching)> = VecDeque::new();
+        let mut step = 0u64;
         while !self.stop.load(Ordering::Relaxed) {
+            while queued.len() < self.ahead() {
+                let mut examples = vec![0usize; batch];
+                if !self.feed.next_batch(&mut examples)? {
+                    // Stopped by the coordinator: batches in hand are not trained.
+                    self.stop.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                let fetching = self.fetch_rows(&examples);
+                queued.push_back((examples, fetching));
+            }
+            let Some((examples, fetching)) = queued.pop_front() else {
+                break;
+            };
             let rows = self
                 .runtime
                 .block_on(fetching)
@@ -142,20 +170,18 @@ impl SparseWorker {
             self.progress
                 .epoch
                 .store(self.feed.epoch(), Ordering::Relaxed);
-            let mut upcoming = vec![0usize; batch];
-            if !self.feed.next_batch(&mut upcoming)? {
-                // Stopped by the coordinator: the batch in hand is not trained.
-                self.stop.store(true, Ordering::Relaxed);
-                break;
-            }
-            fetching = self.fetch_rows(&upcoming);
-            if let Some(d) = dense.take_if(|d: &mut JoinHandle<_>| d.is_finished()) {
-                let (fresh, v): (Vec<f32>, Vec<Stamp>) = self
-                    .runtime
-                    .block_on(d)
-                    .map_err(|e| WorkerError::Compute(e.to_string()))??;
-                params = fresh;
-                versions = v;
+            for i in 0..self.links.len() {
+                let link = self.links[i].clone();
+                if let Some(f) = link.take_fetched() {
+                    self.install(i, f, &mut params, &mut versions);
+                }
+                if too_stale(link.shard_version(), versions[i], self.max_staleness) {
+                    self.metrics.staleness_waits.inc();
+                    let Some(f) = link.wait_fetched(&self.stop) else {
+                        return Ok(());
+                    };
+                    self.install(i, f, &mut params, &mut versions);
+                }
             }
             if acc_steps == 0 {
                 acc_base.clone_from(&versions);
@@ -163,150 +189,90 @@ impl SparseWorker {
             let began = Instant::now();
             let mut row_grads: Vec<Vec<f32>> =
                 rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
+            let into = match one.as_mut() {
+                Some(one) if acc_steps > 0 => {
+                    one.fill(0.0);
+                    one
+                }
+                _ => &mut acc,
+            };
             let loss = self.model.gradient(
                 &params,
                 &self.train.features,
                 &self.sparse,
                 &self.train.labels,
-                &current,
+                &examples,
                 &rows,
                 &mut scratch,
-                &mut acc,
+                into,
                 &mut row_grads,
             );
-            for ((s, r), g) in sums.iter_mut().zip(&rows).zip(&row_grads) {
-                s.add(r.dim, r, g);
+            if let Some(sq) = squares.as_mut() {
+                match one.as_ref().filter(|_| acc_steps > 0) {
+                    // The first mini-batch of a push is its own square.
+                    None => sq.iter_mut().zip(&acc).for_each(|(s, g)| *s = g * g),
+                    Some(one) => {
+                        for ((a, s), g) in acc.iter_mut().zip(sq.iter_mut()).zip(one) {
+                            *a += g;
+                            *s += g * g;
+                        }
+                    }
+                }
             }
+            add_rows(&mut sums, shards, &rows, &row_grads);
             if self.slowdown > 1.0 {
                 std::thread::sleep(began.elapsed().mul_f64(self.slowdown - 1.0));
             }
-            current = upcoming;
             acc_steps += 1;
             step += 1;
-            if acc_steps == self.n_push {
-                // One push in flight at a time: the next waits for this one
-                // to be acknowledged (or refused) by every shard.
-                if let Some(p) = pushing.take() {
-                    self.runtime
-                        .block_on(p)
-                        .map_err(|e| WorkerError::Compute(e.to_string()))??;
+            let fetch = step.is_multiple_of(self.n_fetch);
+            if u64::from(acc_steps) == self.n_push {
+                let fresh = self.no_rows();
+                for ((i, link), rows) in self
+                    .links
+                    .iter()
+                    .enumerate()
+                    .zip(std::mem::replace(&mut sums, fresh))
+                {
+                    let range = link.client.range.clone();
+                    if !link.offer(
+                        &acc[range.clone()],
+                        squares.as_ref().map(|sq| &sq[range]),
+                        acc_steps,
+                        acc_base[i],
+                        fetch,
+                        rows,
+                    ) {
+                        self.metrics.dropped_gradients.inc();
+                    }
                 }
-                sequence += 1;
-                let push = self.push(
-                    sequence,
-                    &acc,
-                    &mut sums,
-                    &dims,
-                    &acc_base,
-                    acc_steps as u32,
-                );
-                pushing = Some(push);
                 acc.fill(0.0);
                 acc_steps = 0;
-            }
-            if step.is_multiple_of(self.n_fetch) && dense.is_none() {
-                let mut clients = self.clients.clone();
-                let len = params.len();
-                dense = Some(self.runtime.spawn(async move {
-                    let mut fresh = vec![0.0f32; len];
-                    let v = fetch_all(&mut clients, &mut fresh).await?;
-                    Ok::<_, ClientError>((fresh, v))
-                }));
+            } else if fetch {
+                for link in &self.links {
+                    link.want_fetch();
+                }
             }
             self.progress.step_done(&self.metrics, step, batch, loss);
         }
         Ok(())
     }
+}
 
-    /// Sends push `sequence` to every shard: its dense range and the rows
-    /// whose keys it holds. Empties the row sums.
-    fn push(
-        &self,
-        sequence: u64,
-        acc: &[f32],
-        sums: &mut [RowSums],
-        dims: &[usize],
-        base: &[Stamp],
-        steps: u32,
-    ) -> Pushing {
-        let shards = self.clients.len() as u32;
-        let mut per_shard: Vec<Vec<distbelief_proto::v1::GradientChunk>> = Vec::new();
-        let mut ids = Vec::new();
-        for (s, c) in self.clients.iter().enumerate() {
-            let id = PushId {
-                replica: self.replica,
-                incarnation: self.incarnation,
-                sequence,
-                base: base[s],
-                steps,
-                fence: self.fence.load(Ordering::Relaxed),
-                average: false,
-                grant: None,
-            };
-            let mut chunks = c.dense_chunks(id, &acc[c.range.clone()]);
-            for (t, sum) in sums.iter().enumerate() {
-                let dim = dims[t];
-                let (mut keys, mut grads) = (Vec::new(), Vec::new());
-                for (i, &k) in sum.keys.iter().enumerate() {
-                    if shard_of(k, shards) == s as u32 {
-                        keys.push(k);
-                        grads.extend_from_slice(&sum.values[i * dim..(i + 1) * dim]);
-                    }
-                }
-                if !keys.is_empty() {
-                    chunks.extend(c.rows_chunks(id, t as u32, dim, &keys, &grads));
-                }
-            }
-            let bytes: usize = chunks.iter().map(|c| c.values.len() + c.keys.len()).sum();
-            self.metrics.push_bytes.inc_by(bytes as u64);
-            per_shard.push(chunks);
-            ids.push(id);
+/// Adds one mini-batch's row gradients to the sums of the shards that hold
+/// their keys.
+fn add_rows(sums: &mut [Vec<RowSums>], shards: u32, rows: &[TableRows], grads: &[Vec<f32>]) {
+    for (t, (r, g)) in rows.iter().zip(grads).enumerate() {
+        let dim = r.dim;
+        let mut per_shard: Vec<(Vec<u64>, Vec<f32>)> =
+            (0..shards).map(|_| (Vec::new(), Vec::new())).collect();
+        for (i, &k) in r.keys.iter().enumerate() {
+            let (keys, values) = &mut per_shard[shard_of(k, shards) as usize];
+            keys.push(k);
+            values.extend_from_slice(&g[i * dim..(i + 1) * dim]);
         }
-        for s in sums.iter_mut() {
-            *s = RowSums::default();
+        for (s, (keys, values)) in per_shard.iter().enumerate() {
+            sums[s][t].add(keys, values, None, 1);
         }
-        let clients = self.clients.clone();
-        let (log, metrics, stop) = (
-            self.ack_log.clone(),
-            self.metrics.clone(),
-            self.stop.clone(),
-        );
-        self.runtime.spawn(async move {
-            let pushes =
-                clients
-                    .into_iter()
-                    .zip(per_shard)
-                    .zip(ids)
-                    .map(|((mut c, chunks), id)| {
-                        let (log, metrics, stop) = (log.clone(), metrics.clone(), stop.clone());
-                        async move {
-                            let mut backoff = distbelief_net::Backoff::default();
-                            loop {
-                                let started = Instant::now();
-                                match c.push(chunks.clone()).await {
-                                    Ok(_) => {
-                                        metrics
-                                            .push_seconds
-                                            .observe(started.elapsed().as_secs_f64());
-                                        if let Some(log) = &log {
-                                            acknowledged(log, c.index, &id);
-                                        }
-                                        return Ok(());
-                                    }
-                                    Err(e) if e.is_refusal() => return Err(WorkerError::from(e)),
-                                    Err(e) => {
-                                        metrics.rpc_failures.with_label_values(&["push"]).inc();
-                                        if stop.load(Ordering::Relaxed) {
-                                            return Err(WorkerError::from(e));
-                                        }
-                                        tracing::warn!("sparse push failed, sending it again: {e}");
-                                        tokio::time::sleep(backoff.next_delay()).await;
-                                    }
-                                }
-                            }
-                        }
-                    });
-            futures::future::try_join_all(pushes).await.map(|_| ())
-        })
     }
 }

@@ -16,15 +16,26 @@ pub struct SparseRun {
     /// Training only: the evaluations are not counted.
     pub train_seconds: f64,
     pub examples_per_second: f64,
-    /// (examples, test AUC, test log loss) at each evaluation.
-    pub curve: Vec<(u64, f64, f64)>,
+    /// (examples, training seconds, test AUC, test log loss) at each
+    /// evaluation.
+    pub curve: Vec<(u64, f64, f64, f64)>,
     /// Rows each table stores at the end.
     pub table_rows: Vec<usize>,
 }
 
 impl SparseRun {
     pub fn last(&self) -> (u64, f64, f64) {
-        self.curve.last().copied().unwrap_or((0, 0.5, f64::NAN))
+        self.curve
+            .last()
+            .map_or((0, 0.5, f64::NAN), |&(e, _, a, l)| (e, a, l))
+    }
+
+    /// The first evaluation at or above `auc`: (training seconds, examples).
+    pub fn to_auc(&self, auc: f64) -> Option<(f64, u64)> {
+        self.curve
+            .iter()
+            .find(|p| p.2 >= auc)
+            .map(|&(e, s, _, _)| (s, e))
     }
 }
 
@@ -86,7 +97,7 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, examples: u64, evals: u
             step += 1;
             if step * evals / steps > (step - 1) * evals / steps {
                 let (a, l) = evaluate(&m, &tables, &params, test);
-                run.curve.push((run.examples, a, l));
+                run.curve.push((run.examples, run.train_seconds, a, l));
             }
             if step >= steps {
                 break 'epochs;

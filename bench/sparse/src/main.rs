@@ -6,6 +6,9 @@
 //!   (c) (b) on a vocabulary 10 times smaller: bytes per example
 //!   (d) (b) with each table's capacity at a quarter of the rows (b) stored
 //!
+//! `--configs examples` runs the shipped sparse examples instead (see
+//! `examples.rs`).
+//!
 //! Every configuration trains the same number of examples, so AUCs compare
 //! at equal examples. It prints JSON: each run's figures, and the ratios and
 //! gaps between them. The shards' resident memory is sampled from /proc
@@ -20,6 +23,8 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use distbelief_bench_downpour::local_sparse;
 use serde_json::{Value, json};
+
+mod examples;
 
 #[derive(Parser)]
 struct Args {
@@ -45,7 +50,8 @@ struct Args {
     /// Examples every configuration trains.
     #[arg(long, default_value_t = 4_000_000)]
     examples: u64,
-    /// The configurations to run, by letter.
+    /// The configurations to run, by letter; `examples` runs the shipped
+    /// sparse examples as they ship instead.
     #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d"])]
     configs: Vec<String>,
     /// Also write the JSON here.
@@ -70,6 +76,12 @@ fn main() -> anyhow::Result<()> {
         "examples_per_configuration": args.examples,
     });
 
+    if run("examples") {
+        let work = args.dir.join("examples");
+        std::fs::create_dir_all(&work)?;
+        report["examples"] = examples::run(&exe, &work)?;
+        return finish(&report, args.out.as_deref());
+    }
     let large = data(&exe, &args, args.vocab)?;
     let small = if run("c") {
         Some(data(&exe, &args, (args.vocab / 10).max(2))?)
@@ -124,9 +136,14 @@ fn main() -> anyhow::Result<()> {
             figures(&summary, &doc, large.planted["planted_test_auc"].as_f64());
     }
     report["comparisons"] = comparisons(&report);
-    let text = serde_json::to_string_pretty(&report)?;
+    finish(&report, args.out.as_deref())
+}
+
+/// Prints the report, and writes it to `out` too.
+fn finish(report: &Value, out: Option<&Path>) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(report)?;
     println!("{text}");
-    if let Some(out) = &args.out {
+    if let Some(out) = out {
         std::fs::write(out, text + "\n")?;
     }
     Ok(())

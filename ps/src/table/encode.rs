@@ -167,8 +167,7 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
     t.stats = stats;
     t.slots.reserve(n);
     t.meta.reserve(n);
-    t.values.reserve(n * dim);
-    t.accum.reserve(n * width);
+    t.data.reserve(n * (dim + width));
     for _ in 0..n {
         let (key, uses, last) = (r.u64()?, r.u64()?, r.u64()?);
         let (values, accum) = (r.f32s(dim)?, r.f32s(width)?);
@@ -182,8 +181,9 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
             return Err(format!("row {key:#x} is stored twice"));
         }
         let s = t.insert_row(key, uses, last);
-        t.values[s * dim..(s + 1) * dim].copy_from_slice(&values);
-        t.accum[s * width..(s + 1) * width].copy_from_slice(&accum);
+        let (v, a) = t.slot_mut(s);
+        v.copy_from_slice(&values);
+        a.copy_from_slice(&accum);
     }
     let pending = r.count(PENDING_BYTES)?;
     if pending > MAX_PENDING {
