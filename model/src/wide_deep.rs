@@ -8,7 +8,7 @@ use distbelief_api::layout::{Layout, Tables};
 use ndarray::{ArrayView2, ArrayViewMut2};
 
 use crate::data::{Dataset, SparseFeatures};
-use crate::keys::{KeyMap, KeySet};
+use crate::keys::KeyMap;
 use crate::mlp::{Extra, Mlp, Scratch};
 
 #[derive(Debug, Clone)]
@@ -29,6 +29,18 @@ pub struct TableRows {
     /// `dim` values per key.
     pub values: Vec<f32>,
     slot: KeyMap<usize>,
+    /// For rows fetched for one batch ([`WideDeep::batch_keys`]): each of
+    /// the batch's key occurrences' row, in the order the passes meet
+    /// them, so that they look no key up.
+    at: Option<Vec<u32>>,
+}
+
+/// One table's keys of a batch: the distinct ones, and each occurrence's
+/// index among them (examples in order, then fields, then keys).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchKeys {
+    pub keys: Vec<u64>,
+    pub at: Vec<u32>,
 }
 
 impl TableRows {
@@ -41,14 +53,41 @@ impl TableRows {
             keys,
             values,
             slot,
+            at: None,
+        }
+    }
+
+    /// Rows of a batch's keys, with `values` as fetched: the passes over
+    /// that batch (and only that batch) find rows by occurrence.
+    pub fn for_batch(dim: usize, keys: BatchKeys, values: Vec<f32>) -> Self {
+        assert_eq!(keys.keys.len() * dim, values.len(), "a row per key");
+        TableRows {
+            dim,
+            keys: keys.keys,
+            values,
+            slot: KeyMap::default(),
+            at: Some(keys.at),
         }
     }
 
     fn slot(&self, key: u64) -> usize {
-        *self
-            .slot
-            .get(&key)
-            .expect("every key of the batch was fetched")
+        match self.slot.get(&key) {
+            Some(&s) => s,
+            None => self
+                .keys
+                .iter()
+                .position(|&k| k == key)
+                .expect("every key of the batch was fetched"),
+        }
+    }
+
+    /// The row of a key's `n`-th occurrence in the batch, if these rows
+    /// were fetched for it; else the row of `key`.
+    fn slot_of(&self, n: usize, key: u64) -> usize {
+        match &self.at {
+            Some(at) => at[n] as usize,
+            None => self.slot(key),
+        }
     }
 
     pub fn row(&self, key: u64) -> &[f32] {
@@ -88,34 +127,57 @@ impl WideDeep {
     /// Per table, the distinct keys that `examples` of `sparse` use, in the
     /// order first met.
     pub fn keys(&self, sparse: &SparseFeatures, examples: &[usize]) -> Vec<Vec<u64>> {
-        self.tables
-            .tables
-            .iter()
-            .map(|t| {
-                let mut seen = KeySet::default();
-                let mut keys = Vec::new();
-                for &i in examples {
-                    for &f in &t.fields {
-                        for &k in sparse.field(i, f).0 {
-                            if seen.insert(k) {
-                                keys.push(k);
-                            }
-                        }
-                    }
-                }
-                keys
-            })
+        self.batch_keys(sparse, examples)
+            .into_iter()
+            .map(|b| b.keys)
             .collect()
     }
 
-    /// Calls `visit(table, at, key, weight)` for every key of example `i`:
-    /// `at` is where the key's row goes in the MLP's input, or None for
-    /// the wide part, whose weight goes to the logit.
+    /// Per table, the distinct keys that `examples` of `sparse` use, in the
+    /// order first met, and where each occurrence's row is among them.
+    pub fn batch_keys(&self, sparse: &SparseFeatures, examples: &[usize]) -> Vec<BatchKeys> {
+        (0..self.tables.tables.len())
+            .map(|t| self.table_batch_keys(t, sparse, examples))
+            .collect()
+    }
+
+    /// [`batch_keys`](Self::batch_keys) of table `t` alone.
+    pub fn table_batch_keys(
+        &self,
+        t: usize,
+        sparse: &SparseFeatures,
+        examples: &[usize],
+    ) -> BatchKeys {
+        let fields = &self.tables.tables[t].fields;
+        let mut seen: KeyMap<u32> = KeyMap::default();
+        let mut b = BatchKeys::default();
+        for &i in examples {
+            for &f in fields {
+                for &k in sparse.field(i, f).0 {
+                    let next = b.keys.len() as u32;
+                    let at = *seen.entry(k).or_insert(next);
+                    if at == next {
+                        b.keys.push(k);
+                    }
+                    b.at.push(at);
+                }
+            }
+        }
+        b
+    }
+
+    /// Calls `visit(table, at, slot, weight)` for every key of example
+    /// `i`: `at` is where the key's row goes in the MLP's input, or None
+    /// for the wide part, whose weight goes to the logit; `slot` is the
+    /// key's row in `rows`. `seen` counts each table's key occurrences met
+    /// so far in the batch.
     fn each_key(
         &self,
         sparse: &SparseFeatures,
         i: usize,
-        mut visit: impl FnMut(usize, Option<usize>, u64, f32),
+        rows: &[TableRows],
+        seen: &mut [usize],
+        mut visit: impl FnMut(usize, Option<usize>, usize, f32),
     ) {
         for (t, table) in self.tables.tables.iter().enumerate() {
             let is_wide = Some(table.id) == self.tables.wide;
@@ -123,7 +185,9 @@ impl WideDeep {
                 let (keys, weights) = sparse.field(i, f);
                 let at = (!is_wide).then(|| self.offsets[t] + j * table.dim);
                 for (n, &k) in keys.iter().enumerate() {
-                    visit(t, at, k, weights.map_or(1.0, |w| w[n]));
+                    let slot = rows[t].slot_of(seen[t], k);
+                    seen[t] += 1;
+                    visit(t, at, slot, weights.map_or(1.0, |w| w[n]));
                 }
             }
         }
@@ -145,11 +209,13 @@ impl WideDeep {
         x.resize(examples.len() * width, 0.0);
         wide.clear();
         wide.resize(examples.len(), 0.0);
+        let mut seen = vec![0; rows.len()];
         for (r, &i) in examples.iter().enumerate() {
             let out = &mut x[r * width..(r + 1) * width];
             out[..self.numeric].copy_from_slice(&numeric[i * self.numeric..(i + 1) * self.numeric]);
-            self.each_key(sparse, i, |t, at, k, w| {
-                let row = rows[t].row(k);
+            self.each_key(sparse, i, rows, &mut seen, |t, at, slot, w| {
+                let dim = rows[t].dim;
+                let row = &rows[t].values[slot * dim..(slot + 1) * dim];
                 match at {
                     None => wide[r] += w * row[0],
                     Some(at) => {
@@ -204,13 +270,13 @@ impl WideDeep {
             },
         );
         let last = self.mlp.layout().layers.len() - 1;
+        let mut seen = vec![0; rows.len()];
         for (r, &i) in examples.iter().enumerate() {
             let dlogit = scale * scratch.deltas[last][[r, 0]];
             let d = &dx[r * width..(r + 1) * width];
-            self.each_key(sparse, i, |t, at, k, w| {
+            self.each_key(sparse, i, rows, &mut seen, |t, at, slot, w| {
                 let dim = rows[t].dim;
-                let slot = rows[t].slot(k) * dim;
-                let g = &mut row_grads[t][slot..slot + dim];
+                let g = &mut row_grads[t][slot * dim..(slot + 1) * dim];
                 match at {
                     None => g[0] += w * dlogit,
                     Some(at) => {

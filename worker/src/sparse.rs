@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use distbelief_model::data::{Dataset, SparseFeatures};
 use distbelief_model::keys::shard_of;
-use distbelief_model::wide_deep::{TableRows, WideDeep};
+use distbelief_model::wide_deep::{BatchKeys, TableRows, WideDeep};
 use distbelief_ps_client::{ClientError, ShardClient, Stamp, fetch_table_rows};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
@@ -71,7 +71,12 @@ impl SparseWorker {
 
     /// Starts fetching the rows of `examples` from the shards that hold them.
     fn fetch_rows(&self, examples: &[usize]) -> Fetching {
-        let keys = self.model.keys(&self.sparse, examples);
+        let (keys, at): (Vec<Vec<u64>>, Vec<Vec<u32>>) = self
+            .model
+            .batch_keys(&self.sparse, examples)
+            .into_iter()
+            .map(|b| (b.keys, b.at))
+            .unzip();
         let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
         let mut clients = self.clients.clone();
         let (metrics, stop) = (self.metrics.clone(), self.stop.clone());
@@ -97,9 +102,10 @@ impl SparseWorker {
                 .observe(started.elapsed().as_secs_f64());
             Ok(keys
                 .into_iter()
+                .zip(at)
                 .zip(&dims)
                 .zip(values)
-                .map(|((k, &d), v)| TableRows::new(d, k, v))
+                .map(|(((keys, at), &d), v)| TableRows::for_batch(d, BatchKeys { keys, at }, v))
                 .collect())
         })
     }

@@ -1,14 +1,17 @@
 //! The one-process trainer of a sparse model: the same model, gradients,
 //! table core (`ps::table`) and dense update rule as a distributed job, in
 //! one process with no network. What a distributed sparse job must match.
+//! Each table's keys, lookups and updates run on a core of their own
+//! (rayon), as the tables of a job run on its shards.
 
 use std::time::Instant;
 
 use distbelief_api::Job;
 use distbelief_model::Optimizer;
 use distbelief_model::data::{self, Dataset};
-use distbelief_model::wide_deep::{TableRows, WideDeep, auc, log_loss};
+use distbelief_model::wide_deep::{BatchKeys, TableRows, WideDeep, auc, log_loss};
 use distbelief_ps::table::{Table, TableConfig};
+use rayon::prelude::*;
 
 #[derive(Debug, Clone)]
 pub struct SparseRun {
@@ -43,6 +46,22 @@ impl SparseRun {
 /// epochs in the job's seeded order), evaluating on `test` `evals` times at
 /// even intervals, the last at the end.
 pub fn train(job: &Job, train: &Dataset, test: &Dataset, examples: u64, evals: u64) -> SparseRun {
+    // The loop runs on a pool thread, so that the tables' work it hands the
+    // pool is taken by the other core's thread: from outside, the pool's
+    // threads would spin for more work against the loop itself.
+    match rayon::ThreadPoolBuilder::new().build() {
+        Ok(pool) => pool.install(|| train_on_pool(job, train, test, examples, evals)),
+        Err(_) => train_on_pool(job, train, test, examples, evals),
+    }
+}
+
+fn train_on_pool(
+    job: &Job,
+    train: &Dataset,
+    test: &Dataset,
+    examples: u64,
+    evals: u64,
+) -> SparseRun {
     let m = WideDeep::new(&job.layout, &job.tables);
     let d = &job.downpour;
     let optimizer = Optimizer::from_spec(d);
@@ -72,7 +91,11 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, examples: u64, evals: u
         let order = data::epoch_order(&indices, d.seed, 0, epoch);
         for b in order.chunks_exact(batch) {
             let t0 = Instant::now();
-            let rows = fetch(&tables, m.keys(train_keys, b));
+            let keys: Vec<BatchKeys> = (0..tables.len())
+                .into_par_iter()
+                .map(|t| m.table_batch_keys(t, train_keys, b))
+                .collect();
+            let rows = fetch_batch(&tables, keys);
             let mut row_grads: Vec<Vec<f32>> =
                 rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
             grad.fill(0.0);
@@ -88,10 +111,14 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, examples: u64, evals: u
                 &mut row_grads,
             );
             optimizer.apply(&mut params, &mut accum, &grad);
-            for ((t, r), g) in tables.iter_mut().zip(&rows).zip(&row_grads) {
-                t.apply(&r.keys, g, None, 1)
-                    .expect("rows of the table's own dim");
-            }
+            tables
+                .par_iter_mut()
+                .zip(&rows)
+                .zip(&row_grads)
+                .for_each(|((t, r), g)| {
+                    t.apply(&r.keys, g, None, 1)
+                        .expect("rows of the table's own dim");
+                });
             run.train_seconds += t0.elapsed().as_secs_f64();
             run.examples += batch as u64;
             step += 1;
@@ -110,6 +137,19 @@ pub fn train(job: &Job, train: &Dataset, test: &Dataset, examples: u64, evals: u
     run.examples_per_second = run.examples as f64 / run.train_seconds.max(1e-9);
     run.table_rows = tables.iter().map(Table::len).collect();
     run
+}
+
+/// The rows of a training batch's keys, found by occurrence in its passes.
+fn fetch_batch(tables: &[Table], keys: Vec<BatchKeys>) -> Vec<TableRows> {
+    keys.into_par_iter()
+        .zip(tables)
+        .map(|(k, t)| {
+            let mut v = vec![0.0; k.keys.len() * t.dim()];
+            t.fetch(&k.keys, &mut v)
+                .expect("rows of the table's own dim");
+            TableRows::for_batch(t.dim(), k, v)
+        })
+        .collect()
 }
 
 fn fetch(tables: &[Table], keys: Vec<Vec<u64>>) -> Vec<TableRows> {

@@ -146,3 +146,46 @@ fn auc_counts_ordered_pairs_and_ties_count_half() {
     let ll = log_loss(&[0.5, 0.5], &[0, 1]);
     assert!((ll - std::f64::consts::LN_2).abs() < 1e-6);
 }
+
+#[test]
+fn rows_found_by_occurrence_give_the_gradient_rows_found_by_key_give() {
+    let m = model();
+    let (numeric, sparse, labels) = data();
+    // Repeats and a different order than the keys first met.
+    let examples = [2, 0, 3, 0, 1];
+    let by_key = rows(&m, &sparse, &examples);
+    let by_occurrence: Vec<TableRows> = m
+        .batch_keys(&sparse, &examples)
+        .into_iter()
+        .zip(&by_key)
+        .map(|(b, r)| {
+            assert_eq!(b.keys, r.keys);
+            TableRows::for_batch(r.dim, b, r.values.clone())
+        })
+        .collect();
+    let layout = m.mlp().layout().clone();
+    let params = layout.initial_values(0..layout.len(), 3);
+    let run = |rows: &[TableRows]| {
+        let mut scratch = m.mlp().scratch(examples.len());
+        let mut grad = vec![0.0; params.len()];
+        let mut row_grads: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
+        let loss = m.gradient(
+            &params,
+            &numeric,
+            &sparse,
+            &labels,
+            &examples,
+            rows,
+            &mut scratch,
+            &mut grad,
+            &mut row_grads,
+        );
+        (loss, grad, row_grads)
+    };
+    let (a, b) = (run(&by_key), run(&by_occurrence));
+    assert!(
+        a.2.iter().flatten().any(|g| *g != 0.0),
+        "rows get gradients"
+    );
+    assert_eq!(a, b);
+}
