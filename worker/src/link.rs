@@ -60,7 +60,7 @@ fn square_into(out: &mut [f32], grad: &[f32]) {
     }
 }
 
-pub(crate) fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
+fn acknowledged(log: &Mutex<Appender>, shard: u32, id: &PushId) {
     let key = PushKey {
         shard,
         replica: id.replica,
@@ -183,6 +183,32 @@ impl Link {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+    }
+
+    /// Brings the parameters computed on (at `have`) up to date from this
+    /// link, calling `install` (which returns the version installed) with
+    /// what landed since the last call and, when the parameters are still
+    /// more than `bound` versions behind the shard, with fresh ones waited
+    /// for (counted in `waits`). False when the replica stops while waiting.
+    pub fn refresh(
+        &self,
+        mut have: Stamp,
+        bound: Option<u64>,
+        stop: &AtomicBool,
+        waits: &prometheus::IntCounter,
+        mut install: impl FnMut(Fetched) -> Stamp,
+    ) -> bool {
+        if let Some(f) = self.take_fetched() {
+            have = install(f);
+        }
+        if crate::replica::too_stale(self.shard_version(), have, bound) {
+            waits.inc();
+            let Some(f) = self.wait_fetched(stop) else {
+                return false;
+            };
+            install(f);
+        }
+        true
     }
 
     /// Hands a gradient (the sum of `steps` mini-batches', with the sum of

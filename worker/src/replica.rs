@@ -828,7 +828,7 @@ impl Compute {
         f: crate::link::Fetched,
         params: &mut [f32],
         versions: &mut [Stamp],
-    ) {
+    ) -> Stamp {
         let link = &self.links[i];
         let range = link.client.range.clone();
         let mine = range.start - self.base..range.end - self.base;
@@ -841,6 +841,7 @@ impl Compute {
         }
         versions[i] = f.version;
         link.recycle(f.values);
+        f.version
     }
 
     fn train_loop(
@@ -868,17 +869,14 @@ impl Compute {
             // Fetched parameters are used from the first step after they
             // land: holding them back until the next nFetch boundary would
             // add nFetch steps of staleness for nothing.
+            let (stop, waits) = (self.stop.clone(), self.metrics.staleness_waits.clone());
             for i in 0..self.links.len() {
                 let link = self.links[i].clone();
-                if let Some(f) = link.take_fetched() {
-                    self.install(i, f, &mut params, &mut versions);
-                }
-                if too_stale(link.shard_version(), versions[i], self.max_staleness) {
-                    self.metrics.staleness_waits.inc();
-                    let Some(f) = link.wait_fetched(&self.stop) else {
-                        return Ok(());
-                    };
-                    self.install(i, f, &mut params, &mut versions);
+                let (have, bound) = (versions[i], self.max_staleness);
+                if !link.refresh(have, bound, &stop, &waits, |f| {
+                    self.install(i, f, &mut params, &mut versions)
+                }) {
+                    return Ok(());
                 }
             }
             if !self.feed.next_batch(&mut examples)? {

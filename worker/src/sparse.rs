@@ -23,12 +23,12 @@ use crate::error::WorkerError;
 use crate::feed::Feed;
 use crate::link::{Link, RowSums};
 use crate::metrics::WorkerMetrics;
-use crate::replica::{Progress, lower_priority, too_stale, unless_stopping};
+use crate::replica::{Progress, lower_priority, unless_stopping};
 
 /// Batches whose rows are fetched before they are computed, unless the
 /// job bounds staleness tighter: enough to hide a row fetch's round trip
 /// behind the computing of the batches before it.
-pub(crate) const ROWS_AHEAD: usize = 3;
+const ROWS_AHEAD: usize = 3;
 
 pub(crate) struct SparseWorker {
     pub model: WideDeep,
@@ -125,20 +125,6 @@ impl SparseWorker {
             .collect()
     }
 
-    /// Makes fetched dense parameters the ones computed on.
-    fn install(
-        &self,
-        i: usize,
-        f: crate::link::Fetched,
-        params: &mut [f32],
-        versions: &mut [Stamp],
-    ) {
-        let link = &self.links[i];
-        params[link.client.range.clone()].copy_from_slice(&f.values);
-        versions[i] = f.version;
-        link.recycle(f.values);
-    }
-
     fn train_loop(
         mut self,
         mut params: Vec<f32>,
@@ -176,17 +162,12 @@ impl SparseWorker {
             self.progress
                 .epoch
                 .store(self.feed.epoch(), Ordering::Relaxed);
-            for i in 0..self.links.len() {
-                let link = self.links[i].clone();
-                if let Some(f) = link.take_fetched() {
-                    self.install(i, f, &mut params, &mut versions);
-                }
-                if too_stale(link.shard_version(), versions[i], self.max_staleness) {
-                    self.metrics.staleness_waits.inc();
-                    let Some(f) = link.wait_fetched(&self.stop) else {
-                        return Ok(());
-                    };
-                    self.install(i, f, &mut params, &mut versions);
+            let waits = &self.metrics.staleness_waits;
+            for (i, link) in self.links.iter().enumerate() {
+                if !link.refresh(versions[i], self.max_staleness, &self.stop, waits, |f| {
+                    install(link, f, &mut params, &mut versions[i])
+                }) {
+                    return Ok(());
                 }
             }
             if acc_steps == 0 {
@@ -263,6 +244,14 @@ impl SparseWorker {
         }
         Ok(())
     }
+}
+
+/// Makes dense parameters fetched over `link` the ones computed on.
+fn install(link: &Link, f: crate::link::Fetched, params: &mut [f32], version: &mut Stamp) -> Stamp {
+    params[link.client.range.clone()].copy_from_slice(&f.values);
+    *version = f.version;
+    link.recycle(f.values);
+    f.version
 }
 
 /// Adds one mini-batch's row gradients to the sums of the shards that hold
