@@ -665,9 +665,10 @@ pub struct DownpourSpec {
     /// so the next mini-batch is computed where the shards are going. Pushes
     /// still carry plain gradients, and fetched parameters replace the copy
     /// (keeping the moves not yet pushed). With it, examples to a target
-    /// hardly depend on nPush. Dense models with asynchronous uncompressed
-    /// pushes only: ignored with synchronous, averaging (which always steps
-    /// locally), compression and tables. Default: true.
+    /// hardly depend on nPush. Asynchronous uncompressed pushes only:
+    /// ignored with synchronous, averaging (which always steps locally) and
+    /// compression. With tables, the dense parameters step locally; rows
+    /// come fresh from the shards with each batch. Default: true.
     #[serde(default = "yes")]
     pub local_steps: bool,
 }

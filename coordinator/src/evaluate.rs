@@ -157,7 +157,7 @@ impl Evaluator {
         };
         let rows = match &self.sparse {
             Some(s) => match fetch_table_rows(&mut self.clients, &s.keys, &s.dims()).await {
-                Ok(rows) => Some(rows),
+                Ok((_, rows)) => Some(rows),
                 Err(e) => {
                     tracing::warn!("evaluation skipped, table rows unavailable: {e}");
                     self.give_up_at(limit, "the shards did not answer at the end");

@@ -6,6 +6,7 @@
 
 use distbelief_api::layout::{Layout, Tables};
 use ndarray::{ArrayView2, ArrayViewMut2};
+use rayon::prelude::*;
 
 use crate::data::{Dataset, SparseFeatures};
 use crate::keys::KeyMap;
@@ -33,6 +34,25 @@ pub struct TableRows {
     /// the batch's key occurrences' row, in the order the passes meet
     /// them, so that they look no key up.
     at: Option<Vec<u32>>,
+}
+
+/// A batch's data, as a part of it needs it.
+#[derive(Clone, Copy)]
+struct Batch<'a> {
+    numeric: &'a [f32],
+    sparse: &'a SparseFeatures,
+    labels: &'a [u32],
+    rows: &'a [TableRows],
+    /// 1 / the whole batch's examples.
+    scale: f32,
+}
+
+/// Scratch and private gradients for one thread's part of a batch.
+#[derive(Debug)]
+pub struct Part {
+    scratch: Scratch,
+    grad: Vec<f32>,
+    row_grads: Vec<Vec<f32>>,
 }
 
 /// One table's keys of a batch: the distinct ones, and each occurrence's
@@ -120,6 +140,19 @@ impl WideDeep {
         &self.mlp
     }
 
+    /// One part per thread for batches of `batch` examples.
+    pub fn parts(&self, batch: usize, threads: usize) -> Vec<Part> {
+        let parts = threads.clamp(1, batch.max(1));
+        let rows = batch.div_ceil(parts);
+        (0..parts)
+            .map(|_| Part {
+                scratch: self.mlp.scratch(rows),
+                grad: vec![0.0; self.mlp.layout().len()],
+                row_grads: Vec::new(),
+            })
+            .collect()
+    }
+
     pub fn tables(&self) -> &Tables {
         &self.tables
     }
@@ -195,12 +228,15 @@ impl WideDeep {
 
     /// The MLP's input for `examples` (numeric features, then embedding
     /// rows) into `x`, and the wide part's share of each logit into `wide`.
+    /// `seen` is each table's key occurrences in the batch before `examples`.
+    #[allow(clippy::too_many_arguments)]
     fn inputs(
         &self,
         numeric: &[f32],
         sparse: &SparseFeatures,
         examples: &[usize],
         rows: &[TableRows],
+        mut seen: Vec<usize>,
         x: &mut Vec<f32>,
         wide: &mut Vec<f32>,
     ) {
@@ -209,7 +245,6 @@ impl WideDeep {
         x.resize(examples.len() * width, 0.0);
         wide.clear();
         wide.resize(examples.len(), 0.0);
-        let mut seen = vec![0; rows.len()];
         for (r, &i) in examples.iter().enumerate() {
             let out = &mut x[r * width..(r + 1) * width];
             out[..self.numeric].copy_from_slice(&numeric[i * self.numeric..(i + 1) * self.numeric]);
@@ -248,13 +283,132 @@ impl WideDeep {
         if n == 0 {
             return 0.0;
         }
+        let data = Batch {
+            numeric,
+            sparse,
+            labels,
+            rows,
+            scale: 1.0 / n as f32,
+        };
+        let seen = vec![0; rows.len()];
+        self.part_gradient(params, &data, examples, seen, scratch, grad, row_grads) / n as f64
+    }
+
+    /// [`gradient`](Self::gradient) with the batch split across `parts`
+    /// (one per thread of the rayon pool), each adding into its own
+    /// gradients, summed at the end.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_gradient(
+        &self,
+        params: &[f32],
+        numeric: &[f32],
+        sparse: &SparseFeatures,
+        labels: &[u32],
+        examples: &[usize],
+        rows: &[TableRows],
+        parts: &mut [Part],
+        grad: &mut [f32],
+        row_grads: &mut [Vec<f32>],
+    ) -> f64 {
+        let n = examples.len();
+        let chunk = n.div_ceil(parts.len().max(1)).max(1);
+        if n == 0 || parts.len() < 2 || n <= chunk {
+            let scratch = &mut parts[0].scratch;
+            return self.gradient(
+                params, numeric, sparse, labels, examples, rows, scratch, grad, row_grads,
+            );
+        }
+        let data = Batch {
+            numeric,
+            sparse,
+            labels,
+            rows,
+            scale: 1.0 / n as f32,
+        };
+        // Each part's first key occurrence in the batch, per table.
+        let mut seen = vec![0; rows.len()];
+        let mut starts = Vec::with_capacity(parts.len());
+        for part in examples.chunks(chunk) {
+            starts.push(seen.clone());
+            for &i in part {
+                for (t, table) in self.tables.tables.iter().enumerate() {
+                    seen[t] += table
+                        .fields
+                        .iter()
+                        .map(|&f| sparse.field(i, f).0.len())
+                        .sum::<usize>();
+                }
+            }
+        }
+        let loss: f64 = parts
+            .par_iter_mut()
+            .zip(examples.par_chunks(chunk))
+            .zip(starts)
+            .map(|((p, ex), seen)| {
+                p.grad.fill(0.0);
+                p.row_grads.clear();
+                p.row_grads
+                    .extend(rows.iter().map(|r| vec![0.0; r.values.len()]));
+                self.part_gradient(
+                    params,
+                    &data,
+                    ex,
+                    seen,
+                    &mut p.scratch,
+                    &mut p.grad,
+                    &mut p.row_grads,
+                )
+            })
+            .sum();
+        let used = n.div_ceil(chunk);
+        for p in &parts[..used] {
+            for (g, v) in grad.iter_mut().zip(&p.grad) {
+                *g += v;
+            }
+            for (out, part) in row_grads.iter_mut().zip(&p.row_grads) {
+                for (g, v) in out.iter_mut().zip(part) {
+                    *g += v;
+                }
+            }
+        }
+        loss / n as f64
+    }
+
+    /// One thread's part of a batch's gradient: the sum of its examples'
+    /// losses. `seen` is each table's key occurrences before `examples`.
+    #[allow(clippy::too_many_arguments)]
+    fn part_gradient(
+        &self,
+        params: &[f32],
+        data: &Batch,
+        examples: &[usize],
+        seen: Vec<usize>,
+        scratch: &mut Scratch,
+        grad: &mut [f32],
+        row_grads: &mut [Vec<f32>],
+    ) -> f64 {
+        let Batch {
+            numeric,
+            sparse,
+            labels,
+            rows,
+            scale,
+        } = *data;
+        let n = examples.len();
         let (mut x, mut wide) = (Vec::new(), Vec::new());
-        self.inputs(numeric, sparse, examples, rows, &mut x, &mut wide);
+        self.inputs(
+            numeric,
+            sparse,
+            examples,
+            rows,
+            seen.clone(),
+            &mut x,
+            &mut wide,
+        );
         let width = self.mlp.layout().inputs();
         let xv = ArrayView2::from_shape((n, width), &x[..]).expect("input shape");
         let y: Vec<u32> = examples.iter().map(|&i| labels[i]).collect();
         let mut dx = vec![0.0f32; n * width];
-        let scale = 1.0 / n as f32;
         let loss = self.mlp.accumulate_with(
             params,
             xv,
@@ -270,7 +424,7 @@ impl WideDeep {
             },
         );
         let last = self.mlp.layout().layers.len() - 1;
-        let mut seen = vec![0; rows.len()];
+        let mut seen = seen;
         for (r, &i) in examples.iter().enumerate() {
             let dlogit = scale * scratch.deltas[last][[r, 0]];
             let d = &dx[r * width..(r + 1) * width];
@@ -287,7 +441,7 @@ impl WideDeep {
                 }
             });
         }
-        loss / n as f64
+        loss
     }
 
     /// The probability of label 1 for each of `examples`.
@@ -301,7 +455,8 @@ impl WideDeep {
         scratch: &mut Scratch,
     ) -> Vec<f32> {
         let (mut x, mut wide) = (Vec::new(), Vec::new());
-        self.inputs(numeric, sparse, examples, rows, &mut x, &mut wide);
+        let seen = vec![0; rows.len()];
+        self.inputs(numeric, sparse, examples, rows, seen, &mut x, &mut wide);
         let width = self.mlp.layout().inputs();
         let xv = ArrayView2::from_shape((examples.len(), width), &x[..]).expect("input shape");
         let mut z = vec![0.0; examples.len()];

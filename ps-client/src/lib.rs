@@ -621,12 +621,13 @@ pub async fn run_all(
 
 /// Fetches the rows of `keys` (per table, `dims[t]` values each) from the
 /// shards that hold them ([`shard_of`](distbelief_ps::table::shard_of)), all shards at once; the rows come
-/// back per table in the order of `keys`.
+/// back per table in the order of `keys`, with each shard's version when it
+/// read them (None for a shard that holds none of the keys).
 pub async fn fetch_table_rows(
     clients: &mut [ShardClient],
     keys: &[Vec<u64>],
     dims: &[usize],
-) -> Result<Vec<Vec<f32>>, ClientError> {
+) -> Result<(Vec<Option<Stamp>>, Vec<Vec<f32>>), ClientError> {
     let shards = clients.len() as u32;
     // Per shard, per table: the keys it holds and where they go.
     let mut asks: Vec<Vec<(Vec<u64>, Vec<usize>)>> = (0..shards)
@@ -649,9 +650,10 @@ pub async fn fetch_table_rows(
                 .collect();
             async move {
                 if list.is_empty() {
-                    return Ok((Stamp::default(), Vec::new()));
+                    return Ok((None, Vec::new()));
                 }
-                c.fetch_rows(&list).await
+                let (stamp, rows) = c.fetch_rows(&list).await?;
+                Ok((Some(stamp), rows))
             }
         }))
         .await?;
@@ -660,7 +662,9 @@ pub async fn fetch_table_rows(
         .zip(dims)
         .map(|(k, d)| vec![0.0; k.len() * d])
         .collect();
-    for (per_table, (_, rows)) in asks.iter().zip(replies) {
+    let mut stamps = Vec::with_capacity(replies.len());
+    for (per_table, (stamp, rows)) in asks.iter().zip(replies) {
+        stamps.push(stamp);
         let mut rows = rows.into_iter();
         for (t, (k, at)) in per_table.iter().enumerate() {
             if k.is_empty() {
@@ -673,5 +677,5 @@ pub async fn fetch_table_rows(
             }
         }
     }
-    Ok(values)
+    Ok((stamps, values))
 }

@@ -56,3 +56,81 @@ fn wide_and_deep_reaches_auc_0_90_on_adult_in_one_process() {
     assert!(best_auc >= 0.90, "test AUC {best_auc:.4}");
     assert!(loss < 0.35, "log loss {loss:.4}");
 }
+
+/// The same model as a 2 shards × 2 replicas job in this process, with
+/// `maxStaleness: 1`: both replicas train through the one compute loop,
+/// every batch's rows have their staleness measured before they are
+/// computed on, and the job reaches the AUC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_job_measures_the_staleness_of_every_batch_s_rows() {
+    use distbelief_proto::v1::StatusRequest;
+    use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+    use std::time::{Duration, Instant};
+
+    let yaml = JOB
+        .replace("shards: 1", "shards: 2")
+        .replace("count: 1", "count: 2")
+        .replace(
+            "initialAccumulator: 0.1}",
+            "initialAccumulator: 0.1}, maxStaleness: 1",
+        )
+        + "  stop: {targetTestAuc: 0.89, maxEpochs: 20, maxSeconds: 120, evalIntervalSeconds: 0.25}\n";
+    let job = distbelief_api::parse_job("adult.yaml", &yaml).expect("a valid job");
+    let cluster = distbelief_tests::start(&job, true, None).await;
+    let coordinator = cluster.coordinator.clone().expect("coordinator");
+    let mut replicas = Vec::new();
+    for r in 0..2 {
+        let mut opts =
+            distbelief_worker::ReplicaOptions::new(r, cluster.shards.clone(), coordinator.clone());
+        opts.threads = 1;
+        opts.report_interval = Duration::from_millis(50);
+        let job = job.clone();
+        let registry =
+            prometheus::Registry::new_custom(Some("distbelief".into()), None).expect("registry");
+        replicas.push(tokio::spawn(async move {
+            let summary = distbelief_worker::run_replica(job, opts, &registry).await;
+            (summary, registry.gather())
+        }));
+    }
+    let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5)).expect("channel");
+    let mut client = CoordinatorClient::new(channel);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let status = loop {
+        assert!(Instant::now() < deadline, "the job did not finish in time");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Ok(s) = client.status(StatusRequest {}).await {
+            let s = s.into_inner();
+            if s.done {
+                break s;
+            }
+        }
+    };
+    assert_eq!(status.stop_reason, "target_reached", "{status:?}");
+    for r in replicas {
+        let (summary, families) = r.await.expect("replica task");
+        let summary = summary.expect("the replica stops cleanly");
+        assert!(summary.steps > 0, "{summary:?}");
+        let family = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name() == name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .get_metric()[0]
+                .clone()
+        };
+        let histogram = family("distbelief_worker_row_staleness");
+        let measured = histogram.get_histogram().get_sample_count();
+        println!(
+            "{} steps, rows {:.2} versions behind on average, {} fetched again",
+            summary.steps,
+            histogram.get_histogram().get_sample_sum() / measured.max(1) as f64,
+            family("distbelief_worker_staleness_waits_total")
+                .get_counter()
+                .get_value()
+        );
+        assert_eq!(
+            measured, summary.steps,
+            "every batch computed had its rows' staleness measured"
+        );
+    }
+}

@@ -3,8 +3,10 @@
 //! through the parameter-server client.
 
 mod averaging;
+mod compute;
 mod error;
 mod feed;
+mod keyed;
 mod link;
 mod metrics;
 mod network;
@@ -13,7 +15,6 @@ mod partitions;
 mod portions;
 mod replica;
 mod row_sums;
-mod sparse;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;

@@ -12,6 +12,7 @@ pub struct WorkerMetrics {
     pub rpc_failures: IntCounterVec,
     pub dropped_gradients: IntCounter,
     pub staleness_waits: IntCounter,
+    pub row_staleness: Histogram,
     pub push_bytes: IntCounter,
     pub boundary_bytes: IntCounter,
 }
@@ -54,7 +55,20 @@ impl WorkerMetrics {
             )?,
             staleness_waits: IntCounter::new(
                 "worker_staleness_waits_total",
-                "Times the replica waited for a fetch because its parameters were more than maxStaleness versions behind a shard",
+                "Times the replica waited for a fetch because its parameters, or a batch's rows, were more than maxStaleness versions behind a shard",
+            )?,
+            row_staleness: Histogram::with_opts(
+                HistogramOpts::new(
+                    "worker_row_staleness",
+                    "Models with tables: versions a batch's rows are behind their shard's latest known version when the batch is computed",
+                )
+                // One value wide up to 16, as the shards' ps_staleness.
+                .buckets(
+                    (0..=16)
+                        .chain([24, 32, 48, 64, 128, 256])
+                        .map(f64::from)
+                        .collect(),
+                ),
             )?,
             push_bytes: IntCounter::new(
                 "worker_push_bytes_total",
@@ -77,6 +91,7 @@ impl WorkerMetrics {
                 Box::new(m.rpc_failures.clone()),
                 Box::new(m.dropped_gradients.clone()),
                 Box::new(m.staleness_waits.clone()),
+                Box::new(m.row_staleness.clone()),
                 Box::new(m.push_bytes.clone()),
                 Box::new(m.boundary_bytes.clone()),
             ],

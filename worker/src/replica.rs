@@ -1,5 +1,6 @@
 //! One model replica: wait for the warm start, fetch the parameters, then
-//! either run Downpour SGD (compute gradients on its own part of the data
+//! either run Downpour SGD (`compute.rs`: compute gradients on its own part
+//! of the data, with the rows of a model's tables fetched with each batch,
 //! while the shard links fetch and push in the background) or, under
 //! Sandblaster, take portions from the coordinator (`portions.rs`). Reports
 //! progress to the coordinator, which says when to stop.
@@ -12,20 +13,20 @@ use distbelief_api::Job;
 use distbelief_model::Optimizer;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{Action, ProgressReport, ReportReply};
-use ndarray::ArrayView2;
 use tonic::transport::Channel;
 
 use crate::averaging::{LocalTraining, Lookahead};
+use crate::compute::{Compute, Model};
 use crate::error::WorkerError;
 use crate::feed::{Feed, FeedOptions};
+use crate::keyed::{Keyed, KeyedOptions};
 use crate::link::{Link, Pushing};
 use crate::metrics::WorkerMetrics;
 use crate::network::Net;
 use crate::partitions::{GrpcExchange, PartitionOptions, serve};
 use crate::portions::PortionWorker;
-use crate::sparse::SparseWorker;
 use distbelief_model::WideDeep;
-use distbelief_model::data::{self, Dataset};
+use distbelief_model::data;
 use distbelief_model::exchange::{ExchangeError, Mailbox};
 use distbelief_model::{Mlp, PartitionedMlp};
 use distbelief_ps_client::audit::Appender;
@@ -353,7 +354,7 @@ pub async fn run_replica(
     };
     let threads = opts.threads.max(1);
     let mut tasks = Vec::new();
-    // Dense Downpour's links, whose pushes a terminating replica lets finish.
+    // Downpour's links, whose pushes a terminating replica lets finish.
     let mut draining: Vec<Arc<Link>> = Vec::new();
     let stop_mailbox: Option<Arc<Mailbox>> = part.as_ref().map(|p| p.mailbox.clone());
     let server = part.as_ref().map(|p| p.server.abort_handle());
@@ -365,48 +366,7 @@ pub async fn run_replica(
         },
         None => Net::Whole(mlp),
     };
-    let compute = if !job.tables.is_empty() {
-        let mut train = train;
-        let sparse = train.sparse.take().ok_or_else(|| {
-            WorkerError::Compute(
-                "the model has tables, but the training data has no categorical fields".into(),
-            )
-        })?;
-        let squares = squares_travel(&job);
-        let links = start_links(
-            &job,
-            &opts,
-            &clients,
-            squares,
-            incarnation,
-            &fence,
-            &metrics,
-            &mut tasks,
-        )?;
-        draining.clone_from(&links);
-        let worker = SparseWorker {
-            model: WideDeep::new(&job.layout, &job.tables),
-            train,
-            sparse,
-            feed,
-            clients,
-            links,
-            runtime: tokio::runtime::Handle::current(),
-            batch: job.downpour.batch_size as usize,
-            n_fetch: u64::from(job.downpour.n_fetch),
-            n_push: u64::from(job.downpour.n_push),
-            squares,
-            max_staleness: job.downpour.max_staleness.map(u64::from),
-            slowdown,
-            progress: progress.clone(),
-            stop: stop.clone(),
-            metrics: metrics.clone(),
-        };
-        std::thread::Builder::new()
-            .name(format!("replica-{}-sparse", opts.replica))
-            .spawn(move || worker.run(params, versions))
-            .map_err(|e| WorkerError::Compute(e.to_string()))?
-    } else if let Some(sb) = &job.sandblaster {
+    let compute = if let Some(sb) = &job.sandblaster {
         let worker = PortionWorker {
             net,
             base,
@@ -450,8 +410,32 @@ pub async fn run_replica(
         draining.clone_from(&links);
         let sync = job.downpour.synchronous.is_some();
         let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
+        let batch = (job.downpour.batch_size as usize).min(train.len()).max(1);
+        let mut train = train;
+        let model = if job.tables.is_empty() {
+            Model::dense(net, batch, train.dim, threads)
+        } else {
+            let sparse = train.sparse.take().ok_or_else(|| {
+                WorkerError::Compute(
+                    "the model has tables, but the training data has no categorical fields".into(),
+                )
+            })?;
+            let keyed = Keyed::new(
+                WideDeep::new(&job.layout, &job.tables),
+                sparse,
+                KeyedOptions {
+                    clients: clients.clone(),
+                    runtime: tokio::runtime::Handle::current(),
+                    squares,
+                    max_staleness: job.downpour.max_staleness.map(u64::from),
+                    stop: stop.clone(),
+                    metrics: metrics.clone(),
+                },
+            );
+            Model::Keyed(Box::new(keyed))
+        };
         let ctx = Compute {
-            net,
+            model,
             base,
             train,
             feed,
@@ -459,7 +443,7 @@ pub async fn run_replica(
             progress: progress.clone(),
             stop: stop.clone(),
             metrics: metrics.clone(),
-            batch: job.downpour.batch_size as usize,
+            batch,
             n_fetch: match (sync, period) {
                 (true, _) => 1,
                 (_, Some(p)) => p,
@@ -773,220 +757,6 @@ impl Part {
             exchange,
             server,
         }))
-    }
-}
-
-/// Everything the compute thread owns.
-struct Compute {
-    net: Net,
-    /// Where `params` starts in the stored vector: a partition holds only its own.
-    base: usize,
-    train: Dataset,
-    feed: Feed,
-    links: Vec<Arc<Link>>,
-    progress: Arc<Progress>,
-    stop: Arc<AtomicBool>,
-    metrics: WorkerMetrics,
-    batch: usize,
-    n_fetch: u64,
-    n_push: u64,
-    /// Pushes of several mini-batches carry the sums of their squares.
-    squares: bool,
-    /// Injected: each step takes this many times its compute time.
-    slowdown: f64,
-    /// Bounded staleness: versions a shard may be ahead of the parameters
-    /// computed on before the replica waits for a fetch.
-    max_staleness: Option<u64>,
-    /// Parameter averaging: the replica's own training between averagings.
-    local: Option<LocalTraining>,
-    /// Local steps between pushes.
-    lookahead: Option<Lookahead>,
-}
-
-impl Compute {
-    fn run(
-        self,
-        params: Vec<f32>,
-        versions: Vec<Stamp>,
-        threads: usize,
-    ) -> Result<(), WorkerError> {
-        lower_priority();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .start_handler(|_| lower_priority())
-            .build()
-            .map_err(|e| WorkerError::Compute(format!("cannot build compute pool: {e}")))?;
-        let stop = self.stop.clone();
-        let done = pool.install(|| self.train_loop(params, versions, threads));
-        unless_stopping(&stop, done)
-    }
-
-    /// Makes fetched parameters the ones computed on.
-    fn install(
-        &mut self,
-        i: usize,
-        f: crate::link::Fetched,
-        params: &mut [f32],
-        versions: &mut [Stamp],
-    ) -> Stamp {
-        let link = &self.links[i];
-        let range = link.client.range.clone();
-        let mine = range.start - self.base..range.end - self.base;
-        params[mine.clone()].copy_from_slice(&f.values);
-        if let Some(lookahead) = &self.lookahead {
-            lookahead.reapply(mine, params);
-        }
-        if let Some(local) = self.local.as_mut() {
-            local.rebase(range, &f.values);
-        }
-        versions[i] = f.version;
-        link.recycle(f.values);
-        f.version
-    }
-
-    fn train_loop(
-        mut self,
-        mut params: Vec<f32>,
-        mut versions: Vec<Stamp>,
-        threads: usize,
-    ) -> Result<(), WorkerError> {
-        let batch = self.batch.min(self.train.len()).max(1);
-        let dim = self.train.dim;
-        let mut scratch = self.net.scratch(batch, threads);
-        let mut acc = vec![0.0f32; params.len()];
-        // Adagrad's squares and local steps need each mini-batch's gradient
-        // on its own.
-        let mut squares = (self.squares && self.n_push > 1).then(|| vec![0.0f32; params.len()]);
-        let mut one =
-            (squares.is_some() || self.lookahead.is_some()).then(|| vec![0.0f32; params.len()]);
-        let mut acc_base = versions.clone();
-        let mut acc_steps = 0;
-        let mut x = vec![0.0f32; batch * dim];
-        let mut y = vec![0u32; batch];
-        let mut examples = vec![0usize; batch];
-        let mut step: u64 = 0;
-        while !self.stop.load(Ordering::Relaxed) {
-            // Fetched parameters are used from the first step after they
-            // land: holding them back until the next nFetch boundary would
-            // add nFetch steps of staleness for nothing.
-            let (stop, waits) = (self.stop.clone(), self.metrics.staleness_waits.clone());
-            for i in 0..self.links.len() {
-                let link = self.links[i].clone();
-                let (have, bound) = (versions[i], self.max_staleness);
-                if !link.refresh(have, bound, &stop, &waits, |f| {
-                    self.install(i, f, &mut params, &mut versions)
-                }) {
-                    return Ok(());
-                }
-            }
-            if !self.feed.next_batch(&mut examples)? {
-                self.stop.store(true, Ordering::Relaxed);
-                return Ok(());
-            }
-            self.progress
-                .epoch
-                .store(self.feed.epoch(), Ordering::Relaxed);
-            for (k, &i) in examples.iter().enumerate() {
-                x[k * dim..(k + 1) * dim].copy_from_slice(self.train.row(i));
-                y[k] = self.train.labels[i];
-            }
-            if acc_steps == 0 {
-                acc_base.copy_from_slice(&versions);
-            }
-            let xv = ArrayView2::from_shape((batch, dim), &x[..]).expect("batch buffer shape");
-            let began = Instant::now();
-            let waited_before = self.net.waited();
-            let loss = match one.as_mut() {
-                None => self
-                    .net
-                    .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?,
-                // The first mini-batch of a push: the sum is still zero, so
-                // the gradient goes straight into it and is its own part.
-                Some(_) if acc_steps == 0 => {
-                    let loss = self
-                        .net
-                        .gradient(&params, xv, &y, &mut scratch, step, &mut acc)?;
-                    if let Some(sq) = squares.as_mut() {
-                        for (s, g) in sq.iter_mut().zip(&acc) {
-                            *s = g * g;
-                        }
-                    }
-                    if let Some(lookahead) = self.lookahead.as_mut() {
-                        lookahead.step(&mut params, &acc);
-                    }
-                    loss
-                }
-                Some(one) => {
-                    one.fill(0.0);
-                    let loss = self
-                        .net
-                        .gradient(&params, xv, &y, &mut scratch, step, one)?;
-                    match squares.as_mut() {
-                        Some(sq) => {
-                            for ((a, s), g) in acc.iter_mut().zip(sq.iter_mut()).zip(one.iter()) {
-                                *a += g;
-                                *s += g * g;
-                            }
-                        }
-                        None => acc.iter_mut().zip(one.iter()).for_each(|(a, g)| *a += g),
-                    }
-                    if let Some(lookahead) = self.lookahead.as_mut() {
-                        lookahead.step(&mut params, one);
-                    }
-                    loss
-                }
-            };
-            if self.slowdown > 1.0 {
-                // Only this process's own compute is slowed, not its waits
-                // for peer partitions (which are slowed themselves).
-                let busy = began
-                    .elapsed()
-                    .saturating_sub(self.net.waited() - waited_before);
-                std::thread::sleep(busy.mul_f64(self.slowdown - 1.0));
-            }
-            if let Some(local) = self.local.as_mut() {
-                local.step(&mut params, &mut acc);
-            }
-            acc_steps += 1;
-            step += 1;
-            // Every nFetch steps the replica asks for fresh parameters. When
-            // that falls on a push, the push brings them back (an exchange):
-            // they then include this replica's own update, in one round trip.
-            let fetch = step.is_multiple_of(self.n_fetch);
-            if acc_steps == self.n_push {
-                if let Some(local) = &self.local {
-                    local.moved(&params, &mut acc);
-                }
-                for (i, link) in self.links.iter().enumerate() {
-                    let range = &link.client.range;
-                    let mine = range.start - self.base..range.end - self.base;
-                    if !link.offer(
-                        &acc[mine.clone()],
-                        squares.as_ref().map(|sq| &sq[mine]),
-                        acc_steps as u32,
-                        acc_base[i],
-                        fetch,
-                        Vec::new(),
-                    ) {
-                        self.metrics.dropped_gradients.inc();
-                    }
-                }
-                acc.fill(0.0);
-                if let Some(sq) = squares.as_mut() {
-                    sq.fill(0.0);
-                }
-                if let Some(lookahead) = self.lookahead.as_mut() {
-                    lookahead.pushed();
-                }
-                acc_steps = 0;
-            } else if fetch {
-                for link in &self.links {
-                    link.want_fetch();
-                }
-            }
-            self.progress.step_done(&self.metrics, step, batch, loss);
-        }
-        Ok(())
     }
 }
 

@@ -76,7 +76,7 @@ fn train_on_pool(
     let batch = d.batch_size as usize;
     let steps = examples.div_ceil(batch as u64).max(1);
     let evals = evals.clamp(1, steps);
-    let mut scratch = m.mlp().scratch(batch);
+    let mut parts = m.parts(batch, rayon::current_num_threads());
     let mut grad = vec![0.0; params.len()];
     let indices: Vec<usize> = (0..train.len()).collect();
     let mut run = SparseRun {
@@ -99,14 +99,14 @@ fn train_on_pool(
             let mut row_grads: Vec<Vec<f32>> =
                 rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
             grad.fill(0.0);
-            m.gradient(
+            m.batch_gradient(
                 &params,
                 &train.features,
                 train_keys,
                 &train.labels,
                 b,
                 &rows,
-                &mut scratch,
+                &mut parts,
                 &mut grad,
                 &mut row_grads,
             );

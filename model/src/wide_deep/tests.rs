@@ -189,3 +189,63 @@ fn rows_found_by_occurrence_give_the_gradient_rows_found_by_key_give() {
     );
     assert_eq!(a, b);
 }
+
+#[test]
+fn a_batch_split_across_threads_gives_the_gradient_of_the_whole_batch() {
+    let m = model();
+    let (numeric, sparse, labels) = data();
+    // Five examples: the parts are uneven, and keys repeat across them.
+    let examples = [2, 0, 3, 0, 1];
+    let keys = m.batch_keys(&sparse, &examples);
+    let by_key = rows(&m, &sparse, &examples);
+    let batch_rows: Vec<TableRows> = keys
+        .into_iter()
+        .zip(&by_key)
+        .map(|(b, r)| TableRows::for_batch(r.dim, b, r.values.clone()))
+        .collect();
+    let layout = m.mlp().layout().clone();
+    let params = layout.initial_values(0..layout.len(), 3);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    let run = |threads: usize| {
+        let mut parts = m.parts(examples.len(), threads);
+        let mut grad = vec![0.0; params.len()];
+        let mut row_grads: Vec<Vec<f32>> = batch_rows
+            .iter()
+            .map(|r| vec![0.0; r.values.len()])
+            .collect();
+        let loss = pool.install(|| {
+            m.batch_gradient(
+                &params,
+                &numeric,
+                &sparse,
+                &labels,
+                &examples,
+                &batch_rows,
+                &mut parts,
+                &mut grad,
+                &mut row_grads,
+            )
+        });
+        (loss, grad, row_grads)
+    };
+    let whole = run(1);
+    assert!(
+        whole.2.iter().flatten().any(|g| *g != 0.0),
+        "rows get gradients"
+    );
+    for threads in [2, 3, 5] {
+        let split = run(threads);
+        assert!((split.0 - whole.0).abs() < 1e-6, "{threads} parts: loss");
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+        assert!(close(&split.1, &whole.1), "{threads} parts: dense gradient");
+        for (s, w) in split.2.iter().zip(&whole.2) {
+            assert!(
+                close(s, w),
+                "{threads} parts: row gradients {s:?} against {w:?}"
+            );
+        }
+    }
+}
