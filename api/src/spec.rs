@@ -427,10 +427,12 @@ pub struct DataSpec {
     pub test_labels: String,
     /// CSV training file (plain or gzip). Without label: one example per row,
     /// the label, then the features; a first row that does not parse as
-    /// numbers is a header. With label: a header names the columns,
-    /// separated by commas or, if the header has a tab, tabs (Criteo's
-    /// layout); an empty numeric cell is missing and reads as the column's
-    /// mean. Required when format is csv.
+    /// numbers is a header. With label: a header (or `columns`) names the
+    /// columns, separated by commas or, if the first line has a tab, tabs
+    /// (Criteo's layout). Any cell but the label may be empty: an empty
+    /// numeric cell is missing and reads as the column's mean, an empty
+    /// categorical cell is the field's own missing-value id. Required when
+    /// format is csv.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_csv: Option<String>,
     /// CSV test file, same layout as trainCsv. Required when format is csv.
@@ -482,6 +484,12 @@ pub struct DataSpec {
     /// the feature indices, weighted by their values. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub categorical: Vec<String>,
+    /// named csv: the files' columns in order, for files without a header
+    /// line, such as Criteo's logs (`[label, I1, …, I13, C1, …, C26]`).
+    /// Every line is then a row, tab-separated if the first line has a tab.
+    /// Default: the first line of each file is a header naming its columns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub columns: Vec<String>,
 }
 
 /// A test set held out of the training file by row position.
@@ -516,6 +524,7 @@ impl Default for DataSpec {
             positive_label: None,
             numeric: Vec::new(),
             categorical: Vec::new(),
+            columns: Vec::new(),
         }
     }
 }

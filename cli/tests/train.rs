@@ -1325,6 +1325,82 @@ fn the_synthetic_ctr_example_learns_from_synth_ctr_data() {
     );
 }
 
+/// Criteo's logs as shipped: tab-separated, no header, gzip, and empty
+/// cells (every tenth row's last cell, as in the real logs, and a numeric
+/// column's every third). The columns come from the spec; the job trains
+/// and its summary counts the empty cells per column.
+#[test]
+fn criteo_s_own_layout_trains_with_no_header_and_empty_cells() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("ctr");
+    let out = Command::new(EXE)
+        .args(["data", "synth-ctr", "--out", data.to_str().unwrap()])
+        .args(["--rows", "40000", "--test-rows", "4000", "--vocab", "2000"])
+        .output()
+        .expect("distbelief data synth-ctr runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // As Criteo ships it: the header dropped, cells emptied, gzipped.
+    let raw = |name: &str| {
+        let text = std::fs::read_to_string(data.join(name)).expect("synth-ctr's file");
+        let mut lines = text.lines();
+        let header = lines.next().expect("a header").to_string();
+        let mut body = String::new();
+        for (i, line) in lines.enumerate() {
+            let mut cells: Vec<&str> = line.split('\t').collect();
+            if i % 10 == 9 {
+                *cells.last_mut().unwrap() = "";
+            }
+            if i % 3 == 0 {
+                cells[2] = "";
+            }
+            body += &cells.join("\t");
+            body.push('\n');
+        }
+        let path = dir.path().join(format!("{name}.gz"));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, body.as_bytes()).unwrap();
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        (header, path)
+    };
+    let (header, train) = raw("train.tsv");
+    let (_, test) = raw("test.tsv");
+    let columns = header.split('\t').collect::<Vec<_>>().join(", ");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/synthetic-ctr.yaml"),
+    )
+    .expect("the example");
+    let yaml = example
+        .replace(
+            "/usr/local/share/datasets/synthetic-ctr/train.tsv",
+            train.to_str().unwrap(),
+        )
+        .replace(
+            "/usr/local/share/datasets/synthetic-ctr/test.tsv",
+            test.to_str().unwrap(),
+        )
+        .replace(
+            "    label: label\n",
+            &format!("    label: label\n    columns: [{columns}]\n"),
+        )
+        .replace("maxEpochs: 1", "maxEpochs: 2")
+        .replace("name: synthetic-ctr", "name: criteo-raw");
+    assert!(yaml.contains("columns: [label, I1,"), "{yaml}");
+    let mut run = Run::start_with(yaml, &[]);
+    let s = run.finish(Duration::from_secs(300));
+    assert_eq!(s["stop_reason"], "max_epochs", "{s}");
+    let auc = s["final_test_auc"].as_f64().expect("AUC");
+    assert!(auc > 0.65, "AUC {auc}: {s}");
+    let empty = &s["empty_cells"];
+    assert_eq!(empty["C26"], 4000, "every tenth row's last cell: {empty}");
+    assert_eq!(empty["I2"], 13334, "every third row's I2: {empty}");
+    assert_eq!(empty["C1"], 0, "{empty}");
+    assert_eq!(empty.as_object().map(|o| o.len()), Some(39), "{empty}");
+}
+
 /// The coordinator's TensorBoard event files, read back with TensorBoard's
 /// own reader (installed by scripts/setup.sh), hold every scalar: the test
 /// accuracy of every evaluation at the examples its parameters had seen,

@@ -27,9 +27,9 @@ use distbelief_model::data::{self, DataError, Dataset};
 use distbelief_model::{Mlp, WideDeep};
 use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::{
-    ChainConfig, ChainRequest, CommitReply, DataShardReply, DataShardRequest, GrantPushed,
-    JobStatus, PortionCommit, PortionRequest, PortionWork, ProgressReport, PushedReply,
-    ReportReply, StatusRequest,
+    ChainConfig, ChainRequest, ColumnCount, CommitReply, DataShardReply, DataShardRequest,
+    GrantPushed, JobStatus, PortionCommit, PortionRequest, PortionWork, ProgressReport,
+    PushedReply, ReportReply, StatusRequest,
 };
 use distbelief_ps_client::{ClientError, shard_clients};
 use tokio::net::TcpListener;
@@ -141,6 +141,8 @@ struct Shared {
     save_now: tokio::sync::Notify,
     /// Replication: the shards' chains.
     chains: Option<keeper::ChainKeeper>,
+    /// The training file's empty cells per column, as read at the start.
+    empty_cells: Vec<ColumnCount>,
 }
 
 impl Shared {
@@ -178,6 +180,7 @@ impl Shared {
             s.done = false;
         }
         s.sandblaster = self.portions.as_ref().map(|p| p.progress());
+        s.empty_cells.clone_from(&self.empty_cells);
         s
     }
     fn shards(&self) -> Vec<ShardProgress> {
@@ -275,7 +278,7 @@ async fn load_data(
     job: &Job,
     opts: &CoordinatorOptions,
     shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
-) -> Result<Option<(Dataset, usize)>, CoordinatorError> {
+) -> Result<Option<(Dataset, data::TrainingFile)>, CoordinatorError> {
     let mut delay = Duration::from_secs(2);
     let mut said = false;
     loop {
@@ -284,7 +287,7 @@ async fn load_data(
         let loaded = tokio::task::spawn_blocking(move || {
             let test = data::load(&spec, false)?;
             test.check_fits("test data", inputs, classes)?;
-            Ok::<_, DataError>((test, data::count_training_examples(&spec)?))
+            Ok::<_, DataError>((test, data::scan_training_file(&spec)?))
         })
         .await
         .unwrap_or_else(|e| {
@@ -357,9 +360,26 @@ pub async fn serve(
 ) -> Result<(), CoordinatorError> {
     let metrics = CoordinatorMetrics::register(registry, !job.tables.is_empty())?;
     let mut shutdown = Box::pin(shutdown);
-    let Some((test, training_examples)) = load_data(job, &opts, &mut shutdown).await? else {
+    let Some((test, training_file)) = load_data(job, &opts, &mut shutdown).await? else {
         return Ok(());
     };
+    let training_examples = training_file.examples;
+    let empty_cells: Vec<ColumnCount> = training_file
+        .empty_cells
+        .into_iter()
+        .map(|(column, count)| ColumnCount { column, count })
+        .collect();
+    if empty_cells.iter().any(|c| c.count > 0) {
+        let counts: Vec<String> = empty_cells
+            .iter()
+            .filter(|c| c.count > 0)
+            .map(|c| format!("{} {}", c.column, c.count))
+            .collect();
+        tracing::info!(
+            "empty cells in the training file (numeric: the column's mean; categorical: the field's missing-value key): {}",
+            counts.join(", ")
+        );
+    }
     let listener = match listen.into() {
         Listen::Bound(l) => l,
         Listen::At(addr) => TcpListener::bind(addr)
@@ -426,6 +446,7 @@ pub async fn serve(
                     .map_err(CoordinatorError::Chains)?,
             ),
         },
+        empty_cells,
     });
     let driver = match (&job.sandblaster, &shared.portions) {
         (Some(sb), Some(portions)) => Some(tokio::spawn(sandblaster::drive(

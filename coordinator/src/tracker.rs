@@ -627,6 +627,8 @@ impl Tracker {
             best_test_auc: self.best_auc,
             table_rows: self.table_rows.iter().map(|r| r.0).collect(),
             table_rows_evicted: self.table_rows.iter().map(|r| r.1).collect(),
+            // The training file's, which the coordinator adds.
+            empty_cells: Vec::new(),
             time_to_target_seconds: self.time_to_target,
             epochs: self.epochs(),
             staleness: Some(Staleness {

@@ -76,15 +76,13 @@ pub fn csv(data: &[u8]) {
 }
 
 /// A CSV file with named columns (label `y`, numeric `a`, categorical
-/// `c`): every row read has a 0/1 label, one finite or missing (NaN)
-/// number and one key; the same text read twice gives the same rows.
+/// `c`), named by a header or, when the text starts with a label (0 or
+/// 1), by the spec (Criteo's headerless layout, [`named_spec`]): every row read has a 0/1 label, one
+/// finite or missing (NaN) number and one key, no column has more empty
+/// cells than there are rows, and the same text read twice gives the same
+/// rows.
 pub fn named_csv(data: &[u8]) {
-    let spec = DataSpec {
-        label: Some("y".into()),
-        numeric: vec!["a".into()],
-        categorical: vec!["c".into()],
-        ..DataSpec::default()
-    };
+    let spec = named_spec(data);
     let read = || {
         let mut rows = Vec::new();
         parse_named("fuzz.csv", &spec, data, |y, x, k| {
@@ -94,9 +92,9 @@ pub fn named_csv(data: &[u8]) {
                 k.to_vec(),
             ))
         })
-        .map(|()| rows)
+        .map(|empty| (rows, empty))
     };
-    let Ok(rows) = read() else {
+    let Ok((rows, empty)) = read() else {
         return;
     };
     for (y, x, k) in &rows {
@@ -105,7 +103,33 @@ pub fn named_csv(data: &[u8]) {
         assert!(x.len() == 1 && (v.is_finite() || v.is_nan()), "{v}");
         assert_eq!(k.len(), 1);
     }
-    assert_eq!(read().ok(), Some(rows));
+    let columns: Vec<&str> = empty.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(columns, ["a", "c"]);
+    for (c, n) in &empty {
+        assert!(
+            *n as usize <= rows.len(),
+            "{c}: {n} empty cells in {} rows",
+            rows.len()
+        );
+    }
+    assert_eq!(read().ok(), Some((rows, empty)));
+}
+
+/// The spec [`named_csv`] reads `data` with: label `y`, numeric `a`,
+/// categorical `c`, and no header when `data` starts with a label.
+pub fn named_spec(data: &[u8]) -> DataSpec {
+    let headerless = matches!(data.first(), Some(b'0' | b'1'));
+    DataSpec {
+        label: Some("y".into()),
+        numeric: vec!["a".into()],
+        categorical: vec!["c".into()],
+        columns: if headerless {
+            vec!["y".into(), "a".into(), "c".into()]
+        } else {
+            Vec::new()
+        },
+        ..DataSpec::default()
+    }
 }
 
 fn check_dataset(d: &Dataset) {

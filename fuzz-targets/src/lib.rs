@@ -25,7 +25,7 @@ mod tracker;
 pub use audit::audit_logs;
 pub use chain::chain_forward;
 pub use checkpoint::{catch_up, checkpoint};
-pub use data::{csv, gzip, idx, named_csv};
+pub use data::{csv, gzip, idx, named_csv, named_spec};
 pub use job::job_file;
 pub use partition::partition_exchange;
 pub use push::{push, vector_commands};

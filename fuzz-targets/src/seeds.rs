@@ -62,6 +62,11 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
     );
     add(
         "named_csv",
+        "criteo-raw.tsv",
+        b"1\t2.5\t3f\n0\t\t\n".to_vec(),
+    );
+    add(
+        "named_csv",
         "named.csv",
         b"c,y,a\nred,0,-1e3\n,1,4\n".to_vec(),
     );

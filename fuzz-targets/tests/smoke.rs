@@ -202,12 +202,7 @@ fn the_seeds_are_valid_inputs() {
                 distbelief_model::data::parse_csv(&name, bytes, 1.0).expect("a valid CSV");
             }
             "named_csv" => {
-                let spec = distbelief_api::DataSpec {
-                    label: Some("y".into()),
-                    numeric: vec!["a".into()],
-                    categorical: vec!["c".into()],
-                    ..distbelief_api::DataSpec::default()
-                };
+                let spec = distbelief_fuzz_targets::named_spec(&bytes);
                 let mut n = 0;
                 distbelief_model::data::parse_named(&name, &spec, &bytes[..], |_, _, _| n += 1)
                     .expect("a valid named CSV");

@@ -11,7 +11,7 @@ mod csv;
 mod parquet;
 mod sparse;
 mod standardize;
-pub use csv::{parse_csv, parse_named};
+pub use csv::{EmptyCells, parse_csv, parse_named};
 pub use sparse::{SparseFeatures, parse_libsvm};
 
 /// Examples as a row-major `n × features` matrix, their categorical keys
@@ -211,15 +211,34 @@ pub fn load_test_file(spec: &DataSpec, path: &str) -> Result<Dataset, DataError>
     Ok(d)
 }
 
-/// Number of training examples, without keeping the features: the
-/// coordinator needs it to count epochs.
-pub fn count_training_examples(spec: &DataSpec) -> Result<usize, DataError> {
-    let n = match spec.format {
-        DataFormat::Idx => parse_idx(&spec.train_labels, &read_file(&spec.train_labels)?)?.0[0],
+/// What one pass over the training data, keeping no features, tells the
+/// coordinator.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainingFile {
+    /// Training examples: the coordinator counts epochs by them.
+    pub examples: usize,
+    /// Named CSV: empty cells per column the job reads (a numeric one
+    /// reads as the column's mean, a categorical one as its field's
+    /// missing-value key); empty for other formats.
+    pub empty_cells: EmptyCells,
+}
+
+/// Scans the training data without keeping its features.
+pub fn scan_training_file(spec: &DataSpec) -> Result<TrainingFile, DataError> {
+    let (n, empty_cells) = match spec.format {
+        DataFormat::Idx => (
+            parse_idx(&spec.train_labels, &read_file(&spec.train_labels)?)?.0[0],
+            Vec::new(),
+        ),
         DataFormat::Csv if spec.label.is_some() => csv::count_named(spec)?,
-        DataFormat::Csv | DataFormat::Parquet | DataFormat::Libsvm => load(spec, true)?.len(),
+        DataFormat::Csv | DataFormat::Parquet | DataFormat::Libsvm => {
+            (load(spec, true)?.len(), Vec::new())
+        }
     };
-    Ok(spec.train_limit.map_or(n, |l| n.min(l as usize)))
+    Ok(TrainingFile {
+        examples: spec.train_limit.map_or(n, |l| n.min(l as usize)),
+        empty_cells,
+    })
 }
 
 /// A libsvm file's examples; with a holdout, the training or test rows of

@@ -538,10 +538,10 @@ impl PartialEq for Table {
 }
 
 /// Rows loaded ahead of the one being read or updated.
-const PREFETCH_AHEAD: usize = 8;
+pub const PREFETCH_AHEAD: usize = 8;
 
 /// A hint to load `items[at]` into the cache; nothing if out of bounds.
-fn prefetch<T>(items: &[T], at: usize) {
+pub fn prefetch<T>(items: &[T], at: usize) {
     #[cfg(target_arch = "x86_64")]
     if let Some(item) = items.get(at) {
         // SAFETY: a prefetch only hints the cache and never faults; the

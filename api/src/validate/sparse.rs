@@ -71,6 +71,21 @@ pub(super) fn check(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<St
             );
         }
     }
+    if !d.columns.is_empty() {
+        if !named_csv(d) {
+            fail(
+                "spec.data.columns",
+                Some("applies to csv files with named columns (spec.data.label)".into()),
+            );
+        }
+        let named = d.label.iter().chain(&d.numeric).chain(&d.categorical);
+        for c in named.filter(|c| !d.columns.contains(c)) {
+            fail(
+                "spec.data.columns",
+                Some(format!("does not name column {c:?}, which the spec reads")),
+            );
+        }
+    }
     let columns: Vec<&String> = d.numeric.iter().chain(&d.categorical).collect();
     if let Some(c) = columns
         .iter()
@@ -243,6 +258,30 @@ spec:
         );
         let e = check("numeric: [I1, I2]", "numeric: [I1]").unwrap_err();
         assert!(e.contains("spec.model.inputSize"), "{e}");
+    }
+
+    #[test]
+    fn columns_of_a_headerless_file_name_every_column_the_spec_reads() {
+        let all = "categorical: [C1, C2]\n    columns: [label, I1, I2, C1, C2]";
+        check("categorical: [C1, C2]", all).expect("Criteo's layout, no header");
+        let e = check(
+            "categorical: [C1, C2]",
+            "categorical: [C1, C2]\n    columns: [label, I1, C1, C2]",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("spec.data.columns") && e.contains("\"I2\""),
+            "{e}"
+        );
+        let e = check(
+            "    label: label\n",
+            "    columns: [label, I1, I2, C1, C2]\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("spec.data.columns") && e.contains("spec.data.label"),
+            "{e}"
+        );
     }
 
     #[test]

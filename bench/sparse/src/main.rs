@@ -7,7 +7,8 @@
 //!   (d) (b) with each table's capacity at a quarter of the rows (b) stored
 //!
 //! `--configs examples` runs the shipped sparse examples instead (see
-//! `examples.rs`).
+//! `examples.rs`), and `--configs table` a shard table's rows per second
+//! on one core against the memory-bound ceiling (`table.rs`).
 //!
 //! Every configuration trains the same number of examples, so AUCs compare
 //! at equal examples. It prints JSON: each run's figures, and the ratios and
@@ -25,6 +26,7 @@ use distbelief_bench_downpour::local_sparse;
 use serde_json::{Value, json};
 
 mod examples;
+mod table;
 
 #[derive(Parser)]
 struct Args {
@@ -51,9 +53,15 @@ struct Args {
     #[arg(long, default_value_t = 4_000_000)]
     examples: u64,
     /// The configurations to run, by letter; `examples` runs the shipped
-    /// sparse examples as they ship instead.
+    /// sparse examples as they ship instead, `table` the table core alone.
     #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d"])]
     configs: Vec<String>,
+    /// `table`: rows in the table (the CTR example's 2.7M keys by default).
+    #[arg(long, default_value_t = 2_700_000)]
+    table_rows: usize,
+    /// `table`: distinct keys per push or fetch.
+    #[arg(long, default_value_t = 4096)]
+    table_batch: usize,
     /// Also write the JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -76,6 +84,16 @@ fn main() -> anyhow::Result<()> {
         "examples_per_configuration": args.examples,
     });
 
+    if run("table") {
+        let bench = table::TableBench {
+            rows: args.table_rows,
+            dim: 8,
+            batch: args.table_batch,
+            seconds: 3.0,
+        };
+        report["table"] = bench.run();
+        return finish(&report, args.out.as_deref());
+    }
     if run("examples") {
         let work = args.dir.join("examples");
         std::fs::create_dir_all(&work)?;

@@ -49,6 +49,10 @@ pub struct Summary {
     /// Rows evicted per table (those with a capacity), over all shards, by
     /// name.
     pub table_rows_evicted: std::collections::BTreeMap<String, u64>,
+    /// Named CSV: empty cells per column of the training file that the job
+    /// reads (a numeric one reads as the column's mean, a categorical one as
+    /// its field's missing-value key), by column; empty for other formats.
+    pub empty_cells: std::collections::BTreeMap<String, u64>,
     pub time_to_target_seconds: Option<f64>,
     /// Examples trained on when the parameters of the first whole-set
     /// evaluation to reach the target were fetched.
@@ -205,6 +209,11 @@ impl Summary {
             target_test_auc: job.spec.stop.target_test_auc,
             table_rows: by_table(&s.table_rows),
             table_rows_evicted: by_table(&s.table_rows_evicted),
+            empty_cells: s
+                .empty_cells
+                .iter()
+                .map(|c| (c.column.clone(), c.count))
+                .collect(),
             time_to_target_seconds: s.time_to_target_seconds,
             examples_to_target: s
                 .curve

@@ -1,10 +1,13 @@
 //! CSV files, in two layouts. Without `spec.data.label`: label first, then
 //! numeric features (the dense layout). With it: a header names the
-//! columns, and the spec picks the label, numeric and categorical ones, as
-//! for Parquet. Named files may be tab-separated (Criteo's layout, as
-//! `distbelief data synth-ctr` writes): a header with a tab in it says so.
-//! Named files are read as a stream, so a 10^7-row file never sits in
-//! memory as text.
+//! columns (or `spec.data.columns` does, for files without one, as
+//! Criteo's logs are), and the spec picks the label, numeric and
+//! categorical ones, as for Parquet. Named files may be tab-separated
+//! (Criteo's layout): a first line with a tab in it says so. Any cell but
+//! the label may be empty, the last included: a numeric one is missing
+//! (read as the column's mean), a categorical one is its field's own
+//! missing-value key. Named files are read as a stream, so a 10^7-row file
+//! never sits in memory as text.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -101,7 +104,7 @@ pub(super) fn load_named(spec: &DataSpec, train: bool) -> Result<Dataset, DataEr
     let mut raw = Vec::new();
     let mut sparse = SparseFeatures::new(spec.categorical.len());
     let mut moments = Moments::new(spec.numeric.len());
-    parse_named(path, spec, open(path)?, |y, numeric, keys| {
+    let _ = parse_named(path, spec, open(path)?, |y, numeric, keys| {
         labels.push(y);
         raw.extend_from_slice(numeric);
         moments.add(numeric);
@@ -118,12 +121,13 @@ pub(super) fn load_named(spec: &DataSpec, train: bool) -> Result<Dataset, DataEr
     })
 }
 
-/// The training file's row count, read as a stream that keeps nothing.
-pub(super) fn count_named(spec: &DataSpec) -> Result<usize, DataError> {
+/// The training file's row count and empty cells per column, read as a
+/// stream that keeps nothing.
+pub(super) fn count_named(spec: &DataSpec) -> Result<(usize, EmptyCells), DataError> {
     let path = spec.train_csv.as_deref().unwrap_or_default();
     let mut n = 0;
-    parse_named(path, spec, open(path)?, |_, _, _| n += 1)?;
-    Ok(n)
+    let empty = parse_named(path, spec, open(path)?, |_, _, _| n += 1)?;
+    Ok((n, empty))
 }
 
 fn standardized(raw: &[f32], dim: usize, stats: &Stats) -> Vec<f32> {
@@ -163,15 +167,20 @@ enum Role {
     Unused,
 }
 
+/// Empty cells per column a job reads, by the spec's column names:
+/// numeric columns, then categorical ones.
+pub type EmptyCells = Vec<(String, u64)>;
+
 /// Reads a named-column file from `input`, handing each row's label, raw
-/// numeric values (NaN where empty) and categorical keys to `row`. Public
-/// so that the fuzz targets drive it without a file.
+/// numeric values (NaN where empty) and categorical keys to `row`; returns
+/// the empty cells per column. Public so that the fuzz targets drive it
+/// without a file.
 pub fn parse_named(
     path: &str,
     spec: &DataSpec,
     mut input: impl BufRead,
     mut row: impl FnMut(u32, &[f32], &[u64]),
-) -> Result<(), DataError> {
+) -> Result<EmptyCells, DataError> {
     let format = |message: String| DataError::Format {
         path: path.to_string(),
         message,
@@ -181,19 +190,32 @@ pub fn parse_named(
         source,
     };
     let mut line = Vec::new();
+    let headerless = !spec.columns.is_empty();
     if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
-        return Err(format(
-            "is empty; a header line naming the columns comes first".into(),
-        ));
+        return Err(format(if headerless {
+            "is empty".into()
+        } else {
+            "is empty; a header line naming the columns comes first".into()
+        }));
     }
-    let header = std::str::from_utf8(trim(&line))
-        .map_err(|_| format("the header is not UTF-8 text".into()))?;
-    let sep = if header.contains('\t') { b'\t' } else { b',' };
-    let names: Vec<&str> = header.split(char::from(sep)).map(str::trim).collect();
+    let sep = if line.contains(&b'\t') { b'\t' } else { b',' };
+    let header;
+    let names: Vec<&str> = if headerless {
+        spec.columns.iter().map(String::as_str).collect()
+    } else {
+        header = std::str::from_utf8(end_of_line(&line))
+            .map_err(|_| format("the header is not UTF-8 text".into()))?;
+        header.split(char::from(sep)).map(str::trim).collect()
+    };
     let column = |name: &str| {
         names.iter().position(|n| *n == name).ok_or_else(|| {
             format(format!(
-                "has no column {name:?}; its header names {}",
+                "has no column {name:?}; {} {}",
+                if headerless {
+                    "spec.data.columns names"
+                } else {
+                    "its header names"
+                },
                 names.join(", ")
             ))
         })
@@ -209,13 +231,22 @@ pub fn parse_named(
     let positive = spec.positive_label.as_deref().map(str::as_bytes);
     let mut numeric = vec![f32::NAN; spec.numeric.len()];
     let mut keys = vec![0u64; spec.categorical.len()];
-    for n in 2.. {
-        line.clear();
-        if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
-            return Ok(());
+    let (mut empty_numeric, mut empty_categorical) = (
+        vec![0u64; spec.numeric.len()],
+        vec![0u64; spec.categorical.len()],
+    );
+    // A file without a header has its first row in `line` already.
+    let first = if headerless { 1 } else { 2 };
+    for n in first.. {
+        if n > 1 || !headerless {
+            line.clear();
+            if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
+                break;
+            }
         }
-        let text = trim(&line);
-        if text.is_empty() {
+        // Only the line's end goes: an empty last cell is a cell.
+        let text = end_of_line(&line);
+        if text.trim_ascii().is_empty() {
             continue;
         }
         let bad = |message: String| format(format!("line {n}: {message}"));
@@ -226,6 +257,9 @@ pub fn parse_named(
             let Some(role) = roles.get(i) else { continue };
             let cell = trim(cell);
             match *role {
+                Role::Label if cell.is_empty() => {
+                    return Err(bad("the label is empty".into()));
+                }
                 Role::Label => {
                     label = Some(match positive {
                         Some(p) => u32::from(cell == p),
@@ -243,6 +277,7 @@ pub fn parse_named(
                 }
                 Role::Numeric(j) => {
                     numeric[j] = if cell.is_empty() {
+                        empty_numeric[j] += 1;
                         f32::NAN
                     } else {
                         std::str::from_utf8(cell)
@@ -258,19 +293,41 @@ pub fn parse_named(
                             })?
                     }
                 }
-                Role::Categorical(f) => keys[f as usize] = key_of(f, cell),
+                Role::Categorical(f) => {
+                    if cell.is_empty() {
+                        empty_categorical[f as usize] += 1;
+                    }
+                    keys[f as usize] = key_of(f, cell);
+                }
                 Role::Unused => {}
             }
         }
         if cells != roles.len() {
             return Err(bad(format!(
-                "has {cells} columns, the header {}",
+                "has {cells} columns, {} {}",
+                if headerless {
+                    "spec.data.columns names"
+                } else {
+                    "the header"
+                },
                 roles.len()
             )));
         }
         row(label.unwrap_or_default(), &numeric, &keys);
     }
-    Ok(())
+    Ok(spec
+        .numeric
+        .iter()
+        .zip(empty_numeric)
+        .chain(spec.categorical.iter().zip(empty_categorical))
+        .map(|(c, n)| (c.clone(), n))
+        .collect())
+}
+
+/// A line without its end (`\n` or `\r\n`).
+fn end_of_line(b: &[u8]) -> &[u8] {
+    let b = b.strip_suffix(b"\n").unwrap_or(b);
+    b.strip_suffix(b"\r").unwrap_or(b)
 }
 
 fn trim(b: &[u8]) -> &[u8] {
@@ -336,6 +393,63 @@ mod tests {
     }
 
     #[test]
+    fn criteo_s_own_rows_no_header_and_empty_cells_anywhere() {
+        let mut s = spec("label", &["I1", "I2"], &["C1", "C2"]);
+        s.columns = ["label", "I1", "I2", "C1", "C2"].map(String::from).to_vec();
+        let mut text = String::new();
+        for i in 0..20 {
+            // Every tenth row's last cell is empty, as in the real logs;
+            // one row ends in \r\n.
+            let last = if i % 10 == 9 { "" } else { "68fd1e64" };
+            let end = if i == 4 { "\r\n" } else { "\n" };
+            text += &format!("{}\t{}\t\t05db9164\t{last}{end}", i % 2, i);
+        }
+        let mut out = Vec::new();
+        let empty = parse_named("day_0", &s, text.as_bytes(), |y, x, k| {
+            out.push((y, x.to_vec(), k.to_vec()))
+        })
+        .unwrap();
+        assert_eq!(out.len(), 20, "the first line is a row");
+        assert_eq!(out[3].1[0], 3.0);
+        assert!(out[3].1[1].is_nan(), "an empty numeric cell is missing");
+        assert_eq!(out[9].2[1], key_of(1, b""), "the field's missing-value key");
+        assert_ne!(out[8].2[1], out[9].2[1]);
+        assert_eq!(out[4].2[1], key_of(1, b"68fd1e64"), "\r\n ends a line");
+        let count = |c: &str| empty.iter().find(|(n, _)| n == c).unwrap().1;
+        assert_eq!(
+            (count("I1"), count("I2"), count("C1"), count("C2")),
+            (0, 20, 0, 2)
+        );
+        let e = |text: &str| parse_named("day_0", &s, text.as_bytes(), |_, _, _| {}).unwrap_err();
+        let short = e("1\t2\t3\ta\n").to_string();
+        assert!(
+            short.contains("line 1: has 4 columns, spec.data.columns names 5"),
+            "{short}"
+        );
+        assert!(
+            e("\t2\t3\ta\tb\n")
+                .to_string()
+                .contains("line 1: the label is empty")
+        );
+        s.columns.retain(|c| c != "C2");
+        let missing = parse_named("day_0", &s, &b"1\t2\t3\ta\n"[..], |_, _, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("has no column \"C2\"; spec.data.columns names label, I1, I2, C1"),
+            "{missing}"
+        );
+    }
+
+    #[test]
+    fn a_header_s_file_keeps_an_empty_last_cell() {
+        let s = spec("y", &["a"], &["c"]);
+        let r = rows("y\ta\tc\n1\t2\t\n0\t\tz\n", &s).unwrap();
+        assert_eq!(r[0].2, vec![key_of(0, b"")]);
+        assert!(r[1].1[0].is_nan());
+    }
+
+    #[test]
     fn a_text_label_is_positive_when_it_matches() {
         let mut s = spec("y", &[], &["c"]);
         s.positive_label = Some(">50K".into());
@@ -360,6 +474,8 @@ mod tests {
         assert_eq!(tr.features, vec![-1.0, 1.0]);
         assert_eq!(te.features, vec![2.0]);
         assert_eq!(te.sparse.unwrap().field(0, 0).0, &[key_of(0, b"x")]);
-        assert_eq!(count_named(&s).unwrap(), 2);
+        let (n, empty) = count_named(&s).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(empty, vec![("a".into(), 0), ("c".into(), 0)]);
     }
 }
