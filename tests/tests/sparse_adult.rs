@@ -74,7 +74,7 @@ async fn a_sparse_job_measures_the_staleness_of_every_batch_s_rows() {
             "initialAccumulator: 0.1}",
             "initialAccumulator: 0.1}, maxStaleness: 1",
         )
-        + "  stop: {targetTestAuc: 0.89, maxEpochs: 20, maxSeconds: 120, evalIntervalSeconds: 0.25}\n";
+        + "  stop: {targetTestAuc: 0.89, maxEpochs: 20, maxSeconds: 600, evalIntervalSeconds: 0.25}\n";
     let job = distbelief_api::parse_job("adult.yaml", &yaml).expect("a valid job");
     let cluster = distbelief_tests::start(&job, true, None).await;
     let coordinator = cluster.coordinator.clone().expect("coordinator");
@@ -94,7 +94,7 @@ async fn a_sparse_job_measures_the_staleness_of_every_batch_s_rows() {
     }
     let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5)).expect("channel");
     let mut client = CoordinatorClient::new(channel);
-    let deadline = Instant::now() + Duration::from_secs(180);
+    let deadline = Instant::now() + Duration::from_secs(900);
     let status = loop {
         assert!(Instant::now() < deadline, "the job did not finish in time");
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -219,8 +219,10 @@ impl Compute {
                     return Ok(());
                 }
             }
-            if let Model::Keyed(k) = &mut self.model {
-                k.bound_staleness(&self.links, &examples)?;
+            if let Model::Keyed(k) = &mut self.model
+                && !k.bound_staleness(&self.links, &examples)?
+            {
+                return Ok(());
             }
             if acc_steps == 0 {
                 acc_base.copy_from_slice(&versions);

@@ -115,35 +115,53 @@ impl Keyed {
             return Ok(false);
         };
         examples.copy_from_slice(&next);
-        self.current = self
-            .runtime
-            .block_on(fetching)
-            .map_err(|e| WorkerError::Compute(e.to_string()))??;
-        Ok(true)
+        self.land(fetching)
     }
 
-    /// How far the current batch's rows are behind their shards' latest
-    /// versions known on `links`: observed, and past `maxStaleness` fetched
-    /// again (counted in the staleness waits, as for the dense range).
+    /// Waits for `fetching` and makes its rows the current batch's. False
+    /// when the fetch gave up because the replica is stopping (the shards
+    /// may be going away with it): a stop, not a failure.
+    fn land(&mut self, fetching: Fetching) -> Result<bool, WorkerError> {
+        match self.runtime.block_on(fetching) {
+            Ok(Ok(fetched)) => {
+                self.current = fetched;
+                Ok(true)
+            }
+            Ok(Err(_)) if self.stop.load(Ordering::Relaxed) => Ok(false),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(WorkerError::Compute(e.to_string())),
+        }
+    }
+
+    /// Brings the current batch's rows within `maxStaleness` versions of
+    /// their shards' latest versions known on `links`, fetching them again
+    /// if they are not (counted in the staleness waits, as for the dense
+    /// range), and records how far behind the rows computed on are. False
+    /// when the replica is stopping.
     pub fn bound_staleness(
         &mut self,
         links: &[Arc<Link>],
         examples: &[usize],
-    ) -> Result<(), WorkerError> {
-        let latest: Vec<Stamp> = links.iter().map(|l| l.shard_version()).collect();
-        let behind = stalest(&self.current.stamps, &latest);
+    ) -> Result<bool, WorkerError> {
+        let latest = || -> Vec<Stamp> { links.iter().map(|l| l.shard_version()).collect() };
+        let mut behind = stalest(&self.current.stamps, &latest());
+        if behind.is_some_and(|b| self.max_staleness.is_some_and(|bound| b > bound)) {
+            if self.stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            self.metrics.staleness_waits.inc();
+            let fetching = self.fetch_rows(examples);
+            if !self.land(fetching)? {
+                return Ok(false);
+            }
+            // Pushes of this replica's still in flight count against the
+            // fresh rows too: they cannot hold them yet.
+            behind = stalest(&self.current.stamps, &latest());
+        }
         if let Some(b) = behind.filter(|&b| b != u64::MAX) {
             self.metrics.row_staleness.observe(b as f64);
         }
-        if behind.is_some_and(|b| self.max_staleness.is_some_and(|bound| b > bound)) {
-            self.metrics.staleness_waits.inc();
-            let fetching = self.fetch_rows(examples);
-            self.current = self
-                .runtime
-                .block_on(fetching)
-                .map_err(|e| WorkerError::Compute(e.to_string()))??;
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// Adds the current batch's mean gradient into `into` (the dense

@@ -191,14 +191,28 @@ pub fn parse_named(
     };
     let mut line = Vec::new();
     let headerless = !spec.columns.is_empty();
-    if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
-        return Err(format(if headerless {
-            "is empty".into()
-        } else {
-            "is empty; a header line naming the columns comes first".into()
-        }));
+    // The first line that is not blank: the header, or a file without
+    // one's first row. Its tabs, if any, say how cells are separated.
+    let mut n = 0usize;
+    loop {
+        line.clear();
+        if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
+            return Err(format(if headerless {
+                "has no rows".into()
+            } else {
+                "is empty; a header line naming the columns comes first".into()
+            }));
+        }
+        n += 1;
+        if !end_of_line(&line).trim_ascii().is_empty() {
+            break;
+        }
     }
-    let sep = if line.contains(&b'\t') { b'\t' } else { b',' };
+    let sep = if end_of_line(&line).trim_ascii().contains(&b'\t') {
+        b'\t'
+    } else {
+        b','
+    };
     let header;
     let names: Vec<&str> = if headerless {
         spec.columns.iter().map(String::as_str).collect()
@@ -235,21 +249,26 @@ pub fn parse_named(
         vec![0u64; spec.numeric.len()],
         vec![0u64; spec.categorical.len()],
     );
+    let mut rows = 0u64;
     // A file without a header has its first row in `line` already.
-    let first = if headerless { 1 } else { 2 };
-    for n in first.. {
-        if n > 1 || !headerless {
+    let mut pending = headerless;
+    loop {
+        if !pending {
             line.clear();
             if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
                 break;
             }
+            n += 1;
         }
-        // Only the line's end goes: an empty last cell is a cell.
+        pending = false;
+        // Only the line's end goes: an empty last cell is a cell, and a
+        // line of separators is a row (whose empty label is refused).
         let text = end_of_line(&line);
-        if text.trim_ascii().is_empty() {
+        if text.iter().all(|&b| b.is_ascii_whitespace() && b != sep) {
             continue;
         }
-        let bad = |message: String| format(format!("line {n}: {message}"));
+        let at = n;
+        let bad = |message: String| format(format!("line {at}: {message}"));
         let mut label = None;
         let mut cells = 0;
         for (i, cell) in text.split(|&b| b == sep).enumerate() {
@@ -314,6 +333,10 @@ pub fn parse_named(
             )));
         }
         row(label.unwrap_or_default(), &numeric, &keys);
+        rows += 1;
+    }
+    if rows == 0 {
+        return Err(format("has no rows".into()));
     }
     Ok(spec
         .numeric
@@ -439,6 +462,25 @@ mod tests {
             missing.contains("has no column \"C2\"; spec.data.columns names label, I1, I2, C1"),
             "{missing}"
         );
+    }
+
+    #[test]
+    fn blank_lines_lines_of_separators_and_files_without_rows() {
+        let mut s = spec("y", &["a"], &["c"]);
+        s.columns = ["y", "a", "c"].map(String::from).to_vec();
+        let read = |text: &str, s: &DataSpec| {
+            let mut n = 0;
+            parse_named("f", s, text.as_bytes(), |_, _, _| n += 1).map(|_| n)
+        };
+        // Blank lines before the first row do not decide the separator.
+        assert_eq!(read("\n \r\n1\t2\tx\n0\t\t\n", &s).unwrap(), 2);
+        let e = |text: &str, s: &DataSpec| read(text, s).unwrap_err().to_string();
+        assert!(e("\r\n\n", &s).contains("has no rows"));
+        assert!(e("1\t2\tx\n\t\t\n", &s).contains("line 2: the label is empty"));
+        let header = spec("y", &["a"], &["c"]);
+        assert!(e("y,a,c\n", &header).contains("has no rows"));
+        // A comma header that ends in a tab is still comma-separated.
+        assert_eq!(read("y,a,c\t\n1,2,x\n", &header).unwrap(), 1);
     }
 
     #[test]
