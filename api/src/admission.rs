@@ -122,6 +122,14 @@ pub fn all_rules() -> impl Iterator<Item = &'static AdmissionRule> {
 pub const MSG_AT_LEAST_1: &str = "must be at least 1";
 pub const MSG_NOT_EMPTY: &str = "must not be empty when set";
 pub const MSG_POSITIVE: &str = "must be a positive number";
+pub const MSG_STREAM_FORMAT: &str =
+    "streams named csv (label set) and parquet only; idx and libsvm sets are read whole";
+pub const MSG_STREAM_HOLDOUT: &str =
+    "cannot be combined with holdout: name the test files (testFile or testCsv) instead";
+pub const MSG_STREAM_TRAIN_LIMIT: &str =
+    "cannot be combined with stream, whose replicas read every file: name fewer files instead";
+pub const MSG_STREAM_SANDBLASTER: &str =
+    "cannot be combined with sandblaster, whose portions index the whole training set";
 /// The second rule on `spec.model.hidden`.
 pub const MSG_HIDDEN_AND_LAYERS: &str =
     "cannot be combined with layers: write each hidden layer as a dense entry of layers";
@@ -203,6 +211,41 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.data.dataShardExamples",
         "self.data.dataShardExamples >= 1",
         MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.data.stream",
+        "!has(self.data.stream) || self.data.format == 'parquet' || (self.data.format == 'csv' && has(self.data.label))",
+        MSG_STREAM_FORMAT,
+    ),
+    spec(
+        "spec.data.stream",
+        "!has(self.data.stream) || !has(self.data.holdout)",
+        MSG_STREAM_HOLDOUT,
+    ),
+    spec(
+        "spec.data.stream",
+        "!has(self.data.stream) || !has(self.algorithm.sandblaster)",
+        MSG_STREAM_SANDBLASTER,
+    ),
+    spec(
+        "spec.data.trainLimit",
+        "!has(self.data.stream) || !has(self.data.trainLimit)",
+        MSG_STREAM_TRAIN_LIMIT,
+    ),
+    spec(
+        "spec.data.stream.shuffleBuffer",
+        "!has(self.data.stream) || !has(self.data.stream.shuffleBuffer) || self.data.stream.shuffleBuffer >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.data.stream.prefetchBatches",
+        "!has(self.data.stream) || !has(self.data.stream.prefetchBatches) || self.data.stream.prefetchBatches >= 1",
+        MSG_AT_LEAST_1,
+    ),
+    spec(
+        "spec.data.stream.rangeBytes",
+        "!has(self.data.stream) || !has(self.data.stream.rangeBytes) || self.data.stream.rangeBytes >= 4096",
+        "must be at least 4096",
     ),
     spec(
         "spec.data.trainLimit",

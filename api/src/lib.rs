@@ -19,7 +19,7 @@ pub use layout::{Layout, Partitioning, Tensor};
 pub use load::{load_job, parse_job};
 pub use spec::*;
 pub use status::*;
-pub use validate::{Job, MAX_HISTORY, MAX_PARTITIONS, MAX_PUSH_STEPS, validate};
+pub use validate::{Job, MAX_HISTORY, MAX_PARTITIONS, MAX_PUSH_STEPS, is_glob, validate};
 
 /// Exit code of a replica that gave up waiting for its job's shards or
 /// coordinator (EX_UNAVAILABLE): the servers are late, the replica is not at

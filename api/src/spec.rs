@@ -431,11 +431,12 @@ pub struct DataSpec {
     /// columns, separated by commas or, if the first line has a tab, tabs
     /// (Criteo's layout). Any cell but the label may be empty: an empty
     /// numeric cell is missing and reads as the column's mean, an empty
-    /// categorical cell is the field's own missing-value id. Required when
-    /// format is csv.
+    /// categorical cell is the field's own missing-value id. With stream:
+    /// also a directory or a glob of such files. Required when format is csv.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_csv: Option<String>,
-    /// CSV test file, same layout as trainCsv. Required when format is csv.
+    /// CSV test file, same layout as trainCsv (with stream: also a
+    /// directory or a glob). Required when format is csv.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_csv: Option<String>,
     /// Multiplies every feature as it is read. Default: 1/255, which maps pixels to [0, 1].
@@ -455,11 +456,12 @@ pub struct DataSpec {
     /// each costs one request to the coordinator. Default: 2048.
     #[serde(default = "default_data_shard_examples")]
     pub data_shard_examples: u32,
-    /// parquet or libsvm: the training file. Required for those formats.
+    /// parquet or libsvm: the training file (parquet with stream: also a
+    /// directory or a glob of part files). Required for those formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_file: Option<String>,
-    /// parquet or libsvm: the test file. Required for those formats unless
-    /// holdout is set.
+    /// parquet or libsvm: the test file (parquet with stream: also a
+    /// directory or a glob). Required for those formats unless holdout is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_file: Option<String>,
     /// Take the test set out of the training file instead of testFile.
@@ -490,6 +492,61 @@ pub struct DataSpec {
     /// Default: the first line of each file is a header naming its columns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub columns: Vec<String>,
+    /// Streamed input, for training data larger than a replica's memory
+    /// (named csv and parquet, Downpour only). The training and test
+    /// sources may then each be a file, a directory (its files, sorted;
+    /// names starting with `.` or `_` skipped) or a glob (`*`, `?`, `[…]`
+    /// in the file name). A data shard is a unit of files: a Parquet row
+    /// group, a byte range of a plain text file, or a whole gzip file.
+    /// Replicas read only the data shards the coordinator deals them, a
+    /// row at a time through a bounded shuffle buffer; the coordinator
+    /// scores the first testLimit test rows (default 100,000). Numeric
+    /// columns are standardised by the first 100,000 training rows.
+    /// Default: off (every replica loads the whole training file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamSpec>,
+}
+
+/// How replicas stream their training data.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StreamSpec {
+    /// Examples a replica holds to shuffle a data shard's rows: each
+    /// mini-batch draws at random from this many. Larger shuffles better
+    /// and costs memory (about 8 bytes per categorical value and 4 per
+    /// numeric one, per example). Default: 8192.
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: u32,
+    /// Mini-batches read ahead of the one being computed, by a reader
+    /// thread of the replica's own. Default: 16.
+    #[serde(default = "default_prefetch_batches")]
+    pub prefetch_batches: u32,
+    /// Plain (not gzip) text files are split into data shards of about
+    /// this many bytes, each starting at a line. Default: 8 MiB.
+    #[serde(default = "default_range_bytes")]
+    pub range_bytes: u64,
+}
+
+impl Default for StreamSpec {
+    fn default() -> Self {
+        StreamSpec {
+            shuffle_buffer: default_shuffle_buffer(),
+            prefetch_batches: default_prefetch_batches(),
+            range_bytes: default_range_bytes(),
+        }
+    }
+}
+
+fn default_shuffle_buffer() -> u32 {
+    8192
+}
+
+fn default_prefetch_batches() -> u32 {
+    16
+}
+
+fn default_range_bytes() -> u64 {
+    8 << 20
 }
 
 /// A test set held out of the training file by row position.
@@ -525,6 +582,7 @@ impl Default for DataSpec {
             numeric: Vec::new(),
             categorical: Vec::new(),
             columns: Vec::new(),
+            stream: None,
         }
     }
 }

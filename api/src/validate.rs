@@ -168,6 +168,7 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if d.data_shard_examples == 0 {
         fail("spec.data.dataShardExamples", None);
     }
+    check_stream(s, &mut fail);
 
     let downpour = match (&s.algorithm.downpour, &s.algorithm.sandblaster) {
         (Some(d), None) => Some(d.clone()),
@@ -440,6 +441,71 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         }),
         _ => Err(ApiError::Invalid { name, errors }),
     }
+}
+
+/// Streamed input: what it reads, and with which algorithm.
+fn check_stream(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<String>)) {
+    let d = &s.data;
+    let Some(st) = &d.stream else {
+        for (field, v) in [
+            ("trainCsv", &d.train_csv),
+            ("testCsv", &d.test_csv),
+            ("trainFile", &d.train_file),
+            ("testFile", &d.test_file),
+        ] {
+            if v.as_deref().is_some_and(is_glob) {
+                fail(
+                    &format!("spec.data.{field}"),
+                    Some("is a glob: set spec.data.stream to read many files".into()),
+                );
+            }
+        }
+        return;
+    };
+    let named = match d.format {
+        DataFormat::Parquet => true,
+        DataFormat::Csv => d.label.is_some(),
+        DataFormat::Idx | DataFormat::Libsvm => false,
+    };
+    if !named {
+        fail(
+            "spec.data.stream",
+            Some(admission::MSG_STREAM_FORMAT.into()),
+        );
+    }
+    if d.holdout.is_some() {
+        fail(
+            "spec.data.stream",
+            Some(admission::MSG_STREAM_HOLDOUT.into()),
+        );
+    }
+    if s.algorithm.sandblaster.is_some() {
+        fail(
+            "spec.data.stream",
+            Some(admission::MSG_STREAM_SANDBLASTER.into()),
+        );
+    }
+    if d.train_limit.is_some() {
+        fail(
+            "spec.data.trainLimit",
+            Some(admission::MSG_STREAM_TRAIN_LIMIT.into()),
+        );
+    }
+    if st.shuffle_buffer == 0 {
+        fail("spec.data.stream.shuffleBuffer", None);
+    }
+    if st.prefetch_batches == 0 {
+        fail("spec.data.stream.prefetchBatches", None);
+    }
+    if st.range_bytes < 4096 {
+        fail("spec.data.stream.rangeBytes", None);
+    }
+}
+
+/// Whether a path names files by a pattern in its last part.
+pub fn is_glob(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.contains(['*', '?', '['])
 }
 
 /// Sandblaster's ranges; CEL checks the same at admission.

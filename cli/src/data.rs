@@ -33,6 +33,18 @@ pub struct SynthCtrArgs {
     /// The seed: the same seed and sizes write the same files.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// How the rows are written: `tsv` (train.tsv and test.tsv), `tsv.gz`,
+    /// or `parquet` (row groups of --row-group-rows rows).
+    #[arg(long, default_value = "tsv", value_parser = ["tsv", "tsv.gz", "parquet"])]
+    pub format: String,
+    /// Training rows split into this many part files, `train/part-NNNNN.<format>`,
+    /// in row order (a whole number of 16,384-row blocks each), as a
+    /// directory for a streamed job (spec.data.stream). 1: one file, `train.<format>`.
+    #[arg(long, default_value_t = 1)]
+    pub parts: u32,
+    /// Rows per Parquet row group: a streamed job's data shard.
+    #[arg(long, default_value_t = 65_536)]
+    pub row_group_rows: usize,
 }
 
 #[derive(Args)]
@@ -98,12 +110,26 @@ pub fn synth_ctr(a: SynthCtrArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot create {}", a.out.display()))?;
     let g = Generator::new(a.vocab, a.seed)?;
     let started = Instant::now();
+    anyhow::ensure!(
+        a.parts >= 1 && a.row_group_rows >= 1,
+        "--parts and --row-group-rows must be at least 1"
+    );
     let mut distinct = Distinct::new(a.vocab);
-    let train_path = a.out.join("train.tsv");
-    let train = write(&g, 0, a.rows, &train_path, |r| distinct.add(r))?;
+    let layout = Layout {
+        format: a.format.clone(),
+        parts: a.parts,
+        row_group_rows: a.row_group_rows,
+    };
+    let train_path = if a.parts > 1 {
+        a.out.join("train")
+    } else {
+        a.out.join(format!("train.{}", a.format))
+    };
+    let train = write(&g, 0, a.rows, &train_path, &layout, |r| distinct.add(r))?;
     let (mut scores, mut labels) = (Vec::new(), Vec::new());
-    let test_path = a.out.join("test.tsv");
-    write(&g, 1, a.test_rows, &test_path, |r| {
+    let test_path = a.out.join(format!("test.{}", a.format));
+    let one = Layout { parts: 1, ..layout };
+    write(&g, 1, a.test_rows, &test_path, &one, |r| {
         scores.push(r.probability);
         labels.push(r.label);
     })?;
@@ -148,57 +174,159 @@ struct Written {
     positives: u64,
 }
 
-/// Writes `rows` rows of `stream` to `path`, handing each row to `each` in
-/// order. Blocks are drawn in parallel a batch at a time, so memory stays
-/// at a batch of blocks whatever the row count.
+/// How a set of rows goes to disk.
+#[derive(Clone)]
+struct Layout {
+    format: String,
+    parts: u32,
+    row_group_rows: usize,
+}
+
+/// Writes `rows` rows of `stream` to `path` (a directory of part files
+/// when `layout.parts` > 1), handing each row to `each` in order. Blocks
+/// are drawn in parallel a batch at a time, so memory stays at a batch of
+/// blocks (and a Parquet row group) whatever the row count.
 fn write(
     g: &Generator,
     stream: u64,
     rows: u64,
     path: &Path,
+    layout: &Layout,
     mut each: impl FnMut(&Row),
 ) -> anyhow::Result<Written> {
-    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    let header = synth::header() + "\n";
-    out.write_all(header.as_bytes())?;
+    let blocks = rows.div_ceil(BLOCK_ROWS as u64);
+    let parts = u64::from(layout.parts).min(blocks).max(1);
+    if layout.parts > 1 {
+        std::fs::create_dir_all(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+    }
+    let part_path = |p: u64| {
+        if layout.parts > 1 {
+            path.join(format!("part-{p:05}.{}", layout.format))
+        } else {
+            path.to_path_buf()
+        }
+    };
     let mut w = Written {
-        bytes: header.len() as u64,
+        bytes: 0,
         positives: 0,
     };
-    let blocks = rows.div_ceil(BLOCK_ROWS as u64);
     let batch = 4 * rayon::current_num_threads() as u64;
     let mut next_report = 0.0;
-    for first in (0..blocks).step_by(batch as usize) {
-        let drawn: Vec<(Vec<Row>, String)> = (first..(first + batch).min(blocks))
-            .into_par_iter()
-            .map(|b| {
-                let n = (rows - b * BLOCK_ROWS as u64).min(BLOCK_ROWS as u64) as usize;
-                let mut block = Vec::with_capacity(n);
-                g.block(stream, b, n, &mut block);
-                let mut text = String::with_capacity(n * 160);
-                for r in &block {
-                    synth::write_row(r, &mut text);
-                }
-                (block, text)
-            })
-            .collect();
-        for (block, text) in drawn {
-            block.iter().for_each(&mut each);
-            w.positives += block.iter().map(|r| u64::from(r.label)).sum::<u64>();
-            w.bytes += text.len() as u64;
-            out.write_all(text.as_bytes())
-                .with_context(|| format!("cannot write {}", path.display()))?;
+    for p in 0..parts {
+        let (first_block, end_block) = (p * blocks / parts, (p + 1) * blocks / parts);
+        let file = part_path(p);
+        let mut sink = Sink::create(&file, layout)?;
+        let text_too = sink.is_text();
+        for first in (first_block..end_block).step_by(batch as usize) {
+            let drawn: Vec<(Vec<Row>, String)> = (first..(first + batch).min(end_block))
+                .into_par_iter()
+                .map(|b| {
+                    let n = (rows - b * BLOCK_ROWS as u64).min(BLOCK_ROWS as u64) as usize;
+                    let mut block = Vec::with_capacity(n);
+                    g.block(stream, b, n, &mut block);
+                    let mut text = String::new();
+                    if text_too {
+                        text.reserve(n * 160);
+                        for r in &block {
+                            synth::write_row(r, &mut text);
+                        }
+                    }
+                    (block, text)
+                })
+                .collect();
+            for (block, text) in drawn {
+                block.iter().for_each(&mut each);
+                w.positives += block.iter().map(|r| u64::from(r.label)).sum::<u64>();
+                sink.add(&block, &text)
+                    .with_context(|| format!("cannot write {}", file.display()))?;
+            }
+            let done = ((first + batch).min(end_block) * BLOCK_ROWS as u64).min(rows);
+            if done as f64 >= next_report {
+                eprintln!("synth-ctr: {}: {done} of {rows} rows", path.display());
+                next_report += rows as f64 / 10.0;
+            }
         }
-        let done = ((first + batch).min(blocks) * BLOCK_ROWS as u64).min(rows);
-        if done as f64 >= next_report {
-            eprintln!("synth-ctr: {}: {done} of {rows} rows", path.display());
-            next_report += rows as f64 / 10.0;
+        w.bytes += sink
+            .finish()
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    Ok(w)
+}
+
+/// One file being written: text (plain or gzip) or Parquet.
+enum Sink {
+    Plain(Counted),
+    Gzip(flate2::write::GzEncoder<Counted>),
+    Parquet(crate::data_parquet::ParquetSink),
+}
+
+impl Sink {
+    fn create(path: &Path, layout: &Layout) -> anyhow::Result<Sink> {
+        let file =
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        if layout.format == "parquet" {
+            return Ok(Sink::Parquet(crate::data_parquet::ParquetSink::new(
+                file,
+                layout.row_group_rows,
+            )?));
+        }
+        let counted = Counted {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            bytes: 0,
+        };
+        let mut sink = if layout.format == "tsv.gz" {
+            Sink::Gzip(flate2::write::GzEncoder::new(
+                counted,
+                flate2::Compression::fast(),
+            ))
+        } else {
+            Sink::Plain(counted)
+        };
+        sink.add(&[], &(synth::header() + "\n"))?;
+        Ok(sink)
+    }
+
+    fn is_text(&self) -> bool {
+        !matches!(self, Sink::Parquet(_))
+    }
+
+    fn add(&mut self, block: &[Row], text: &str) -> anyhow::Result<()> {
+        match self {
+            Sink::Plain(out) => Ok(out.write_all(text.as_bytes())?),
+            Sink::Gzip(out) => Ok(out.write_all(text.as_bytes())?),
+            Sink::Parquet(p) => p.add(block),
         }
     }
-    out.flush()
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(w)
+
+    /// Closes the file; its size in bytes.
+    fn finish(self) -> anyhow::Result<u64> {
+        let mut out = match self {
+            Sink::Plain(out) => out,
+            Sink::Gzip(gz) => gz.finish()?,
+            Sink::Parquet(p) => return p.finish(),
+        };
+        out.flush()?;
+        Ok(out.bytes)
+    }
+}
+
+/// A file writer that counts the bytes that reach the file.
+struct Counted {
+    inner: BufWriter<File>,
+    bytes: u64,
+}
+
+impl Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 #[cfg(test)]

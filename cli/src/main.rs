@@ -1,6 +1,7 @@
 //! The one `distbelief` binary. The role is chosen by the subcommand.
 
 mod data;
+mod data_parquet;
 mod eval;
 mod roles;
 mod train;

@@ -402,7 +402,9 @@ pub async fn serve(
     )
     .with_backup_window(f64::from(job.spec.replicas.stragglers.for_seconds));
     if job.sandblaster.is_none() {
-        let n = data::data_shards(training_examples, job.data_shard_examples());
+        let n = training_file
+            .data_shards
+            .unwrap_or_else(|| data::data_shards(training_examples, job.data_shard_examples()));
         tracker = tracker.with_data_shards(n, job.downpour.seed);
     }
     // With a store, only saved progress is shown, from the start on.

@@ -11,12 +11,13 @@ mod csv;
 mod parquet;
 mod sparse;
 mod standardize;
+pub mod stream;
 pub use csv::{EmptyCells, parse_csv, parse_named};
 pub use sparse::{SparseFeatures, parse_libsvm};
 
 /// Examples as a row-major `n × features` matrix, their categorical keys
 /// (for named CSV, Parquet and libsvm), and one label per row.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dataset {
     pub features: Vec<f32>,
     pub labels: Vec<u32>,
@@ -147,8 +148,25 @@ pub fn epoch_order(indices: &[usize], seed: u64, part: u32, epoch: u64) -> Vec<u
     order
 }
 
-/// Reads the training set, or the test set, as the spec describes.
+/// Reads the training set, or the test set, as the spec describes. A
+/// streamed job's replicas never call this for the training set (they
+/// stream it; read whole, it is every row of every file); its test set is
+/// the first testLimit rows, 100,000 unless set.
 pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
+    if spec.stream.is_some() {
+        let source = stream::plan(spec, true)?;
+        let stats = stream::first_rows_stats(spec, &source)?;
+        return match train {
+            true => {
+                let n = spec.train_limit.map_or(usize::MAX, |l| l as usize);
+                stream::load_first(spec, &source, n, &stats)
+            }
+            false => {
+                let n = spec.test_limit.map_or(stream::TEST_ROWS, |l| l as usize);
+                stream::load_first(spec, &stream::plan(spec, false)?, n, &stats)
+            }
+        };
+    }
     let mut d = match spec.format {
         DataFormat::Idx => {
             let (images, labels) = if train {
@@ -186,6 +204,13 @@ pub fn load(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
 /// two files, so it cannot be named by one path.
 pub fn load_test_file(spec: &DataSpec, path: &str) -> Result<Dataset, DataError> {
     let mut spec = spec.clone();
+    if spec.stream.is_some() {
+        match spec.format {
+            DataFormat::Parquet => spec.test_file = Some(path.to_string()),
+            _ => spec.test_csv = Some(path.to_string()),
+        }
+        return load(&spec, false);
+    }
     let mut d = match spec.format {
         DataFormat::Idx => {
             return Err(DataError::Format {
@@ -221,10 +246,16 @@ pub struct TrainingFile {
     /// reads as the column's mean, a categorical one as its field's
     /// missing-value key); empty for other formats.
     pub empty_cells: EmptyCells,
+    /// A streamed source's data shards (its units of files); None when
+    /// data shards are cut by dataShardExamples.
+    pub data_shards: Option<u32>,
 }
 
 /// Scans the training data without keeping its features.
 pub fn scan_training_file(spec: &DataSpec) -> Result<TrainingFile, DataError> {
+    if spec.stream.is_some() {
+        return stream::scan(spec, &stream::plan(spec, true)?);
+    }
     let (n, empty_cells) = match spec.format {
         DataFormat::Idx => (
             parse_idx(&spec.train_labels, &read_file(&spec.train_labels)?)?.0[0],
@@ -238,6 +269,7 @@ pub fn scan_training_file(spec: &DataSpec) -> Result<TrainingFile, DataError> {
     Ok(TrainingFile {
         examples: spec.train_limit.map_or(n, |l| n.min(l as usize)),
         empty_cells,
+        data_shards: None,
     })
 }
 

@@ -30,23 +30,18 @@ pub(crate) enum Model {
     Keyed(Box<Keyed>),
 }
 
-/// A dense model, with its batch copied out of the data set.
+/// A dense model.
 pub(crate) struct Dense {
     net: Net,
     scratch: Scratch,
-    x: Vec<f32>,
-    y: Vec<u32>,
 }
 
 impl Model {
-    /// A dense model computing batches of `batch` examples of `dim` values
-    /// on `threads` threads.
-    pub fn dense(net: Net, batch: usize, dim: usize, threads: usize) -> Self {
+    /// A dense model computing batches of `batch` examples on `threads` threads.
+    pub fn dense(net: Net, batch: usize, threads: usize) -> Self {
         Model::Dense(Box::new(Dense {
             scratch: net.scratch(batch, threads),
             net,
-            x: vec![0.0; batch * dim],
-            y: vec![0; batch],
         }))
     }
 
@@ -58,27 +53,17 @@ impl Model {
         }
     }
 
-    /// Takes the next batch into `examples` and makes it ready to compute.
-    /// False when the coordinator has stopped the replica.
+    /// Takes the next batch of `size` examples into `batch` and makes it
+    /// ready to compute. False when the coordinator has stopped the replica.
     fn next_batch(
         &mut self,
         feed: &mut Feed,
-        train: &Dataset,
-        examples: &mut [usize],
+        batch: &mut Dataset,
+        size: usize,
     ) -> Result<bool, WorkerError> {
         match self {
-            Model::Keyed(k) => k.next_batch(feed, examples),
-            Model::Dense(d) => {
-                if !feed.next_batch(examples)? {
-                    return Ok(false);
-                }
-                let dim = train.dim;
-                for (k, &i) in examples.iter().enumerate() {
-                    d.x[k * dim..(k + 1) * dim].copy_from_slice(train.row(i));
-                    d.y[k] = train.labels[i];
-                }
-                Ok(true)
-            }
+            Model::Keyed(k) => k.next_batch(feed, batch, size),
+            Model::Dense(_) => feed.next_batch(batch, size),
         }
     }
 
@@ -87,18 +72,19 @@ impl Model {
     fn gradient(
         &mut self,
         params: &[f32],
-        train: &Dataset,
-        examples: &[usize],
+        batch: &Dataset,
         step: u64,
         grad: &mut [f32],
     ) -> Result<f64, WorkerError> {
         match self {
-            Model::Keyed(k) => Ok(k.gradient(params, train, examples, grad)),
+            Model::Keyed(k) => Ok(k.gradient(params, batch, grad)),
             Model::Dense(d) => {
-                let xv = ArrayView2::from_shape((examples.len(), train.dim), &d.x[..])
-                    .expect("batch buffer shape");
+                let xv = ArrayView2::from_shape((batch.len(), batch.dim), &batch.features[..])
+                    .map_err(|e| {
+                        WorkerError::Compute(format!("a batch of the wrong shape: {e}"))
+                    })?;
                 Ok(d.net
-                    .gradient(params, xv, &d.y, &mut d.scratch, step, grad)?)
+                    .gradient(params, xv, &batch.labels, &mut d.scratch, step, grad)?)
             }
         }
     }
@@ -117,7 +103,6 @@ pub(crate) struct Compute {
     pub model: Model,
     /// Where `params` starts in the stored vector: a partition holds only its own.
     pub base: usize,
-    pub train: Dataset,
     pub feed: Feed,
     pub links: Vec<Arc<Link>>,
     pub progress: Arc<Progress>,
@@ -193,12 +178,12 @@ impl Compute {
             (squares.is_some() || self.lookahead.is_some()).then(|| vec![0.0f32; params.len()]);
         let mut acc_base = versions.clone();
         let mut acc_steps = 0;
-        let mut examples = vec![0usize; self.batch];
+        let mut batch = Dataset::default();
         let mut step: u64 = 0;
         while !self.stop.load(Ordering::Relaxed) {
             if !self
                 .model
-                .next_batch(&mut self.feed, &self.train, &mut examples)?
+                .next_batch(&mut self.feed, &mut batch, self.batch)?
             {
                 self.stop.store(true, Ordering::Relaxed);
                 return Ok(());
@@ -220,7 +205,7 @@ impl Compute {
                 }
             }
             if let Model::Keyed(k) = &mut self.model
-                && !k.bound_staleness(&self.links, &examples)?
+                && !k.bound_staleness(&self.links, &batch)?
             {
                 return Ok(());
             }
@@ -230,15 +215,11 @@ impl Compute {
             let began = Instant::now();
             let waited_before = self.model.waited();
             let loss = match one.as_mut() {
-                None => self
-                    .model
-                    .gradient(&params, &self.train, &examples, step, &mut acc)?,
+                None => self.model.gradient(&params, &batch, step, &mut acc)?,
                 // The first mini-batch of a push: the sum is still zero, so
                 // the gradient goes straight into it and is its own part.
                 Some(_) if acc_steps == 0 => {
-                    let loss =
-                        self.model
-                            .gradient(&params, &self.train, &examples, step, &mut acc)?;
+                    let loss = self.model.gradient(&params, &batch, step, &mut acc)?;
                     if let Some(sq) = squares.as_mut() {
                         for (s, g) in sq.iter_mut().zip(&acc) {
                             *s = g * g;
@@ -251,9 +232,7 @@ impl Compute {
                 }
                 Some(one) => {
                     one.fill(0.0);
-                    let loss = self
-                        .model
-                        .gradient(&params, &self.train, &examples, step, one)?;
+                    let loss = self.model.gradient(&params, &batch, step, one)?;
                     match squares.as_mut() {
                         Some(sq) => {
                             for ((a, s), g) in acc.iter_mut().zip(sq.iter_mut()).zip(one.iter()) {

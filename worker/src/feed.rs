@@ -7,12 +7,17 @@
 //! does not stall it. A model-parallel replica's other partitions ask for
 //! the data shard their partition 0 was handed, by its number, and so train
 //! the same examples.
+//!
+//! The examples come from the whole training set in memory (a data shard is
+//! every n-th example) or, for a streamed job, from a reader thread that
+//! reads each data shard's unit of files as the feed hands it over
+//! (`stream.rs`), the next one as soon as the coordinator has named it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use distbelief_model::data;
+use distbelief_model::data::{self, Dataset};
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{Action, DataShardId, DataShardRequest};
 use tokio::runtime::Handle;
@@ -20,6 +25,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use crate::error::WorkerError;
+use crate::stream::{Item, Reader};
 
 /// Who is asking, and how the coordinator is reached.
 pub(crate) struct FeedOptions {
@@ -32,11 +38,28 @@ pub(crate) struct FeedOptions {
     /// How long the coordinator may stay unreachable.
     pub patience: Duration,
     pub seed: u64,
-    /// Training examples, and data shards in an epoch.
-    pub examples: usize,
-    pub data_shards: u32,
+    /// Where the examples come from.
+    pub examples: Examples,
     /// Set when the replica stops: a request waiting on the coordinator ends.
     pub stop: Arc<AtomicBool>,
+}
+
+/// A replica's training examples.
+pub(crate) enum Examples {
+    /// The whole training set; data shards of `size` examples each.
+    Memory { train: Dataset, size: usize },
+    /// Streamed by a reader thread, a data shard a unit of files.
+    Stream(Reader),
+}
+
+impl Examples {
+    /// Data shards in an epoch.
+    pub fn data_shards(&self) -> u32 {
+        match self {
+            Examples::Memory { train, size } => data::data_shards(train.len(), *size),
+            Examples::Stream(r) => r.data_shards(),
+        }
+    }
 }
 
 /// A data shard asked for: Some(shard), or None when the replica is to stop.
@@ -44,12 +67,15 @@ type Asked = Result<Option<DataShardId>, WorkerError>;
 
 pub(crate) struct Feed {
     o: FeedOptions,
+    data_shards: u32,
     /// Requests so far; each carries the next number, so that a retried
     /// request is answered with what the first was given.
     sequence: u64,
     held: Option<DataShardId>,
     /// The request for the data shard after `held`, on its way.
     ahead: Option<JoinHandle<Asked>>,
+    /// Its answer, once in: a streamed feed's reader is already reading it.
+    answered: Option<Asked>,
     order: Vec<usize>,
     pos: usize,
     batches_left: usize,
@@ -58,10 +84,12 @@ pub(crate) struct Feed {
 impl Feed {
     pub fn new(o: FeedOptions) -> Self {
         Feed {
+            data_shards: o.examples.data_shards(),
             o,
             sequence: 0,
             held: None,
             ahead: None,
+            answered: None,
             order: Vec::new(),
             pos: 0,
             batches_left: 0,
@@ -73,57 +101,115 @@ impl Feed {
         self.held.as_ref().map_or(0, |h| h.epoch)
     }
 
-    /// Fills `out` with the next mini-batch's examples. A data shard's last
-    /// mini-batch is filled up from its start, so every mini-batch is whole.
-    /// Ok(false) when the replica is to stop: the coordinator says the job is
-    /// done or this process was replaced, or the replica is stopping.
-    pub fn next_batch(&mut self, out: &mut [usize]) -> Result<bool, WorkerError> {
-        if self.batches_left == 0 && !self.take_next(out.len())? {
-            return Ok(false);
+    /// Puts the next mini-batch's examples in `out`. Every mini-batch is
+    /// whole: a data shard's last is filled up from its start. Ok(false)
+    /// when the replica is to stop: the coordinator says the job is done or
+    /// this process was replaced, or the replica is stopping.
+    pub fn next_batch(&mut self, out: &mut Dataset, batch: usize) -> Result<bool, WorkerError> {
+        loop {
+            if self.held.is_some() {
+                self.read_ahead()?;
+            }
+            if let Examples::Stream(reader) = &self.o.examples
+                && self.held.is_some()
+            {
+                match reader.next()? {
+                    Item::Batch(b) => {
+                        *out = b;
+                        return Ok(true);
+                    }
+                    Item::End => self.batches_left = 0,
+                    Item::Failed(e) => return Err(e.into()),
+                }
+            }
+            if let Examples::Memory { train, .. } = &self.o.examples
+                && self.batches_left > 0
+            {
+                let n = self.order.len();
+                let rows: Vec<usize> = (0..batch).map(|k| self.order[(self.pos + k) % n]).collect();
+                self.pos += batch;
+                self.batches_left -= 1;
+                *out = Dataset {
+                    features: rows.iter().flat_map(|&i| train.row(i)).copied().collect(),
+                    labels: rows.iter().map(|&i| train.labels[i]).collect(),
+                    dim: train.dim,
+                    sparse: train.sparse.as_ref().map(|s| s.select(&rows)),
+                };
+                return Ok(true);
+            }
+            if !self.take_next(batch)? {
+                return Ok(false);
+            }
         }
-        let n = self.order.len();
-        for (k, o) in out.iter_mut().enumerate() {
-            *o = self.order[(self.pos + k) % n];
+    }
+
+    /// A streamed feed hands the data shard asked for ahead to its reader as
+    /// soon as the coordinator has answered, so that reading it overlaps
+    /// training this one.
+    fn read_ahead(&mut self) -> Result<(), WorkerError> {
+        let Examples::Stream(reader) = &self.o.examples else {
+            return Ok(());
+        };
+        if self.answered.is_some() || !self.ahead.as_ref().is_some_and(|a| a.is_finished()) {
+            return Ok(());
         }
-        self.pos += out.len();
-        self.batches_left -= 1;
-        Ok(true)
+        let Some(ahead) = self.ahead.take() else {
+            return Ok(());
+        };
+        let asked = self
+            .o
+            .runtime
+            .block_on(ahead)
+            .map_err(|e| WorkerError::Compute(e.to_string()))?;
+        if let Ok(Some(shard)) = &asked {
+            check_shard(shard, self.data_shards)?;
+            reader.read(*shard)?;
+        }
+        self.answered = Some(asked);
+        Ok(())
     }
 
     /// Starts the data shard asked for ahead (asking now if nothing was),
     /// and asks for the one after it, reporting the one just trained.
     fn take_next(&mut self, batch: usize) -> Result<bool, WorkerError> {
         let finished = self.held.take();
-        let asked = match self.ahead.take() {
-            Some(ahead) => self
-                .o
-                .runtime
-                .block_on(ahead)
-                .map_err(|e| WorkerError::Compute(e.to_string()))?,
-            None => {
+        let (asked, reading) = match (self.answered.take(), self.ahead.take()) {
+            (Some(asked), _) => (asked, true),
+            (None, Some(ahead)) => (
+                self.o
+                    .runtime
+                    .block_on(ahead)
+                    .map_err(|e| WorkerError::Compute(e.to_string()))?,
+                false,
+            ),
+            (None, None) => {
                 let request = self.request(None);
-                self.o.runtime.block_on(ask(self.ask_with(), request))
+                (
+                    self.o.runtime.block_on(ask(self.ask_with(), request)),
+                    false,
+                )
             }
         };
         let Some(shard) = asked? else {
             return Ok(false);
         };
-        if shard.shard >= self.o.data_shards {
-            return Err(WorkerError::Compute(format!(
-                "the coordinator handed out data shard {}, but the data makes {}: do the coordinator and this replica read the same data?",
-                shard.shard, self.o.data_shards
-            )));
-        }
+        check_shard(&shard, self.data_shards)?;
         self.held = Some(shard);
-        self.order = data::data_shard_order(
-            self.o.examples,
-            self.o.data_shards,
-            shard.shard,
-            self.o.seed,
-            shard.epoch,
-        );
-        self.pos = 0;
-        self.batches_left = self.order.len().div_ceil(batch.max(1));
+        match &self.o.examples {
+            Examples::Memory { train, .. } => {
+                self.order = data::data_shard_order(
+                    train.len(),
+                    self.data_shards,
+                    shard.shard,
+                    self.o.seed,
+                    shard.epoch,
+                );
+                self.pos = 0;
+                self.batches_left = self.order.len().div_ceil(batch.max(1));
+            }
+            Examples::Stream(reader) if !reading => reader.read(shard)?,
+            Examples::Stream(_) => {}
+        }
         // Only partition 0 reports what was trained; the others follow it.
         let finished = finished.filter(|_| self.o.partition == 0);
         let request = self.request(finished);
@@ -175,6 +261,16 @@ impl Drop for Feed {
             ahead.abort();
         }
     }
+}
+
+fn check_shard(shard: &DataShardId, data_shards: u32) -> Result<(), WorkerError> {
+    if shard.shard >= data_shards {
+        return Err(WorkerError::Compute(format!(
+            "the coordinator handed out data shard {}, but the data makes {data_shards}: do the coordinator and this replica read the same data?",
+            shard.shard
+        )));
+    }
+    Ok(())
 }
 
 struct Asking {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use distbelief_model::data::{Dataset, SparseFeatures};
+use distbelief_model::data::Dataset;
 use distbelief_model::keys::shard_of;
 use distbelief_model::wide_deep::{BatchKeys, Part, TableRows, WideDeep};
 use distbelief_ps_client::{ClientError, ShardClient, Stamp, fetch_table_rows};
@@ -37,8 +37,6 @@ type Fetching = JoinHandle<Result<Fetched, ClientError>>;
 
 pub(crate) struct Keyed {
     model: WideDeep,
-    /// The training data's categorical keys.
-    sparse: SparseFeatures,
     /// For row fetches; pushes go through the links.
     clients: Vec<ShardClient>,
     runtime: Handle,
@@ -46,7 +44,9 @@ pub(crate) struct Keyed {
     max_staleness: Option<u64>,
     stop: Arc<AtomicBool>,
     metrics: WorkerMetrics,
-    queued: VecDeque<(Vec<usize>, Fetching)>,
+    queued: VecDeque<(Dataset, Fetching)>,
+    /// 0..batch: a batch's examples are all of its rows.
+    all: Vec<usize>,
     /// The rows of the batch handed out last.
     current: Fetched,
     /// Per shard, per table: the row gradients not yet offered.
@@ -66,10 +66,10 @@ pub(crate) struct KeyedOptions {
 }
 
 impl Keyed {
-    pub fn new(model: WideDeep, sparse: SparseFeatures, o: KeyedOptions) -> Self {
+    pub fn new(model: WideDeep, o: KeyedOptions) -> Self {
         let mut k = Keyed {
             model,
-            sparse,
+            all: Vec::new(),
             clients: o.clients,
             runtime: o.runtime,
             squares: o.squares,
@@ -101,20 +101,21 @@ impl Keyed {
     pub fn next_batch(
         &mut self,
         feed: &mut Feed,
-        examples: &mut [usize],
+        batch: &mut Dataset,
+        size: usize,
     ) -> Result<bool, WorkerError> {
         while self.queued.len() < self.ahead() {
-            let mut next = vec![0usize; examples.len()];
-            if !feed.next_batch(&mut next)? {
+            let mut next = Dataset::default();
+            if !feed.next_batch(&mut next, size)? {
                 return Ok(false);
             }
-            let fetching = self.fetch_rows(&next);
+            let fetching = self.fetch_rows(&next)?;
             self.queued.push_back((next, fetching));
         }
         let Some((next, fetching)) = self.queued.pop_front() else {
             return Ok(false);
         };
-        examples.copy_from_slice(&next);
+        *batch = next;
         self.land(fetching)
     }
 
@@ -141,7 +142,7 @@ impl Keyed {
     pub fn bound_staleness(
         &mut self,
         links: &[Arc<Link>],
-        examples: &[usize],
+        batch: &Dataset,
     ) -> Result<bool, WorkerError> {
         let latest = || -> Vec<Stamp> { links.iter().map(|l| l.shard_version()).collect() };
         let mut behind = stalest(&self.current.stamps, &latest());
@@ -150,7 +151,7 @@ impl Keyed {
                 return Ok(false);
             }
             self.metrics.staleness_waits.inc();
-            let fetching = self.fetch_rows(examples);
+            let fetching = self.fetch_rows(batch)?;
             if !self.land(fetching)? {
                 return Ok(false);
             }
@@ -166,13 +167,11 @@ impl Keyed {
 
     /// Adds the current batch's mean gradient into `into` (the dense
     /// parameters) and its rows' into the sums per shard; returns the mean loss.
-    pub fn gradient(
-        &mut self,
-        params: &[f32],
-        train: &Dataset,
-        examples: &[usize],
-        into: &mut [f32],
-    ) -> f64 {
+    pub fn gradient(&mut self, params: &[f32], batch: &Dataset, into: &mut [f32]) -> f64 {
+        let Some(sparse) = batch.sparse.as_ref() else {
+            return 0.0;
+        };
+        let examples = self.examples(batch.len());
         let rows = &self.current.rows;
         let mut row_grads: Vec<Vec<f32>> = rows.iter().map(|r| vec![0.0; r.values.len()]).collect();
         if self.parts.is_empty() {
@@ -182,10 +181,10 @@ impl Keyed {
         }
         let loss = self.model.batch_gradient(
             params,
-            &train.features,
-            &self.sparse,
-            &train.labels,
-            examples,
+            &batch.features,
+            sparse,
+            &batch.labels,
+            &examples,
             rows,
             &mut self.parts,
             into,
@@ -201,18 +200,32 @@ impl Keyed {
         std::mem::replace(&mut self.sums[shard], fresh)
     }
 
-    /// Starts fetching the rows of `examples` from the shards that hold them.
-    fn fetch_rows(&self, examples: &[usize]) -> Fetching {
+    /// 0..n, the examples of a batch of n.
+    fn examples(&mut self, n: usize) -> Vec<usize> {
+        if self.all.len() != n {
+            self.all = (0..n).collect();
+        }
+        self.all.clone()
+    }
+
+    /// Starts fetching the rows of `batch` from the shards that hold them.
+    fn fetch_rows(&mut self, batch: &Dataset) -> Result<Fetching, WorkerError> {
+        let sparse = batch.sparse.as_ref().ok_or_else(|| {
+            WorkerError::Compute(
+                "the model has tables, but the training data has no categorical fields".into(),
+            )
+        })?;
+        let examples = self.examples(batch.len());
         let (keys, at): (Vec<Vec<u64>>, Vec<Vec<u32>>) = self
             .model
-            .batch_keys(&self.sparse, examples)
+            .batch_keys(sparse, &examples)
             .into_iter()
             .map(|b| (b.keys, b.at))
             .unzip();
         let dims: Vec<usize> = self.model.tables().tables.iter().map(|t| t.dim).collect();
         let mut clients = self.clients.clone();
         let (metrics, stop) = (self.metrics.clone(), self.stop.clone());
-        self.runtime.spawn(async move {
+        Ok(self.runtime.spawn(async move {
             // A fetch changes nothing, so a shard that is busy (a large
             // checkpoint holds its lock) or away is asked again, rather
             // than the replica restarting and reloading its data.
@@ -240,7 +253,7 @@ impl Keyed {
                 .map(|(((keys, at), &d), v)| TableRows::for_batch(d, BatchKeys { keys, at }, v))
                 .collect();
             Ok(Fetched { stamps, rows })
-        })
+        }))
     }
 
     /// Empty row sums for every table of one shard.

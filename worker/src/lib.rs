@@ -15,6 +15,7 @@ mod partitions;
 mod portions;
 mod replica;
 mod row_sums;
+mod stream;
 
 pub use error::WorkerError;
 pub use metrics::WorkerMetrics;

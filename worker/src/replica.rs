@@ -18,13 +18,14 @@ use tonic::transport::Channel;
 use crate::averaging::{LocalTraining, Lookahead};
 use crate::compute::{Compute, Model};
 use crate::error::WorkerError;
-use crate::feed::{Feed, FeedOptions};
+use crate::feed::{Examples, Feed, FeedOptions};
 use crate::keyed::{Keyed, KeyedOptions};
 use crate::link::{Link, Pushing};
 use crate::metrics::WorkerMetrics;
 use crate::network::Net;
 use crate::partitions::{GrpcExchange, PartitionOptions, serve};
 use crate::portions::PortionWorker;
+use crate::stream::{Reader, ReaderOptions};
 use distbelief_model::WideDeep;
 use distbelief_model::data;
 use distbelief_model::exchange::{ExchangeError, Mailbox};
@@ -236,23 +237,36 @@ pub async fn run_replica(
     };
 
     let spec = job.spec.data.clone();
-    let train = tokio::task::spawn_blocking(move || data::load(&spec, true))
+    let loaded = tokio::task::spawn_blocking(move || Loaded::read(&spec))
         .await
         .map_err(|e| WorkerError::Compute(e.to_string()))??;
     let mlp = Mlp::new(&job.layout);
-    train.check_fits("training data", job.data_inputs(), job.label_classes())?;
-    if train.is_empty() {
-        return Err(WorkerError::NoData {
-            replica: opts.replica,
-        });
-    }
-    let data_shards = data::data_shards(train.len(), job.data_shard_examples());
-    tracing::info!(
-        replica = opts.replica,
-        examples = train.len(),
-        data_shards,
-        "training data loaded"
-    );
+    let batch = match &loaded {
+        Loaded::Memory(train) => {
+            train.check_fits("training data", job.data_inputs(), job.label_classes())?;
+            if train.is_empty() {
+                return Err(WorkerError::NoData {
+                    replica: opts.replica,
+                });
+            }
+            tracing::info!(
+                replica = opts.replica,
+                examples = train.len(),
+                data_shards = data::data_shards(train.len(), job.data_shard_examples()),
+                "training data loaded"
+            );
+            (job.downpour.batch_size as usize).min(train.len()).max(1)
+        }
+        Loaded::Stream { source, .. } => {
+            tracing::info!(
+                replica = opts.replica,
+                files = source.files.len(),
+                data_shards = source.units.len(),
+                "training data streamed: each data shard is read when it is handed out"
+            );
+            (job.downpour.batch_size as usize).max(1)
+        }
+    };
 
     let incarnation = opts.incarnation.unwrap_or_else(start_time_incarnation);
     let part = match Part::start(&job, &opts, incarnation, &metrics).await? {
@@ -333,6 +347,38 @@ pub async fn run_replica(
     );
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Sandblaster's portions index the whole training set; Downpour's feed
+    // takes it (or streams it) a data shard at a time.
+    let (examples, whole) = match loaded {
+        Loaded::Memory(train) if job.sandblaster.is_some() => (
+            Examples::Memory {
+                train: data::Dataset::default(),
+                size: 1,
+            },
+            Some(train),
+        ),
+        Loaded::Memory(train) => (
+            Examples::Memory {
+                train,
+                size: job.data_shard_examples(),
+            },
+            None,
+        ),
+        Loaded::Stream { source, stats } => (
+            Examples::Stream(Reader::start(
+                ReaderOptions {
+                    spec: job.spec.data.clone(),
+                    stream: job.spec.data.stream.unwrap_or_default(),
+                    source,
+                    stats,
+                    batch,
+                    seed: job.downpour.seed,
+                },
+                format!("replica-{}-reader", opts.replica),
+            )?),
+            None,
+        ),
+    };
     let feed = Feed::new(FeedOptions {
         client: coordinator.client.clone(),
         addr: opts.coordinator.clone(),
@@ -342,8 +388,7 @@ pub async fn run_replica(
         partition: opts.partition.as_ref().map_or(0, |p| p.partition),
         patience: opts.coordinator_patience,
         seed: job.downpour.seed,
-        examples: train.len(),
-        data_shards,
+        examples,
         stop: stop.clone(),
     });
     let slowdown = if opts.backup_of.is_some() {
@@ -367,6 +412,11 @@ pub async fn run_replica(
         None => Net::Whole(mlp),
     };
     let compute = if let Some(sb) = &job.sandblaster {
+        let Some(train) = whole else {
+            return Err(WorkerError::Compute(
+                "Sandblaster's portions need the whole training set; spec.data.stream is refused with it".into(),
+            ));
+        };
         let worker = PortionWorker {
             net,
             base,
@@ -410,19 +460,11 @@ pub async fn run_replica(
         draining.clone_from(&links);
         let sync = job.downpour.synchronous.is_some();
         let period = job.downpour.averaging.map(|a| u64::from(a.period_steps));
-        let batch = (job.downpour.batch_size as usize).min(train.len()).max(1);
-        let mut train = train;
         let model = if job.tables.is_empty() {
-            Model::dense(net, batch, train.dim, threads)
+            Model::dense(net, batch, threads)
         } else {
-            let sparse = train.sparse.take().ok_or_else(|| {
-                WorkerError::Compute(
-                    "the model has tables, but the training data has no categorical fields".into(),
-                )
-            })?;
             let keyed = Keyed::new(
                 WideDeep::new(&job.layout, &job.tables),
-                sparse,
                 KeyedOptions {
                     clients: clients.clone(),
                     runtime: tokio::runtime::Handle::current(),
@@ -437,7 +479,6 @@ pub async fn run_replica(
         let ctx = Compute {
             model,
             base,
-            train,
             feed,
             links: links.clone(),
             progress: progress.clone(),
@@ -782,5 +823,27 @@ mod tests {
             !too_stale(at(7), Stamp::new(2, 3), Some(1)),
             "a link that has not yet seen the restore is not ahead"
         );
+    }
+}
+
+/// A replica's training data as read at its start: the whole set, or for a
+/// streamed job only the plan of its data shards and the statistics every
+/// role standardises by.
+enum Loaded {
+    Memory(data::Dataset),
+    Stream {
+        source: data::stream::Source,
+        stats: Vec<(f32, f32)>,
+    },
+}
+
+impl Loaded {
+    fn read(spec: &distbelief_api::DataSpec) -> Result<Loaded, data::DataError> {
+        if spec.stream.is_none() {
+            return Ok(Loaded::Memory(data::load(spec, true)?));
+        }
+        let source = data::stream::plan(spec, true)?;
+        let stats = data::stream::first_rows_stats(spec, &source)?;
+        Ok(Loaded::Stream { source, stats })
     }
 }

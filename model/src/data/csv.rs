@@ -141,7 +141,7 @@ fn standardized(raw: &[f32], dim: usize, stats: &Stats) -> Vec<f32> {
 }
 
 /// A file as a buffered stream, gunzipped when it starts with gzip's magic.
-fn open(path: &str) -> Result<Box<dyn BufRead>, DataError> {
+pub(super) fn open(path: &str) -> Result<Box<dyn BufRead>, DataError> {
     let io = |source| DataError::Io {
         path: path.to_string(),
         source,
@@ -181,99 +181,196 @@ pub fn parse_named(
     mut input: impl BufRead,
     mut row: impl FnMut(u32, &[f32], &[u64]),
 ) -> Result<EmptyCells, DataError> {
-    let format = |message: String| DataError::Format {
-        path: path.to_string(),
-        message,
-    };
     let io = |source| DataError::Io {
         path: path.to_string(),
         source,
     };
     let mut line = Vec::new();
-    let headerless = !spec.columns.is_empty();
-    // The first line that is not blank: the header, or a file without
-    // one's first row. Its tabs, if any, say how cells are separated.
-    let mut n = 0usize;
+    let Some(n) = first_line(&mut input, &mut line).map_err(io)? else {
+        return Err(Layout::no_first_line(path, spec));
+    };
+    let mut layout = Layout::new(path, spec, &line)?;
+    // A file without a header has its first row in `line` already.
+    if layout.headerless {
+        layout.row(&line, Pos::Line(n), &mut row)?;
+    }
+    let mut n = n;
     loop {
         line.clear();
         if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
-            return Err(format(if headerless {
-                "has no rows".into()
-            } else {
-                "is empty; a header line naming the columns comes first".into()
-            }));
-        }
-        n += 1;
-        if !end_of_line(&line).trim_ascii().is_empty() {
             break;
         }
+        n += 1;
+        layout.row(&line, Pos::Line(n), &mut row)?;
     }
-    let sep = if end_of_line(&line).trim_ascii().contains(&b'\t') {
-        b'\t'
-    } else {
-        b','
-    };
-    let header;
-    let names: Vec<&str> = if headerless {
-        spec.columns.iter().map(String::as_str).collect()
-    } else {
-        header = std::str::from_utf8(end_of_line(&line))
-            .map_err(|_| format("the header is not UTF-8 text".into()))?;
-        header.split(char::from(sep)).map(str::trim).collect()
-    };
-    let column = |name: &str| {
-        names.iter().position(|n| *n == name).ok_or_else(|| {
-            format(format!(
-                "has no column {name:?}; {} {}",
-                if headerless {
-                    "spec.data.columns names"
-                } else {
-                    "its header names"
-                },
-                names.join(", ")
-            ))
-        })
-    };
-    let mut roles = vec![Role::Unused; names.len()];
-    roles[column(spec.label.as_deref().unwrap_or_default())?] = Role::Label;
-    for (j, c) in spec.numeric.iter().enumerate() {
-        roles[column(c)?] = Role::Numeric(j);
+    if layout.rows == 0 {
+        return Err(layout.bad("has no rows".into()));
     }
-    for (f, c) in spec.categorical.iter().enumerate() {
-        roles[column(c)?] = Role::Categorical(f as u32);
-    }
-    let positive = spec.positive_label.as_deref().map(str::as_bytes);
-    let mut numeric = vec![f32::NAN; spec.numeric.len()];
-    let mut keys = vec![0u64; spec.categorical.len()];
-    let (mut empty_numeric, mut empty_categorical) = (
-        vec![0u64; spec.numeric.len()],
-        vec![0u64; spec.categorical.len()],
-    );
-    let mut rows = 0u64;
-    // A file without a header has its first row in `line` already.
-    let mut pending = headerless;
+    Ok(layout.empty_cells())
+}
+
+/// Reads lines into `line` up to the first that is not blank: the header,
+/// or a file without one's first row. Its 1-based line number, or None at
+/// the end of the input.
+pub(super) fn first_line(
+    input: &mut impl BufRead,
+    line: &mut Vec<u8>,
+) -> std::io::Result<Option<usize>> {
+    let mut n = 0;
     loop {
-        if !pending {
-            line.clear();
-            if input.read_until(b'\n', &mut line).map_err(io)? == 0 {
-                break;
-            }
-            n += 1;
+        line.clear();
+        if input.read_until(b'\n', line)? == 0 {
+            return Ok(None);
         }
-        pending = false;
+        n += 1;
+        if !end_of_line(line).trim_ascii().is_empty() {
+            return Ok(Some(n));
+        }
+    }
+}
+
+/// Where a row is, for errors: a line number when the file is read from
+/// its start, a byte offset in a data shard that starts mid-file.
+#[derive(Clone, Copy)]
+pub(super) enum Pos {
+    Line(usize),
+    Byte(u64),
+}
+
+impl std::fmt::Display for Pos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pos::Line(n) => write!(f, "line {n}"),
+            Pos::Byte(b) => write!(f, "the line at byte {b}"),
+        }
+    }
+}
+
+/// A named file's columns, by its header or `spec.data.columns`, and what
+/// its rows have held so far.
+pub(super) struct Layout<'a> {
+    path: &'a str,
+    spec: &'a DataSpec,
+    pub headerless: bool,
+    sep: u8,
+    roles: Vec<Role>,
+    numeric: Vec<f32>,
+    keys: Vec<u64>,
+    empty_numeric: Vec<u64>,
+    empty_categorical: Vec<u64>,
+    pub rows: u64,
+}
+
+impl<'a> Layout<'a> {
+    /// The error for a file with nothing but blank lines.
+    pub fn no_first_line(path: &str, spec: &DataSpec) -> DataError {
+        DataError::Format {
+            path: path.to_string(),
+            message: if spec.columns.is_empty() {
+                "is empty; a header line naming the columns comes first".into()
+            } else {
+                "has no rows".into()
+            },
+        }
+    }
+
+    /// The layout of a file whose first non-blank line is `first`: its
+    /// tabs, if any, say how cells are separated.
+    pub fn new(path: &'a str, spec: &'a DataSpec, first: &[u8]) -> Result<Self, DataError> {
+        let format = |message: String| DataError::Format {
+            path: path.to_string(),
+            message,
+        };
+        let headerless = !spec.columns.is_empty();
+        // A tab inside the line says tabs; so do trailing tabs on a line
+        // with no comma (a first row whose last cells are empty), but not
+        // on a comma header that ends in one.
+        let line = end_of_line(first);
+        let tabs = line.trim_ascii().contains(&b'\t')
+            || (line.contains(&b'\t') && !line.contains(&b','));
+        let sep = if tabs {
+            b'\t'
+        } else {
+            b','
+        };
+        let header;
+        let names: Vec<&str> = if headerless {
+            spec.columns.iter().map(String::as_str).collect()
+        } else {
+            header = std::str::from_utf8(end_of_line(first))
+                .map_err(|_| format("the header is not UTF-8 text".into()))?;
+            header.split(char::from(sep)).map(str::trim).collect()
+        };
+        let column = |name: &str| {
+            names.iter().position(|n| *n == name).ok_or_else(|| {
+                format(format!(
+                    "has no column {name:?}; {} {}",
+                    if headerless {
+                        "spec.data.columns names"
+                    } else {
+                        "its header names"
+                    },
+                    names.join(", ")
+                ))
+            })
+        };
+        let mut roles = vec![Role::Unused; names.len()];
+        roles[column(spec.label.as_deref().unwrap_or_default())?] = Role::Label;
+        for (j, c) in spec.numeric.iter().enumerate() {
+            roles[column(c)?] = Role::Numeric(j);
+        }
+        for (f, c) in spec.categorical.iter().enumerate() {
+            roles[column(c)?] = Role::Categorical(f as u32);
+        }
+        Ok(Layout {
+            path,
+            spec,
+            headerless,
+            sep,
+            roles,
+            numeric: vec![f32::NAN; spec.numeric.len()],
+            keys: vec![0u64; spec.categorical.len()],
+            empty_numeric: vec![0u64; spec.numeric.len()],
+            empty_categorical: vec![0u64; spec.categorical.len()],
+            rows: 0,
+        })
+    }
+
+    fn bad(&self, message: String) -> DataError {
+        DataError::Format {
+            path: self.path.to_string(),
+            message,
+        }
+    }
+
+    /// Parses one line (with its end, if any) at `at` and hands its row
+    /// to `row`. A blank line is no row.
+    pub fn row(
+        &mut self,
+        line: &[u8],
+        at: Pos,
+        row: &mut impl FnMut(u32, &[f32], &[u64]),
+    ) -> Result<(), DataError> {
+        let sep = self.sep;
         // Only the line's end goes: an empty last cell is a cell, and a
         // line of separators is a row (whose empty label is refused).
-        let text = end_of_line(&line);
+        let text = end_of_line(line);
         if text.iter().all(|&b| b.is_ascii_whitespace() && b != sep) {
-            continue;
+            return Ok(());
         }
-        let at = n;
-        let bad = |message: String| format(format!("line {at}: {message}"));
+        let path = self.path;
+        let bad = |message: String| DataError::Format {
+            path: path.to_string(),
+            message: format!("{at}: {message}"),
+        };
+        let positive = self.spec.positive_label.as_deref().map(str::as_bytes);
         let mut label = None;
         let mut cells = 0;
         for (i, cell) in text.split(|&b| b == sep).enumerate() {
             cells = i + 1;
-            let Some(role) = roles.get(i) else { continue };
+            let Some(role) = self.roles.get(i) else {
+                continue;
+            };
             let cell = trim(cell);
             match *role {
                 Role::Label if cell.is_empty() => {
@@ -295,8 +392,8 @@ pub fn parse_named(
                     })
                 }
                 Role::Numeric(j) => {
-                    numeric[j] = if cell.is_empty() {
-                        empty_numeric[j] += 1;
+                    self.numeric[j] = if cell.is_empty() {
+                        self.empty_numeric[j] += 1;
                         f32::NAN
                     } else {
                         std::str::from_utf8(cell)
@@ -306,7 +403,7 @@ pub fn parse_named(
                             .ok_or_else(|| {
                                 bad(format!(
                                     "column {:?} holds {:?}, not a finite number",
-                                    spec.numeric[j],
+                                    self.spec.numeric[j],
                                     String::from_utf8_lossy(cell)
                                 ))
                             })?
@@ -314,41 +411,43 @@ pub fn parse_named(
                 }
                 Role::Categorical(f) => {
                     if cell.is_empty() {
-                        empty_categorical[f as usize] += 1;
+                        self.empty_categorical[f as usize] += 1;
                     }
-                    keys[f as usize] = key_of(f, cell);
+                    self.keys[f as usize] = key_of(f, cell);
                 }
                 Role::Unused => {}
             }
         }
-        if cells != roles.len() {
+        if cells != self.roles.len() {
             return Err(bad(format!(
                 "has {cells} columns, {} {}",
-                if headerless {
+                if self.headerless {
                     "spec.data.columns names"
                 } else {
                     "the header"
                 },
-                roles.len()
+                self.roles.len()
             )));
         }
-        row(label.unwrap_or_default(), &numeric, &keys);
-        rows += 1;
+        row(label.unwrap_or_default(), &self.numeric, &self.keys);
+        self.rows += 1;
+        Ok(())
     }
-    if rows == 0 {
-        return Err(format("has no rows".into()));
+
+    /// Empty cells per column the job reads, so far.
+    pub fn empty_cells(&self) -> EmptyCells {
+        let s = self.spec;
+        s.numeric
+            .iter()
+            .zip(&self.empty_numeric)
+            .chain(s.categorical.iter().zip(&self.empty_categorical))
+            .map(|(c, &n)| (c.clone(), n))
+            .collect()
     }
-    Ok(spec
-        .numeric
-        .iter()
-        .zip(empty_numeric)
-        .chain(spec.categorical.iter().zip(empty_categorical))
-        .map(|(c, n)| (c.clone(), n))
-        .collect())
 }
 
 /// A line without its end (`\n` or `\r\n`).
-fn end_of_line(b: &[u8]) -> &[u8] {
+pub(super) fn end_of_line(b: &[u8]) -> &[u8] {
     let b = b.strip_suffix(b"\n").unwrap_or(b);
     b.strip_suffix(b"\r").unwrap_or(b)
 }

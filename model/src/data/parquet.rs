@@ -65,15 +65,51 @@ fn load_with(spec: &DataSpec, train: bool, test: Option<&str>) -> Result<Dataset
 }
 
 fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
-    let format = |message: String| DataError::Format {
-        path: path.to_string(),
-        message,
+    let reader = open(path)?;
+    // The file's own row count sizes nothing beyond a bound: a damaged or
+    // hostile footer could claim any number.
+    let rows = (reader.metadata().file_metadata().num_rows().max(0) as usize).min(1 << 20);
+    let mut out = Rows {
+        labels: Vec::with_capacity(rows),
+        numeric: Vec::with_capacity(rows * spec.numeric.len()),
+        sparse: SparseFeatures::new(spec.categorical.len()),
     };
+    for_each_row(spec, path, &reader, None, &mut |y, numeric, keys| {
+        out.labels.push(y);
+        out.numeric.extend_from_slice(numeric);
+        for k in keys {
+            out.sparse.push_field(std::slice::from_ref(k), None);
+        }
+    })?;
+    Ok(out)
+}
+
+/// A Parquet file's reader; `path` names it in errors.
+pub(super) fn open(path: &str) -> Result<SerializedFileReader<File>, DataError> {
     let file = File::open(path).map_err(|source| DataError::Io {
         path: path.to_string(),
         source,
     })?;
-    let reader = SerializedFileReader::new(file).map_err(|e| format(e.to_string()))?;
+    SerializedFileReader::new(file).map_err(|e| DataError::Format {
+        path: path.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Hands each row of `reader` (of row group `group` only, when given) to
+/// `row`: its label, numeric values and categorical keys. Errors name the
+/// row, counted from the start of the file.
+pub(super) fn for_each_row(
+    spec: &DataSpec,
+    path: &str,
+    reader: &SerializedFileReader<File>,
+    group: Option<usize>,
+    row: &mut dyn FnMut(u32, &[f32], &[u64]),
+) -> Result<(), DataError> {
+    let format = |message: String| DataError::Format {
+        path: path.to_string(),
+        message,
+    };
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let names: Vec<String> = schema
         .columns()
@@ -99,21 +135,36 @@ fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
         .iter()
         .map(|c| column(c))
         .collect::<Result<_, _>>()?;
-    // The file's own row count sizes nothing beyond a bound: a damaged or
-    // hostile footer could claim any number.
-    let rows = (reader.metadata().file_metadata().num_rows().max(0) as usize).min(1 << 20);
-    let mut out = Rows {
-        labels: Vec::with_capacity(rows),
-        numeric: Vec::with_capacity(rows * numeric.len()),
-        sparse: SparseFeatures::new(categorical.len()),
+    let groups = reader.metadata().row_groups();
+    let (first, group) = match group {
+        None => (0, None),
+        Some(g) => {
+            if g >= groups.len() {
+                return Err(format(format!(
+                    "has {} row groups, not {}: did the file change since the job started?",
+                    groups.len(),
+                    g + 1
+                )));
+            }
+            let first: i64 = groups[..g].iter().map(|m| m.num_rows()).sum();
+            let group = reader
+                .get_row_group(g)
+                .map_err(|e| format(format!("row group {g}: {e}")))?;
+            (first.max(0) as usize, Some(group))
+        }
     };
-    let iter = reader
-        .get_row_iter(None)
-        .map_err(|e| format(e.to_string()))?;
+    let iter = match &group {
+        Some(g) => g.get_row_iter(None),
+        None => reader.get_row_iter(None),
+    };
+    let iter = iter.map_err(|e| format(e.to_string()))?;
     let mut value = Vec::new();
-    for (n, row) in iter.enumerate() {
-        let row = row.map_err(|e| format(format!("row {n}: {e}")))?;
-        let fields: Vec<&Field> = row.get_column_iter().map(|(_, f)| f).collect();
+    let mut values = vec![0f32; numeric.len()];
+    let mut keys = vec![0u64; categorical.len()];
+    for (k, r) in iter.enumerate() {
+        let n = first + k;
+        let r = r.map_err(|e| format(format!("row {n}: {e}")))?;
+        let fields: Vec<&Field> = r.get_column_iter().map(|(_, f)| f).collect();
         let at = |c: usize| fields.get(c).copied().unwrap_or(&Field::Null);
         let y = match (&spec.positive_label, at(label)) {
             (Some(p), f) => {
@@ -129,22 +180,21 @@ fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
                 }
             },
         };
-        out.labels.push(y);
-        for (&c, name) in numeric.iter().zip(&spec.numeric) {
-            let v = number_of(at(c)).filter(|v| v.is_finite()).ok_or_else(|| {
+        for ((v, &c), name) in values.iter_mut().zip(&numeric).zip(&spec.numeric) {
+            *v = number_of(at(c)).filter(|v| v.is_finite()).ok_or_else(|| {
                 format(format!(
                     "row {n}: column {name:?} holds {}, not a finite number",
                     at(c)
                 ))
-            })?;
-            out.numeric.push(v as f32);
+            })? as f32;
         }
-        for (f, &c) in categorical.iter().enumerate() {
+        for ((key, &c), f) in keys.iter_mut().zip(&categorical).zip(0u32..) {
             text_of(at(c), &mut value);
-            out.sparse.push_field(&[key_of(f as u32, &value)], None);
+            *key = key_of(f, &value);
         }
+        row(y, &values, &keys);
     }
-    Ok(out)
+    Ok(())
 }
 
 fn number_of(f: &Field) -> Option<f64> {
