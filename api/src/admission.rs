@@ -228,11 +228,6 @@ pub const RULES: &[AdmissionRule] = &[
         MSG_STREAM_SANDBLASTER,
     ),
     spec(
-        "spec.data.trainLimit",
-        "!has(self.data.stream) || !has(self.data.trainLimit)",
-        MSG_STREAM_TRAIN_LIMIT,
-    ),
-    spec(
         "spec.data.stream.shuffleBuffer",
         "!has(self.data.stream) || !has(self.data.stream.shuffleBuffer) || self.data.stream.shuffleBuffer >= 1",
         MSG_AT_LEAST_1,
@@ -251,6 +246,11 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.data.trainLimit",
         "!has(self.data.trainLimit) || self.data.trainLimit >= 1",
         "must be at least 1 when set",
+    ),
+    spec(
+        "spec.data.trainLimit",
+        "!has(self.data.stream) || !has(self.data.trainLimit)",
+        MSG_STREAM_TRAIN_LIMIT,
     ),
     spec(
         "spec.data.testLimit",
