@@ -1401,6 +1401,94 @@ fn criteo_s_own_layout_trains_with_no_header_and_empty_cells() {
     assert_eq!(empty.as_object().map(|o| o.len()), Some(39), "{empty}");
 }
 
+/// A streamed job (spec.data.stream) reads its training data as part
+/// files, named by a directory or a glob, a data shard at a time: Parquet
+/// row groups, whole gzip files, byte ranges of plain text files. Each
+/// makes exactly the data shards its layout promises, every data shard is
+/// trained in the epoch, and the model learns as the in-memory path's does.
+#[test]
+fn a_streamed_job_trains_on_part_files_a_data_shard_at_a_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/synthetic-ctr.yaml"),
+    )
+    .expect("the example");
+    // (format, parts, how the job names the training files)
+    for (format, parts, glob) in [("parquet", 3, false), ("tsv.gz", 4, true), ("tsv", 2, false)] {
+        let data = dir.path().join(format.replace('.', "-"));
+        let out = Command::new(EXE)
+            .args(["data", "synth-ctr", "--out", data.to_str().unwrap()])
+            .args(["--rows", "60000", "--test-rows", "5000", "--vocab", "5000"])
+            .args(["--format", format, "--parts", &parts.to_string()])
+            .args(["--row-group-rows", "8192"])
+            .output()
+            .expect("distbelief data synth-ctr runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let files: Vec<PathBuf> = std::fs::read_dir(data.join("train"))
+            .expect("the part files")
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), parts, "{files:?}");
+        let range_bytes: u64 = 1 << 20;
+        let data_shards: u64 = match format {
+            // 60,000 rows in whole 16,384-row blocks: 3 parts of 1, 1 and 2
+            // blocks, in row groups of 8,192.
+            "parquet" => 2 + 2 + 4,
+            "tsv.gz" => parts as u64,
+            _ => files
+                .iter()
+                .map(|f| f.metadata().unwrap().len().div_ceil(range_bytes))
+                .sum(),
+        };
+        let train = if glob {
+            format!("{}/part-*.{format}", data.join("train").display())
+        } else {
+            data.join("train").display().to_string()
+        };
+        let test = data.join(format!("test.{format}")).display().to_string();
+        let (train_key, test_key, fmt) = if format == "parquet" {
+            ("trainFile", "testFile", "parquet")
+        } else {
+            ("trainCsv", "testCsv", "csv")
+        };
+        let yaml = example
+            .replace(
+                "trainCsv: /usr/local/share/datasets/synthetic-ctr/train.tsv",
+                &format!("{train_key}: {train:?}"),
+            )
+            .replace(
+                "testCsv: /usr/local/share/datasets/synthetic-ctr/test.tsv",
+                &format!("{test_key}: {test:?}\n    stream: {{rangeBytes: {range_bytes}, shuffleBuffer: 4096}}"),
+            )
+            .replace("format: csv", &format!("format: {fmt}"))
+            // Past the steep start, so that the model saved after the
+            // last evaluation scores as that evaluation did.
+            .replace("maxEpochs: 1", "maxEpochs: 3")
+            .replace("name: synthetic-ctr", "name: streamed-ctr");
+        let mut run = Run::start_with(yaml, &[]);
+        let s = run.finish(Duration::from_secs(300));
+        assert_eq!(s["stop_reason"], "max_epochs", "{format}: {s}");
+        let shards = &s["data_shards"];
+        assert_eq!(shards["per_epoch"], data_shards, "{format}: {s}");
+        assert!(
+            shards["trained"].as_u64().unwrap() >= data_shards,
+            "{format}: {s}"
+        );
+        let auc = s["final_test_auc"].as_f64().expect("AUC");
+        assert!(auc > 0.7, "{format}: AUC {auc}: {s}");
+        let logs = std::fs::read_to_string(run.run_dir().join("logs/worker-0.log"))
+            .expect("replica 0's log");
+        assert!(
+            logs.contains("training data streamed"),
+            "{format}: replica 0 loaded its data whole: {logs}"
+        );
+    }
+}
+
 /// The coordinator's TensorBoard event files, read back with TensorBoard's
 /// own reader (installed by scripts/setup.sh), hold every scalar: the test
 /// accuracy of every evaluation at the examples its parameters had seen,
