@@ -8,7 +8,9 @@
 //!
 //! `--configs examples` runs the shipped sparse examples instead (see
 //! `examples.rs`), and `--configs table` a shard table's rows per second
-//! on one core against the memory-bound ceiling (`table.rs`).
+//! on one core against the memory-bound ceiling (`table.rs`), and
+//! `--configs stream` the example on the same rows read whole and streamed
+//! from part files (`stream.rs`).
 //!
 //! Every configuration trains the same number of examples, so AUCs compare
 //! at equal examples. It prints JSON: each run's figures, and the ratios and
@@ -26,6 +28,7 @@ use distbelief_bench_downpour::local_sparse;
 use serde_json::{Value, json};
 
 mod examples;
+mod stream;
 mod table;
 
 #[derive(Parser)]
@@ -53,7 +56,8 @@ struct Args {
     #[arg(long, default_value_t = 4_000_000)]
     examples: u64,
     /// The configurations to run, by letter; `examples` runs the shipped
-    /// sparse examples as they ship instead, `table` the table core alone.
+    /// sparse examples as they ship instead, `table` the table core alone,
+    /// `stream` streamed input against the whole file in memory.
     #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d"])]
     configs: Vec<String>,
     /// `table`: rows in the table (the CTR example's 2.7M keys by default).
@@ -92,6 +96,10 @@ fn main() -> anyhow::Result<()> {
             seconds: 3.0,
         };
         report["table"] = bench.run();
+        return finish(&report, args.out.as_deref());
+    }
+    if run("stream") {
+        report["stream"] = stream::run(&exe, &base, &args.dir.join("stream"), args.rows)?;
         return finish(&report, args.out.as_deref());
     }
     if run("examples") {
@@ -272,16 +280,26 @@ fn distributed(
 /// Per shard process in the run's processes.tsv: its resident memory when
 /// first seen and when last seen, until `done`.
 fn sample_shards(run_dir: &Path, done: &AtomicBool) -> Vec<(f64, f64)> {
+    sample(run_dir, "ps", "VmRSS:", done)
+}
+
+/// Per process of `role` in the run's processes.tsv: `field` of its
+/// /proc status (`VmRSS:`, or `VmHWM:`, the peak so far) when first seen
+/// and when last seen, until `done`.
+pub(crate) fn sample(run_dir: &Path, role: &str, field: &str, done: &AtomicBool) -> Vec<(f64, f64)> {
     let mut seen: Vec<(u32, f64, f64)> = Vec::new();
     while !done.load(Ordering::Relaxed) {
         let table = std::fs::read_to_string(run_dir.join("processes.tsv")).unwrap_or_default();
         for line in table.lines().skip(1) {
             let cols: Vec<&str> = line.split('\t').collect();
-            let (Some(&"ps"), Some(pid)) = (cols.first(), cols.get(2).and_then(|p| p.parse().ok()))
+            let (Some(&r), Some(pid)) = (cols.first(), cols.get(2).and_then(|p| p.parse().ok()))
             else {
                 continue;
             };
-            let Some(rss) = rss_bytes(pid) else { continue };
+            if r != role {
+                continue;
+            }
+            let Some(rss) = status_bytes(pid, field) else { continue };
             match seen.iter_mut().find(|s| s.0 == pid) {
                 Some(s) => s.2 = rss,
                 None => seen.push((pid, rss, rss)),
@@ -294,11 +312,11 @@ fn sample_shards(run_dir: &Path, done: &AtomicBool) -> Vec<(f64, f64)> {
         .collect()
 }
 
-fn rss_bytes(pid: u32) -> Option<f64> {
+fn status_bytes(pid: u32, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
+        .find(|l| l.starts_with(field))?
         .split_whitespace()
         .nth(1)?
         .parse()
