@@ -3,9 +3,9 @@
 
 use std::io::Write;
 
-use distbelief_api::DataSpec;
+use distbelief_api::{DataSpec, StreamSpec};
 use distbelief_model::data::{
-    Dataset, decompress, parse_csv, parse_idx, parse_idx_pair, parse_named,
+    Dataset, EmptyCells, decompress, parse_csv, parse_idx, parse_idx_pair, parse_named, stream,
 };
 
 /// One idx file, then the first two bytes split the rest into an images
@@ -79,20 +79,14 @@ pub fn csv(data: &[u8]) {
 /// `c`), named by a header or, when the text starts with a label (0 or
 /// 1), by the spec (Criteo's headerless layout, [`named_spec`]): every row read has a 0/1 label, one
 /// finite or missing (NaN) number and one key, no column has more empty
-/// cells than there are rows, and the same text read twice gives the same
-/// rows.
+/// cells than there are rows, the same text read twice gives the same
+/// rows, and so does the text cut into byte ranges, as a streamed job reads it.
 pub fn named_csv(data: &[u8]) {
     let spec = named_spec(data);
     let read = || {
         let mut rows = Vec::new();
-        parse_named("fuzz.csv", &spec, data, |y, x, k| {
-            rows.push((
-                y,
-                x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                k.to_vec(),
-            ))
-        })
-        .map(|empty| (rows, empty))
+        parse_named("fuzz.csv", &spec, data, |y, x, k| rows.push(named_row(y, x, k)))
+            .map(|empty| (rows, empty))
     };
     let Ok((rows, empty)) = read() else {
         return;
@@ -112,7 +106,51 @@ pub fn named_csv(data: &[u8]) {
             rows.len()
         );
     }
-    assert_eq!(read().ok(), Some((rows, empty)));
+    assert_eq!(read().ok(), Some((rows.clone(), empty.clone())));
+    same_by_ranges(data, spec, &rows, &empty);
+}
+
+/// The same text as a file cut into byte ranges (streamed data shards, of
+/// 1 to 64 bytes by the first byte) reads the same rows, in order, and the
+/// same empty cells.
+fn same_by_ranges(data: &[u8], mut spec: DataSpec, rows: &[NamedRow], empty: &EmptyCells) {
+    // A gzip file is one data shard, read as a whole file is.
+    if data.starts_with(&[0x1f, 0x8b]) {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("distbelief-fuzz-ranges-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let path = dir.join("ranges.csv");
+    std::fs::write(&path, data).expect("a temporary file");
+    let path = path.to_string_lossy().into_owned();
+    spec.train_csv = Some(path.clone());
+    spec.stream = Some(StreamSpec {
+        range_bytes: 1 + u64::from(data[0] % 64),
+        ..StreamSpec::default()
+    });
+    let source = stream::plan(&spec, true).expect("the file just written");
+    let mut by_ranges = Vec::new();
+    let mut cells: EmptyCells = Vec::new();
+    for k in 0..source.units.len() {
+        let got = stream::read_unit(&spec, &source, k, &mut |y, x, c| {
+            by_ranges.push(named_row(y, x, c))
+        })
+        .unwrap_or_else(|e| panic!("a range of a file read whole fails: {e}"));
+        if cells.is_empty() {
+            cells = got;
+        } else {
+            cells.iter_mut().zip(got).for_each(|(a, b)| a.1 += b.1);
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(by_ranges, rows, "{} ranges", source.units.len());
+    assert_eq!(&cells, empty);
+}
+
+type NamedRow = (u32, Vec<u32>, Vec<u64>);
+
+fn named_row(y: u32, x: &[f32], k: &[u64]) -> NamedRow {
+    (y, x.iter().map(|v| v.to_bits()).collect(), k.to_vec())
 }
 
 /// The spec [`named_csv`] reads `data` with: label `y`, numeric `a`,

@@ -9,6 +9,7 @@ use distbelief_api::{DataFormat, DataSpec};
 
 mod csv;
 mod parquet;
+mod parquet_columns;
 mod sparse;
 mod standardize;
 pub mod stream;

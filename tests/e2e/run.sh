@@ -864,6 +864,85 @@ pvc_wrong_path() {
   "${KUBECTL[@]}" delete -n "$JOB_NS" job/fill-fashion-mnist pvc/fashion-mnist --wait=false >/dev/null 2>&1 || true
 }
 
+# Streamed input (spec.data.stream): a Job on the image writes 2 million
+# rows of the synthetic CTR set as 8 Parquet part files (row groups of
+# 65,536 rows) onto a claim, and the CTR example, on the image without
+# data, trains one epoch from the claim with each replica limited to
+# 200 MiB: read whole, the training set would take about 530 MB in every
+# replica. The job must succeed with no replica restarted (an OOM kill is a
+# restart) and every row group counted as a data shard.
+STREAMED=streamed-ctr
+streamed_ctr() {
+  local name=$STREAMED auc shards oom
+  python3 - "examples/$CTR.yaml" "$work/streamed.yaml" "$name" "$IMAGE_REPO:$IMAGE_TAG" "$NODATA_IMAGE" <<'PY' || { echo "could not derive $name"; return 1; }
+import json, sys
+src, dst, name, image, nodata = sys.argv[1:]
+s = open(src).read()
+mount = lambda main, extra: json.dumps({"spec": {
+    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "ctr-parts", "readOnly": True}}],
+    "containers": [dict({"name": main, "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}, **extra)],
+}})
+for old, new in [
+    ("  name: synthetic-ctr\nspec:\n", f"  name: {name}\nspec:\n  image: {nodata}\n"),
+    ("    format: csv\n", "    format: parquet\n"),
+    ("    trainCsv: /usr/local/share/datasets/synthetic-ctr/train.tsv\n", "    trainFile: /data/train\n"),
+    ("    testCsv: /usr/local/share/datasets/synthetic-ctr/test.tsv\n",
+     "    testFile: /data/test.parquet\n    stream: {}\n"),
+    ("  replicas:\n    count: 2\n",
+     "  replicas:\n    count: 2\n    template: " + mount("replica", {"resources": {"limits": {"memory": "200Mi"}}}) + "\n"
+     "  coordinator:\n    template: " + mount("coordinator", {}) + "\n"),
+]:
+    if old not in s:
+        sys.exit(f"no {old!r} in {src}")
+    s = s.replace(old, new, 1)
+fill = f"""apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: ctr-parts}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 1Gi}}}}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {{name: fill-ctr-parts}}
+spec:
+  backoffLimit: 3
+  template:
+    spec:
+      restartPolicy: OnFailure
+      securityContext: {{runAsNonRoot: true, runAsUser: 65532, fsGroup: 65532}}
+      containers:
+        - name: fill
+          image: {image}
+          args: [data, synth-ctr, --out, /fill, --rows, "2000000", --test-rows, "20000", --vocab, "200000",
+                 --format, parquet, --parts, "8"]
+          volumeMounts: [{{name: data, mountPath: /fill}}]
+      volumes: [{{name: data, persistentVolumeClaim: {{claimName: ctr-parts}}}}]
+---
+"""
+open(dst, "w").write(fill + s)
+PY
+  "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/streamed.yaml" >/dev/null || return 1
+  log "applied claim ctr-parts, Job fill-ctr-parts and $JOB_NS/$name (streamed, replicas limited to 200Mi)"
+  "${KUBECTL[@]}" wait -n "$JOB_NS" --for=condition=complete job/fill-ctr-parts --timeout=240s >/dev/null ||
+    { echo "the fill Job did not complete"; "${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-ctr-parts 2>&1 | tail -n 5; return 1; }
+  log "fill-ctr-parts: $("${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-ctr-parts 2>/dev/null | tail -n 1)"
+  job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
+  auc=$(jp "dbj/$name" '{.status.progress.bestTestAuc}')
+  shards=$(jp "dbj/$name" '{.status.progress.dataShards.perEpoch}')
+  oom=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name,distbelief.dev/role=replica" \
+    -o 'jsonpath={range .items[*]}{.status.containerStatuses[*].lastState.terminated.reason}{" "}{end}' 2>/dev/null)
+  log "$name: final phase $J_PHASE, bestTestAuc ${auc:--}, data shards per epoch ${shards:--}, replica restarts ${J_RESTARTS:-0}, replica containers' last termination: ${oom:-none}"
+  [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
+  ge "$auc" 0.75 || { echo "$name: .status.progress.bestTestAuc '${auc}' < 0.75"; return 1; }
+  [ "${J_RESTARTS:-0}" = 0 ] || { echo "$name: $J_RESTARTS replica restarts (OOM kills?): ${oom:-}"; return 1; }
+  case "$oom" in *OOMKilled*) echo "$name: a replica was OOM-killed"; return 1 ;; esac
+  # 2,000,000 rows in 8 parts of 15 or 16 whole 16,384-row blocks: 4 row groups of up to 65,536 each.
+  [ "$shards" = 32 ] || { echo "$name: $shards data shards per epoch, expected 32 row groups"; return 1; }
+  "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
+  "${KUBECTL[@]}" delete -n "$JOB_NS" job/fill-ctr-parts pvc/ctr-parts --wait=false >/dev/null 2>&1 || true
+}
+
 # Model parallelism: the example's replica split into 2 partition pods that
 # find each other through the job's headless partitions Service; on a
 # smaller data set it must succeed at 0.8.
@@ -1427,9 +1506,11 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
       else
         skip "$PVC_JOB with a wrong data path (the claim was not filled)"
       fi
+      step "$STREAMED: 8 Parquet part files on a claim, streamed by replicas limited to 200Mi (whole, the set takes about 530 MB), reach Succeeded with bestTestAuc >= 0.75, no replica restarted" streamed_ctr
     else
       skip "$TEMPLATED (its sidecar is the kit's pause image)"
       skip "$PVC_EXAMPLE (the image without data is built on the kit only)"
+      skip "$STREAMED (the image without data is built on the kit only)"
     fi
     step "$ADULT (tables on the shards) reaches Succeeded with bestTestAuc >= 0.90 in status.progress" adult
     step "$CTR (Criteo layout, tab-separated with named columns) reaches Succeeded with bestTestAuc >= 0.78" synthetic_ctr

@@ -136,6 +136,7 @@ pub(super) fn for_each_row(
         .map(|c| column(c))
         .collect::<Result<_, _>>()?;
     let groups = reader.metadata().row_groups();
+    let only_group = group;
     let (first, group) = match group {
         None => (0, None),
         Some(g) => {
@@ -153,6 +154,11 @@ pub(super) fn for_each_row(
             (first.max(0) as usize, Some(group))
         }
     };
+    if let (Some(_), Some(g)) = (&group, only_group)
+        && super::parquet_columns::for_each_row(spec, path, reader, g, first, row)?
+    {
+        return Ok(());
+    }
     let iter = match &group {
         Some(g) => g.get_row_iter(None),
         None => reader.get_row_iter(None),

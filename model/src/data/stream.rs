@@ -197,7 +197,10 @@ fn read_range(
         return Err(Layout::no_first_line(path, spec));
     };
     let mut layout = Layout::new(path, spec, &line)?;
-    let mut at = f.stream_position().map_err(io)?;
+    // Rows start after the first non-blank line, which is the first
+    // range's (a header, or a row) wherever the ranges cut.
+    let rows_from = f.stream_position().map_err(io)?;
+    let mut at = rows_from;
     if start == 0 {
         if layout.headerless {
             layout.row(&line, Pos::Line(n), row)?;
@@ -208,6 +211,10 @@ fn read_range(
         f.seek(SeekFrom::Start(start - 1)).map_err(io)?;
         line.clear();
         at = start - 1 + f.read_until(b'\n', &mut line).map_err(io)? as u64;
+        if at < rows_from {
+            f.seek(SeekFrom::Start(rows_from)).map_err(io)?;
+            at = rows_from;
+        }
     }
     while at < end {
         line.clear();
