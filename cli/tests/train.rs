@@ -1255,6 +1255,21 @@ fn max_epochs_stops_the_job_between_evaluations() {
     );
 }
 
+/// `distbelief data synth-ctr --out <out> <args>`, which must succeed; its stdout.
+fn synth_ctr(out: &Path, args: &[&str]) -> String {
+    let run = Command::new(EXE)
+        .args(["data", "synth-ctr", "--out", out.to_str().unwrap()])
+        .args(args)
+        .output()
+        .expect("distbelief data synth-ctr runs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    String::from_utf8_lossy(&run.stdout).into_owned()
+}
+
 /// `distbelief data synth-ctr` writes Criteo's layout, and the synthetic
 /// CTR example trains on it as shipped (only its data paths point at the
 /// small set made here): 26 categorical fields through one table and the
@@ -1263,24 +1278,17 @@ fn max_epochs_stops_the_job_between_evaluations() {
 fn the_synthetic_ctr_example_learns_from_synth_ctr_data() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("ctr");
-    let out = Command::new(EXE)
-        .args(["data", "synth-ctr", "--out", data.to_str().unwrap()])
-        .args([
+    let said = synth_ctr(
+        &data,
+        &[
             "--rows",
             "100000",
             "--test-rows",
             "10000",
             "--vocab",
             "10000",
-        ])
-        .output()
-        .expect("distbelief data synth-ctr runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
-    let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("the planted model's test AUC"), "{said}");
     let planted: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(data.join("planted.json")).unwrap())
@@ -1333,15 +1341,9 @@ fn the_synthetic_ctr_example_learns_from_synth_ctr_data() {
 fn criteo_s_own_layout_trains_with_no_header_and_empty_cells() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("ctr");
-    let out = Command::new(EXE)
-        .args(["data", "synth-ctr", "--out", data.to_str().unwrap()])
-        .args(["--rows", "40000", "--test-rows", "4000", "--vocab", "2000"])
-        .output()
-        .expect("distbelief data synth-ctr runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    synth_ctr(
+        &data,
+        &["--rows", "40000", "--test-rows", "4000", "--vocab", "2000"],
     );
     // As Criteo ships it: the header dropped, cells emptied, gzipped.
     let raw = |name: &str| {
@@ -1414,19 +1416,29 @@ fn a_streamed_job_trains_on_part_files_a_data_shard_at_a_time() {
     )
     .expect("the example");
     // (format, parts, how the job names the training files)
-    for (format, parts, glob) in [("parquet", 3, false), ("tsv.gz", 4, true), ("tsv", 2, false)] {
+    for (format, parts, glob) in [
+        ("parquet", 3, false),
+        ("tsv.gz", 4, true),
+        ("tsv", 2, false),
+    ] {
         let data = dir.path().join(format.replace('.', "-"));
-        let out = Command::new(EXE)
-            .args(["data", "synth-ctr", "--out", data.to_str().unwrap()])
-            .args(["--rows", "60000", "--test-rows", "5000", "--vocab", "5000"])
-            .args(["--format", format, "--parts", &parts.to_string()])
-            .args(["--row-group-rows", "8192"])
-            .output()
-            .expect("distbelief data synth-ctr runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let parts_arg = parts.to_string();
+        synth_ctr(
+            &data,
+            &[
+                "--rows",
+                "60000",
+                "--test-rows",
+                "5000",
+                "--vocab",
+                "5000",
+                "--format",
+                format,
+                "--parts",
+                &parts_arg,
+                "--row-group-rows",
+                "8192",
+            ],
         );
         let files: Vec<PathBuf> = std::fs::read_dir(data.join("train"))
             .expect("the part files")

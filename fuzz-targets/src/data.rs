@@ -85,8 +85,10 @@ pub fn named_csv(data: &[u8]) {
     let spec = named_spec(data);
     let read = || {
         let mut rows = Vec::new();
-        parse_named("fuzz.csv", &spec, data, |y, x, k| rows.push(named_row(y, x, k)))
-            .map(|empty| (rows, empty))
+        parse_named("fuzz.csv", &spec, data, |y, x, k| {
+            rows.push(named_row(y, x, k))
+        })
+        .map(|empty| (rows, empty))
     };
     let Ok((rows, empty)) = read() else {
         return;

@@ -793,6 +793,13 @@ sys.exit(0 if {"ps", "coordinator", "replica"} <= seen else 1)
 PVC_EXAMPLE=examples/fashion-mnist-pvc.yaml
 PVC_JOB=fashion-mnist-pvc
 NODATA_IMAGE=""
+# fill_wait JOB: waits for a Job that fills a claim to complete, and logs
+# its last line (or, when it does not complete, its last lines).
+fill_wait() {
+  "${KUBECTL[@]}" wait -n "$JOB_NS" --for=condition=complete "job/$1" --timeout=240s >/dev/null ||
+    { echo "the Job $1 did not complete"; "${KUBECTL[@]}" logs -n "$JOB_NS" "job/$1" 2>&1 | tail -n 5; return 1; }
+  log "$1: $("${KUBECTL[@]}" logs -n "$JOB_NS" "job/$1" 2>/dev/null | tail -n 1)"
+}
 derive_pvc_job() { # derive_pvc_job OUT NAME [TEST_IMAGES]
   python3 - "$PVC_EXAMPLE" "$1" "$2" "$IMAGE_REPO:$IMAGE_TAG" "$NODATA_IMAGE" "${3:-}" <<'PY'
 import sys
@@ -820,9 +827,7 @@ pvc_example() {
   derive_pvc_job "$work/pvc.yaml" "$PVC_JOB" || { echo "could not derive $PVC_JOB"; return 1; }
   "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/pvc.yaml" >/dev/null || return 1
   log "applied $PVC_EXAMPLE: claim fashion-mnist, Job fill-fashion-mnist ($IMAGE_REPO:$IMAGE_TAG), job $PVC_JOB on $NODATA_IMAGE"
-  "${KUBECTL[@]}" wait -n "$JOB_NS" --for=condition=complete job/fill-fashion-mnist --timeout=240s >/dev/null ||
-    { echo "the fill Job did not complete"; "${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-fashion-mnist 2>&1 | tail -n 5; return 1; }
-  log "fill-fashion-mnist: $("${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-fashion-mnist 2>/dev/null | tail -n 1)"
+  fill_wait fill-fashion-mnist || return 1
   job_wait "$PVC_JOB" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
   images=$("${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$PVC_JOB-coordinator,reason=Pulled" \
     -o 'jsonpath={range .items[*]}{.message}{"\n"}{end}' 2>/dev/null | head -n 1)
@@ -924,9 +929,7 @@ open(dst, "w").write(fill + s)
 PY
   "${KUBECTL[@]}" apply -n "$JOB_NS" -f "$work/streamed.yaml" >/dev/null || return 1
   log "applied claim ctr-parts, Job fill-ctr-parts and $JOB_NS/$name (streamed, replicas limited to 200Mi)"
-  "${KUBECTL[@]}" wait -n "$JOB_NS" --for=condition=complete job/fill-ctr-parts --timeout=240s >/dev/null ||
-    { echo "the fill Job did not complete"; "${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-ctr-parts 2>&1 | tail -n 5; return 1; }
-  log "fill-ctr-parts: $("${KUBECTL[@]}" logs -n "$JOB_NS" job/fill-ctr-parts 2>/dev/null | tail -n 1)"
+  fill_wait fill-ctr-parts || return 1
   job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
   auc=$(jp "dbj/$name" '{.status.progress.bestTestAuc}')
   shards=$(jp "dbj/$name" '{.status.progress.dataShards.perEpoch}')

@@ -80,6 +80,12 @@ fn read_loop(o: ReaderOptions, orders: Receiver<DataShardId>, items: SyncSender<
     let mut shuffler = Shuffler::new(&o.spec, &o.stream, o.batch, o.stats.clone(), o.seed);
     // Ends when the feed drops its sender (the replica is done) or its receiver.
     while let Ok(shard) = orders.recv() {
+        tracing::debug!(
+            data_shard = shard.shard,
+            epoch = shard.epoch,
+            reads = %o.source.describe(shard.shard as usize),
+            "reading a data shard"
+        );
         shuffler.start(mix(
             o.seed ^ mix(u64::from(shard.shard) ^ mix(shard.epoch ^ 0x5eed))
         ));

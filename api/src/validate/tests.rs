@@ -1,7 +1,8 @@
 use super::*;
 use crate::spec::{
     Activation, AveragingSpec, CheckpointVolume, CompressionSpec, Conv2dLayer, DenseLayer,
-    FASHION_MNIST_DIR, Flatten, HoldoutSpec, InputShape, LayerSpec, Loss, SlowReplica, StreamSpec, SynchronousSpec,
+    FASHION_MNIST_DIR, Flatten, HoldoutSpec, InputShape, LayerSpec, Loss, SlowReplica, StreamSpec,
+    SynchronousSpec,
 };
 use crate::{load_job, parse_job};
 

@@ -286,7 +286,12 @@ fn sample_shards(run_dir: &Path, done: &AtomicBool) -> Vec<(f64, f64)> {
 /// Per process of `role` in the run's processes.tsv: `field` of its
 /// /proc status (`VmRSS:`, or `VmHWM:`, the peak so far) when first seen
 /// and when last seen, until `done`.
-pub(crate) fn sample(run_dir: &Path, role: &str, field: &str, done: &AtomicBool) -> Vec<(f64, f64)> {
+pub(crate) fn sample(
+    run_dir: &Path,
+    role: &str,
+    field: &str,
+    done: &AtomicBool,
+) -> Vec<(f64, f64)> {
     let mut seen: Vec<(u32, f64, f64)> = Vec::new();
     while !done.load(Ordering::Relaxed) {
         let table = std::fs::read_to_string(run_dir.join("processes.tsv")).unwrap_or_default();
@@ -299,7 +304,9 @@ pub(crate) fn sample(run_dir: &Path, role: &str, field: &str, done: &AtomicBool)
             if r != role {
                 continue;
             }
-            let Some(rss) = status_bytes(pid, field) else { continue };
+            let Some(rss) = status_bytes(pid, field) else {
+                continue;
+            };
             match seen.iter_mut().find(|s| s.0 == pid) {
                 Some(s) => s.2 = rss,
                 None => seen.push((pid, rss, rss)),

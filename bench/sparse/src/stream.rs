@@ -18,7 +18,11 @@ const PARTS: u32 = 40;
 
 pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> anyhow::Result<Value> {
     std::fs::create_dir_all(dir)?;
-    let layouts = [("whole", "tsv", 1), ("parquet", "parquet", PARTS), ("tsv.gz", "tsv.gz", PARTS)];
+    let layouts = [
+        ("whole", "tsv", 1),
+        ("parquet", "parquet", PARTS),
+        ("tsv.gz", "tsv.gz", PARTS),
+    ];
     let mut out = serde_json::Map::new();
     for (name, format, parts) in layouts {
         let data = dir.join(name.replace('.', "-"));
@@ -75,7 +79,10 @@ pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> any
             "bench-sparse: stream: {name}: {} examples/s, AUC {}, replica peaks {:?} MiB",
             summary["examples_per_second"],
             summary["final_test_auc"],
-            peaks.iter().map(|p| (p / 1048576.0).round()).collect::<Vec<_>>()
+            peaks
+                .iter()
+                .map(|p| (p / 1048576.0).round())
+                .collect::<Vec<_>>()
         );
         out.insert(
             name.into(),

@@ -286,13 +286,9 @@ impl<'a> Layout<'a> {
         // with no comma (a first row whose last cells are empty), but not
         // on a comma header that ends in one.
         let line = end_of_line(first);
-        let tabs = line.trim_ascii().contains(&b'\t')
-            || (line.contains(&b'\t') && !line.contains(&b','));
-        let sep = if tabs {
-            b'\t'
-        } else {
-            b','
-        };
+        let tabs =
+            line.trim_ascii().contains(&b'\t') || (line.contains(&b'\t') && !line.contains(&b','));
+        let sep = if tabs { b'\t' } else { b',' };
         let header;
         let names: Vec<&str> = if headerless {
             spec.columns.iter().map(String::as_str).collect()
