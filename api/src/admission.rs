@@ -228,6 +228,11 @@ pub const RULES: &[AdmissionRule] = &[
         MSG_STREAM_SANDBLASTER,
     ),
     spec(
+        "spec.data.hashBuckets",
+        "!has(self.data.hashBuckets) || self.data.hashBuckets >= 1",
+        "must be at least 1 when set",
+    ),
+    spec(
         "spec.data.stream.shuffleBuffer",
         "!has(self.data.stream) || !has(self.data.stream.shuffleBuffer) || self.data.stream.shuffleBuffer >= 1",
         MSG_AT_LEAST_1,

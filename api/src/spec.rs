@@ -492,6 +492,13 @@ pub struct DataSpec {
     /// Default: the first line of each file is a header naming its columns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub columns: Vec<String>,
+    /// parquet and named csv: hash each categorical value into this many
+    /// buckets per field before it becomes a key, as DLRM's preprocessing of
+    /// Criteo does, so that a field has at most this many rows (values that
+    /// share a bucket share a row). The bucket is key_of(field, value) mod
+    /// hashBuckets. Default: none, every distinct value is a key of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_buckets: Option<u64>,
     /// Streamed input, for training data larger than a replica's memory
     /// (named csv and parquet, Downpour only). The training and test
     /// sources may then each be a file, a directory (its files, sorted;
@@ -582,6 +589,7 @@ impl Default for DataSpec {
             numeric: Vec::new(),
             categorical: Vec::new(),
             columns: Vec::new(),
+            hash_buckets: None,
             stream: None,
         }
     }

@@ -169,6 +169,9 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         fail("spec.data.dataShardExamples", None);
     }
     check_stream(s, &mut fail);
+    if d.hash_buckets == Some(0) {
+        fail("spec.data.hashBuckets", None);
+    }
 
     let downpour = match (&s.algorithm.downpour, &s.algorithm.sandblaster) {
         (Some(d), None) => Some(d.clone()),

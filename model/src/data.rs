@@ -16,6 +16,10 @@ pub mod stream;
 pub use csv::{EmptyCells, parse_csv, parse_named};
 pub use sparse::{SparseFeatures, parse_libsvm};
 
+/// What a reader hands each row to: its label, numeric values (NaN where
+/// empty) and categorical keys.
+pub type OnRow<'a> = dyn FnMut(u32, &[f32], &[u64]) + 'a;
+
 /// Examples as a row-major `n × features` matrix, their categorical keys
 /// (for named CSV, Parquet and libsvm), and one label per row.
 #[derive(Debug, Clone, Default, PartialEq)]

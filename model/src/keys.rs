@@ -22,6 +22,17 @@ pub fn key_of(field: u32, value: &[u8]) -> u64 {
     mix(h)
 }
 
+/// The key of a categorical column's value: [`key_of`], or with
+/// `buckets` (DLRM's preprocessing of Criteo) the key of its bucket,
+/// `key_of(field, value) mod buckets` as 8 little-endian bytes, so that a
+/// field has at most `buckets` rows.
+pub fn field_key(field: u32, value: &[u8], buckets: Option<u64>) -> u64 {
+    match buckets {
+        Some(b) if b > 0 => key_of(field, &(key_of(field, value) % b).to_le_bytes()),
+        _ => key_of(field, value),
+    }
+}
+
 /// The shard that holds `key`'s rows, of `shards`.
 pub fn shard_of(key: u64, shards: u32) -> u32 {
     // Keys are already mixed; mixing again keeps the shard independent of

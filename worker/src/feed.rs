@@ -79,6 +79,8 @@ pub(crate) struct Feed {
     order: Vec<usize>,
     pos: usize,
     batches_left: usize,
+    /// The examples of the batch being made (in-memory data).
+    rows: Vec<usize>,
 }
 
 impl Feed {
@@ -93,6 +95,7 @@ impl Feed {
             order: Vec::new(),
             pos: 0,
             batches_left: 0,
+            rows: Vec::new(),
         }
     }
 
@@ -126,15 +129,20 @@ impl Feed {
                 && self.batches_left > 0
             {
                 let n = self.order.len();
-                let rows: Vec<usize> = (0..batch).map(|k| self.order[(self.pos + k) % n]).collect();
+                let rows = &mut self.rows;
+                rows.clear();
+                rows.extend((0..batch).map(|k| self.order[(self.pos + k) % n]));
                 self.pos += batch;
                 self.batches_left -= 1;
-                *out = Dataset {
-                    features: rows.iter().flat_map(|&i| train.row(i)).copied().collect(),
-                    labels: rows.iter().map(|&i| train.labels[i]).collect(),
-                    dim: train.dim,
-                    sparse: train.sparse.as_ref().map(|s| s.select(&rows)),
-                };
+                // The batch's buffers are reused: a dense batch is the
+                // compute's input as it stands.
+                out.features.clear();
+                out.features
+                    .extend(rows.iter().flat_map(|&i| train.row(i)).copied());
+                out.labels.clear();
+                out.labels.extend(rows.iter().map(|&i| train.labels[i]));
+                out.dim = train.dim;
+                out.sparse = train.sparse.as_ref().map(|s| s.select(rows));
                 return Ok(true);
             }
             if !self.take_next(batch)? {

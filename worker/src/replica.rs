@@ -801,6 +801,28 @@ impl Part {
     }
 }
 
+/// A replica's training data as read at its start: the whole set, or for a
+/// streamed job only the plan of its data shards and the statistics every
+/// role standardises by.
+enum Loaded {
+    Memory(data::Dataset),
+    Stream {
+        source: data::stream::Source,
+        stats: Vec<(f32, f32)>,
+    },
+}
+
+impl Loaded {
+    fn read(spec: &distbelief_api::DataSpec) -> Result<Loaded, data::DataError> {
+        if spec.stream.is_none() {
+            return Ok(Loaded::Memory(data::load(spec, true)?));
+        }
+        let source = data::stream::plan(spec, true)?;
+        let stats = data::stream::first_rows_stats(spec, &source)?;
+        Ok(Loaded::Stream { source, stats })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::too_stale;
@@ -823,27 +845,5 @@ mod tests {
             !too_stale(at(7), Stamp::new(2, 3), Some(1)),
             "a link that has not yet seen the restore is not ahead"
         );
-    }
-}
-
-/// A replica's training data as read at its start: the whole set, or for a
-/// streamed job only the plan of its data shards and the statistics every
-/// role standardises by.
-enum Loaded {
-    Memory(data::Dataset),
-    Stream {
-        source: data::stream::Source,
-        stats: Vec<(f32, f32)>,
-    },
-}
-
-impl Loaded {
-    fn read(spec: &distbelief_api::DataSpec) -> Result<Loaded, data::DataError> {
-        if spec.stream.is_none() {
-            return Ok(Loaded::Memory(data::load(spec, true)?));
-        }
-        let source = data::stream::plan(spec, true)?;
-        let stats = data::stream::first_rows_stats(spec, &source)?;
-        Ok(Loaded::Stream { source, stats })
     }
 }

@@ -372,6 +372,12 @@ const RULES: &[Rule] = &[
         "csv",
     ),
     (
+        "hashBuckets at least 1",
+        |j| j.spec.data.hash_buckets = Some(0),
+        "spec.data.hashBuckets",
+        "at least 1",
+    ),
+    (
         "stream reads named files only",
         |j| j.spec.data.stream = Some(StreamSpec::default()),
         "spec.data.stream",
@@ -977,7 +983,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 64, "{fields:#?}");
+    assert_eq!(fields.len(), 65, "{fields:#?}");
 }
 
 #[test]

@@ -17,6 +17,8 @@ use distbelief_api::DataSpec;
 use super::sparse::SparseFeatures;
 use super::standardize::{Moments, Stats, standardize};
 use super::{DataError, Dataset, read_file};
+use crate::keys::field_key;
+#[cfg(test)]
 use crate::keys::key_of;
 
 /// CSV: label first, then the features. A first line that does not parse is a header.
@@ -409,7 +411,7 @@ impl<'a> Layout<'a> {
                     if cell.is_empty() {
                         self.empty_categorical[f as usize] += 1;
                     }
-                    self.keys[f as usize] = key_of(f, cell);
+                    self.keys[f as usize] = field_key(f, cell, self.spec.hash_buckets);
                 }
                 Role::Unused => {}
             }
@@ -576,6 +578,26 @@ mod tests {
         assert!(e("y,a,c\n", &header).contains("has no rows"));
         // A comma header that ends in a tab is still comma-separated.
         assert_eq!(read("y,a,c\t\n1,2,x\n", &header).unwrap(), 1);
+    }
+
+    #[test]
+    fn hash_buckets_bound_a_field_s_keys() {
+        let mut s = spec("y", &[], &["c"]);
+        let text: String = std::iter::once("y,c\n".to_string())
+            .chain((0..200).map(|i| format!("1,id{i}\n")))
+            .collect();
+        let all = rows(&text, &s).unwrap();
+        s.hash_buckets = Some(4);
+        let bucketed = rows(&text, &s).unwrap();
+        let distinct = |r: &[Row]| {
+            r.iter()
+                .map(|r| r.2[0])
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+        };
+        assert_eq!((distinct(&all), distinct(&bucketed)), (200, 4));
+        let bucket = key_of(0, b"id7") % 4;
+        assert_eq!(bucketed[7].2[0], key_of(0, &bucket.to_le_bytes()));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use parquet::record::Field;
 use super::sparse::SparseFeatures;
 use super::standardize::{Moments, standardize};
 use super::{DataError, Dataset};
-use crate::keys::key_of;
+use crate::keys::field_key;
 
 /// One file's rows: labels, raw numeric values, categorical keys.
 struct Rows {
@@ -104,7 +104,7 @@ pub(super) fn for_each_row(
     path: &str,
     reader: &SerializedFileReader<File>,
     group: Option<usize>,
-    row: &mut dyn FnMut(u32, &[f32], &[u64]),
+    row: &mut super::OnRow<'_>,
 ) -> Result<(), DataError> {
     let format = |message: String| DataError::Format {
         path: path.to_string(),
@@ -196,7 +196,7 @@ pub(super) fn for_each_row(
         }
         for ((key, &c), f) in keys.iter_mut().zip(&categorical).zip(0u32..) {
             text_of(at(c), &mut value);
-            *key = key_of(f, &value);
+            *key = field_key(f, &value, spec.hash_buckets);
         }
         row(y, &values, &keys);
     }

@@ -16,6 +16,8 @@ use parquet::data_type::{
 use parquet::file::reader::{FileReader, SerializedFileReader};
 
 use super::DataError;
+use crate::keys::field_key;
+#[cfg(test)]
 use crate::keys::key_of;
 
 /// Rows decoded per column before they are handed on.
@@ -50,7 +52,7 @@ pub(super) fn for_each_row(
     reader: &SerializedFileReader<File>,
     group: usize,
     first: usize,
-    row: &mut dyn FnMut(u32, &[f32], &[u64]),
+    row: &mut super::OnRow<'_>,
 ) -> Result<bool, DataError> {
     let format = |message: String| DataError::Format {
         path: path.to_string(),
@@ -184,7 +186,7 @@ pub(super) fn for_each_row(
         }
         for (f, c) in columns[1 + n_num..].iter().enumerate() {
             for r in 0..want {
-                keys[r * n_cat + f] = key_of(f as u32, c.text(r, &mut text));
+                keys[r * n_cat + f] = field_key(f as u32, c.text(r, &mut text), spec.hash_buckets);
             }
         }
         for r in 0..want {
