@@ -69,6 +69,38 @@ const BROKEN: &[(&str, Change)] = &[
     }),
     ("trainLimit", |j| j["spec"]["data"]["trainLimit"] = json!(0)),
     ("testLimit", |j| j["spec"]["data"]["testLimit"] = json!(0)),
+    ("hashBuckets", |j| {
+        j["spec"]["data"]["hashBuckets"] = json!(0)
+    }),
+    ("stream of idx files", |j| {
+        j["spec"]["data"]["stream"] = json!({})
+    }),
+    ("stream with holdout", |j| {
+        streamed(j);
+        j["spec"]["data"]["format"] = json!("parquet");
+        j["spec"]["data"]["trainFile"] = json!("train");
+        j["spec"]["data"]["holdout"] = json!({"every": 5, "index": 0});
+    }),
+    ("stream with sandblaster", |j| {
+        streamed(j);
+        j["spec"]["algorithm"] = json!({"sandblaster": {}});
+    }),
+    ("stream with trainLimit", |j| {
+        streamed(j);
+        j["spec"]["data"]["trainLimit"] = json!(10);
+    }),
+    ("stream shuffleBuffer", |j| {
+        streamed(j);
+        j["spec"]["data"]["stream"] = json!({"shuffleBuffer": 0});
+    }),
+    ("stream prefetchBatches", |j| {
+        streamed(j);
+        j["spec"]["data"]["stream"] = json!({"prefetchBatches": 0});
+    }),
+    ("stream rangeBytes", |j| {
+        streamed(j);
+        j["spec"]["data"]["stream"] = json!({"rangeBytes": 100});
+    }),
     ("no algorithm", |j| j["spec"]["algorithm"] = json!({})),
     ("portionSize", |j| {
         j["spec"]["algorithm"] = json!({"sandblaster": {"portionSize": 0}})
@@ -203,6 +235,18 @@ const BROKEN: &[(&str, Change)] = &[
 ];
 
 /// What `distbelief train` says of `job`: each broken rule as `field: message`.
+/// Makes the example a streamed job on named CSV files.
+fn streamed(j: &mut Value) {
+    j["spec"]["model"]["inputSize"] = json!(1);
+    let d = &mut j["spec"]["data"];
+    d["format"] = json!("csv");
+    d["trainCsv"] = json!("train/");
+    d["testCsv"] = json!("test.tsv");
+    d["label"] = json!("y");
+    d["numeric"] = json!(["a"]);
+    d["stream"] = json!({});
+}
+
 fn local_errors(job: &Value) -> Vec<String> {
     let text = serde_json::to_string(job).unwrap();
     match distbelief_api::parse_job("job.json", &text) {
