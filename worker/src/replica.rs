@@ -537,6 +537,14 @@ pub async fn run_replica(
             if stop.load(Ordering::Relaxed) {
                 break Ok(());
             }
+            // A partition whose peer has stopped because the job is done
+            // ends its compute (the exchange closed) before it hears of the
+            // stop itself: the coordinator says whether that is all it was.
+            if let Ok(Some(reply)) = coordinator.report(report(&progress, eps)).await
+                && reply.action() == Action::Stop
+            {
+                break Ok(());
+            }
             break Err(WorkerError::Compute(
                 "compute thread stopped unexpectedly".into(),
             ));
