@@ -995,15 +995,16 @@ pub struct StopSpec {
     /// Seconds between evaluations on the test set, from 0.05 to 86400. Default: 2.
     #[serde(default = "default_eval_interval")]
     pub eval_interval_seconds: f64,
-    /// With targetTestAccuracy: test examples an evaluation scores first, a
-    /// fixed sample of the test set drawn with the job's seed, so that
-    /// evaluating often costs the training little. The rest of the test set
-    /// is scored too, on the same parameters, when the sample's accuracy
-    /// comes within two standard errors of the target, and at the last
-    /// evaluation; only a whole-set score counts toward the target and the
-    /// best accuracy. 0, a test set no larger, a job without an accuracy
-    /// target, or a model with tables scores the whole set every time.
-    /// Default: 2000.
+    /// With targetTestAccuracy: the test set is dealt (with the job's seed)
+    /// into fixed chunks of this many examples, and an evaluation scores
+    /// them in turn, on the same parameters, until what it has scored puts
+    /// the target out of reach (more than two standard errors below it,
+    /// counting the share of the set already scored) or the whole set is
+    /// scored; the last evaluation scores the whole set. Evaluating often
+    /// then costs the training little. Only a whole-set score counts toward
+    /// the target and the best accuracy. 0, a test set no larger, a job
+    /// without an accuracy target, or a model with tables scores the whole
+    /// set every time. Default: 2000.
     #[serde(default = "default_eval_sample")]
     pub eval_sample_examples: u32,
 }

@@ -578,7 +578,6 @@ fn a_convolutional_job_trains_and_saves_its_layers() {
         .expect("the CNN example")
         .replace("name: fashion-mnist-cnn", "name: cnn-short")
         .replace("targetTestAccuracy: 0.91", "targetTestAccuracy: 0.8")
-        .replace("evalIntervalSeconds: 5", "evalIntervalSeconds: 1")
         .replace(
             "  algorithm:",
             "    trainLimit: 12000\n    testLimit: 2000\n  algorithm:",
@@ -617,7 +616,6 @@ fn a_convolutional_job_trains_split_into_partitions() {
         .expect("the CNN example")
         .replace("name: fashion-mnist-cnn", "name: cnn-partitions")
         .replace("targetTestAccuracy: 0.91", "targetTestAccuracy: 0.8")
-        .replace("evalIntervalSeconds: 5", "evalIntervalSeconds: 1")
         .replace("    count: 2\n", "    count: 1\n    partitions: 2\n")
         .replace(
             "  algorithm:",

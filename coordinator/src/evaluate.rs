@@ -93,12 +93,10 @@ struct Evaluated {
     scored: u64,
 }
 
-/// The test set split for evaluating often: a fixed sample scored at every
-/// evaluation, and the rest, scored when the sample is within reach of the
-/// target (together, the whole set).
+/// The test set split for evaluating often: fixed chunks, scored in turn
+/// until the target is out of reach (together, the whole set).
 pub(crate) struct Sampled {
-    pub sample: Dataset,
-    pub rest: Dataset,
+    pub chunks: Vec<Dataset>,
     pub target: f64,
 }
 
@@ -200,22 +198,15 @@ impl Evaluator {
                 let (a, l) = mlp.evaluate(&params, &test);
                 return (params, whole(a, l, None));
             };
-            let (a, l) = mlp.evaluate(&params, &s.sample);
-            let n = s.sample.len() as u64;
-            if !data::within_reach(a, s.sample.len(), s.target) {
-                let score = Evaluated {
-                    accuracy: a,
-                    loss: l,
-                    auc: None,
-                    sampled: true,
-                    scored: n,
-                };
-                return (params, score);
-            }
-            let (ra, rl) = mlp.evaluate(&params, &s.rest);
-            let (n, r) = (n as f64, s.rest.len() as f64);
-            let mean = |x: f64, y: f64| (x * n + y * r) / (n + r);
-            (params, whole(mean(a, ra), mean(l, rl), None))
+            let c = data::score_chunks(&s.chunks, s.target, |d| mlp.evaluate(&params, d));
+            let score = Evaluated {
+                accuracy: c.accuracy,
+                loss: c.loss,
+                auc: None,
+                sampled: !c.whole,
+                scored: c.scored as u64,
+            };
+            (params, score)
         })
         .await
         else {

@@ -511,12 +511,8 @@ pub async fn serve(
             .filter(|_| job.tables.is_empty())
             .and_then(|target| {
                 let n = job.spec.stop.eval_sample_examples as usize;
-                let (sample, rest) = test.split_sample(n, job.downpour.seed)?;
-                Some(Arc::new(evaluate::Sampled {
-                    sample,
-                    rest,
-                    target,
-                }))
+                let chunks = test.split_chunks(n, job.downpour.seed)?;
+                Some(Arc::new(evaluate::Sampled { chunks, target }))
             }),
         test: Arc::new(test),
         metrics,

@@ -72,27 +72,29 @@ impl Dataset {
         }
     }
 
-    /// A fixed sample of `n` examples, drawn without replacement with
-    /// `seed`, and the rest, each kept in file order: scoring both scores
-    /// the whole set. `None` when `n` is 0 or the set is no larger, or the
-    /// examples have sparse features (whose keys a sample would have to
-    /// fetch apart).
-    pub fn split_sample(&self, n: usize, seed: u64) -> Option<(Dataset, Dataset)> {
+    /// The whole set dealt into chunks of `n` examples drawn without
+    /// replacement with `seed` (the last one may be smaller), each kept in
+    /// file order: every prefix of the chunks is a random sample of the
+    /// set, and all of them score it whole. `None` when `n` is 0 or the set
+    /// is no larger, or the examples have sparse features (whose keys a
+    /// sample would have to fetch apart).
+    pub fn split_chunks(&self, n: usize, seed: u64) -> Option<Vec<Dataset>> {
         if n == 0 || n >= self.len() || self.sparse.is_some() {
             return None;
         }
         let all: Vec<usize> = (0..self.len()).collect();
-        let mut picked = epoch_order(&all, seed, u32::MAX, 0);
-        let mut rest = picked.split_off(n);
-        picked.sort_unstable();
-        rest.sort_unstable();
-        let take = |rows: &[usize]| Dataset {
-            features: rows.iter().flat_map(|&i| self.row(i)).copied().collect(),
-            labels: rows.iter().map(|&i| self.labels[i]).collect(),
-            dim: self.dim,
-            sparse: None,
+        let order = epoch_order(&all, seed, u32::MAX, 0);
+        let take = |rows: &[usize]| {
+            let mut rows = rows.to_vec();
+            rows.sort_unstable();
+            Dataset {
+                features: rows.iter().flat_map(|&i| self.row(i)).copied().collect(),
+                labels: rows.iter().map(|&i| self.labels[i]).collect(),
+                dim: self.dim,
+                sparse: None,
+            }
         };
-        Some((take(&picked), take(&rest)))
+        Some(order.chunks(n).map(take).collect())
     }
 
     /// Checks that the data fits a model with `inputs` features and `classes` classes.
@@ -118,16 +120,64 @@ impl Dataset {
     }
 }
 
-/// Whether an accuracy measured on a sample of `n` test examples leaves
-/// the whole set's reaching `target` plausible: within two standard errors
-/// of a binomial at the target. A whole set at the target then scores
-/// its sample below that about one time in 40, and the next evaluation
-/// tries again; a looser bound would score the whole set at most
-/// evaluations near the target, and take the training's cores.
-pub fn within_reach(sample_accuracy: f64, n: usize, target: f64) -> bool {
+/// Whether an accuracy measured on a random sample of `n` of `total` test
+/// examples leaves the whole set's reaching `target` plausible: within two
+/// standard errors of a binomial at the target, shrunk by the share of the
+/// set already scored (sampling without replacement). A whole set at the
+/// target scores a first sample below that about one time in 40, and the
+/// next evaluation tries again; a looser bound would score the whole set at
+/// most evaluations near the target, and take the training's cores.
+pub fn within_reach(accuracy: f64, n: usize, total: usize, target: f64) -> bool {
     let p = target.clamp(0.0, 1.0);
-    let error = (p * (1.0 - p) / n.max(1) as f64).sqrt();
-    sample_accuracy + 2.0 * error >= target
+    let (n, total) = (n.max(1) as f64, total.max(n.max(1)) as f64);
+    let unscored = if total > 1.0 {
+        (total - n) / (total - 1.0)
+    } else {
+        0.0
+    };
+    let error = (p * (1.0 - p) / n * unscored).sqrt();
+    accuracy + 2.0 * error >= target
+}
+
+/// An evaluation that scored `scored` test examples: all of them
+/// (`whole`), or a first part that already put the target out of reach.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkedScore {
+    pub accuracy: f64,
+    pub loss: f64,
+    pub scored: usize,
+    pub whole: bool,
+}
+
+/// Scores `chunks` (from [`Dataset::split_chunks`]) one after another with
+/// `score` (accuracy and mean loss of one chunk), and stops as soon as what
+/// has been scored puts `target` out of reach. Near the target most
+/// evaluations stop after a part of the set, so evaluating often costs the
+/// training little; only a whole score can reach the target.
+pub fn score_chunks(
+    chunks: &[Dataset],
+    target: f64,
+    mut score: impl FnMut(&Dataset) -> (f64, f64),
+) -> ChunkedScore {
+    let total: usize = chunks.iter().map(Dataset::len).sum();
+    let (mut n, mut right, mut loss) = (0usize, 0.0f64, 0.0f64);
+    for chunk in chunks {
+        let (a, l) = score(chunk);
+        let m = chunk.len();
+        n += m;
+        right += a * m as f64;
+        loss += l * m as f64;
+        let accuracy = right / n.max(1) as f64;
+        if n < total && !within_reach(accuracy, n, total, target) {
+            break;
+        }
+    }
+    ChunkedScore {
+        accuracy: right / n.max(1) as f64,
+        loss: loss / n.max(1) as f64,
+        scored: n,
+        whole: n == total,
+    }
 }
 
 /// How many data shards `n` training examples make at `size` examples each.
@@ -413,41 +463,86 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sample_is_fixed_by_the_seed_and_with_the_rest_makes_the_whole_set() {
+    fn chunks_are_fixed_by_the_seed_and_together_make_the_whole_set() {
         let d = Dataset {
             features: (0..100).map(|i| (i / 2) as f32).collect(),
             labels: (0..50).collect(),
             dim: 2,
             sparse: None,
         };
-        let (a, rest) = d.split_sample(10, 7).expect("a sample");
-        assert_eq!((a.len(), rest.len()), (10, 40));
+        let chunks = d.split_chunks(10, 7).expect("chunks");
+        assert_eq!(chunks.iter().map(Dataset::len).collect::<Vec<_>>(), [10; 5]);
         assert_eq!(
-            a.labels,
-            d.split_sample(10, 7).unwrap().0.labels,
-            "same seed, same sample"
+            chunks,
+            d.split_chunks(10, 7).unwrap(),
+            "same seed, same chunks"
         );
-        assert_ne!(a.labels, d.split_sample(10, 8).unwrap().0.labels);
+        assert_ne!(chunks[0].labels, d.split_chunks(10, 8).unwrap()[0].labels);
         assert!(
-            a.labels.windows(2).all(|w| w[0] < w[1]),
+            chunks[0].labels.windows(2).all(|w| w[0] < w[1]),
             "distinct, in file order"
         );
-        let mut all: Vec<u32> = a.labels.iter().chain(&rest.labels).copied().collect();
+        assert_ne!(
+            chunks[0].labels,
+            (0..10).collect::<Vec<u32>>(),
+            "drawn, not the head"
+        );
+        let mut all: Vec<u32> = chunks.iter().flat_map(|c| c.labels.clone()).collect();
         all.sort_unstable();
         assert_eq!(all, d.labels, "every example once");
-        for (k, &l) in a.labels.iter().enumerate() {
-            assert_eq!(a.row(k), d.row(l as usize));
+        for c in &chunks {
+            for (k, &l) in c.labels.iter().enumerate() {
+                assert_eq!(c.row(k), d.row(l as usize));
+            }
         }
-        assert!(d.split_sample(0, 7).is_none() && d.split_sample(50, 7).is_none());
+        assert_eq!(d.split_chunks(15, 7).unwrap().last().unwrap().len(), 5);
+        assert!(d.split_chunks(0, 7).is_none() && d.split_chunks(50, 7).is_none());
     }
 
     #[test]
     fn within_reach_is_two_standard_errors_below_the_target() {
-        // At 0.85 on 2,000 examples one standard error is 0.008.
-        assert!(within_reach(0.835, 2000, 0.85));
-        assert!(!within_reach(0.833, 2000, 0.85));
-        assert!(within_reach(0.86, 2000, 0.85));
-        assert!(!within_reach(0.84, 200_000, 0.85));
+        // At 0.85 on 2,000 of a million examples one standard error is 0.008.
+        assert!(within_reach(0.835, 2000, 1_000_000, 0.85));
+        assert!(!within_reach(0.833, 2000, 1_000_000, 0.85));
+        assert!(within_reach(0.86, 2000, 1_000_000, 0.85));
+        assert!(!within_reach(0.84, 200_000, 1_000_000, 0.85));
+        // A fifth of a 10,000 set leaves less doubt (0.0071), and 8,000 of
+        // it less still (0.0018).
+        assert!(!within_reach(0.835, 2000, 10_000, 0.85));
+        assert!(within_reach(0.837, 2000, 10_000, 0.85));
+        assert!(!within_reach(0.84, 8000, 10_000, 0.85));
+        assert!(within_reach(0.847, 8000, 10_000, 0.85));
+    }
+
+    fn labelled(n: usize) -> Dataset {
+        Dataset {
+            features: vec![0.0; n],
+            labels: vec![0; n],
+            dim: 1,
+            sparse: None,
+        }
+    }
+
+    #[test]
+    fn chunked_scoring_stops_once_the_target_is_out_of_reach() {
+        let chunks: Vec<Dataset> = (0..5).map(|_| labelled(2000)).collect();
+        // Scores 0.90 on every chunk: 2,000 leave 0.91 in reach, 4,000 not.
+        let mut calls = 0;
+        let s = score_chunks(&chunks, 0.91, |_| {
+            calls += 1;
+            (0.90, 0.3)
+        });
+        assert_eq!((calls, s.scored, s.whole), (2, 4000, false));
+        assert!((s.accuracy - 0.90).abs() < 1e-12 && (s.loss - 0.3).abs() < 1e-12);
+        // At the target every chunk is scored, and the mean is weighted.
+        let sizes = [labelled(3000), labelled(1000)];
+        let mut k = 0;
+        let s = score_chunks(&sizes, 0.91, |_| {
+            k += 1;
+            if k == 1 { (0.92, 0.2) } else { (0.88, 0.6) }
+        });
+        assert!(s.whole && s.scored == 4000);
+        assert!((s.accuracy - 0.91).abs() < 1e-12 && (s.loss - 0.3).abs() < 1e-12);
     }
 
     fn idx(dims: &[u32], payload: &[u8]) -> Vec<u8> {

@@ -1002,7 +1002,7 @@ for old, new in [
     ("    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n",
      "    testLabels: /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz\n    trainLimit: 12000\n    testLimit: 2000\n"),
     ("    targetTestAccuracy: 0.91\n", "    targetTestAccuracy: 0.8\n"),
-    ("    evalIntervalSeconds: 5\n", "    evalIntervalSeconds: 2\n"),
+    ("    evalIntervalSeconds: 1\n", "    evalIntervalSeconds: 2\n"),
     ("  replicas:\n    count: 2\n", "  replicas:\n    count: 1\n    partitions: 2\n"),
 ]:
     if old not in s:

@@ -53,9 +53,9 @@ pub fn train(
         let mut grad = vec![0.0f32; params.len()];
         let (mut x, mut y) = (vec![0.0f32; batch * train.dim], vec![0u32; batch]);
         let target = job.spec.stop.target_test_accuracy.unwrap_or(1.0);
-        let sample =
+        let chunks =
             job.spec.stop.target_test_accuracy.and_then(|_| {
-                test.split_sample(job.spec.stop.eval_sample_examples as usize, d.seed)
+                test.split_chunks(job.spec.stop.eval_sample_examples as usize, d.seed)
             });
         let (mut examples, mut trained, mut epoch) = (0u64, 0.0f64, 0u64);
         let mut eval_seconds = 0.0;
@@ -80,16 +80,12 @@ pub fn train(
                     || trained >= max_seconds
                 {
                     let started = Instant::now();
-                    let (accuracy, sampled) = match &sample {
-                        Some((s, rest)) => {
-                            let a = mlp.evaluate(&params, s).0;
-                            if data::within_reach(a, s.len(), target) || trained >= max_seconds {
-                                let r = mlp.evaluate(&params, rest).0;
-                                let n = (s.len() as f64, rest.len() as f64);
-                                ((a * n.0 + r * n.1) / (n.0 + n.1), false)
-                            } else {
-                                (a, true)
-                            }
+                    // The last evaluation scores the whole set.
+                    let reach = if trained >= max_seconds { 0.0 } else { target };
+                    let (accuracy, sampled) = match &chunks {
+                        Some(c) => {
+                            let s = data::score_chunks(c, reach, |d| mlp.evaluate(&params, d));
+                            (s.accuracy, !s.whole)
                         }
                         None => (mlp.evaluate(&params, test).0, false),
                     };

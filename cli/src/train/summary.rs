@@ -120,11 +120,14 @@ impl Unresponsive {
 pub struct EvaluationsSummary {
     /// Evaluations that scored the whole test set.
     pub whole: usize,
-    /// Evaluations that scored only the sample, which was not within reach
-    /// of the target.
+    /// Evaluations that stopped after part of the test set, which put the
+    /// target out of reach.
     pub sampled: usize,
-    /// The sample's size; null when no evaluation used one.
+    /// The first part's size (`spec.stop.evalSampleExamples`); null when no
+    /// evaluation stopped early.
     pub sample_examples: Option<u64>,
+    /// Test examples scored by all evaluations together.
+    pub scored_examples: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -231,7 +234,8 @@ impl Summary {
             evaluations: EvaluationsSummary {
                 whole: s.curve.iter().filter(|c| !c.sampled).count(),
                 sampled: s.curve.iter().filter(|c| c.sampled).count(),
-                sample_examples: s.curve.iter().find(|c| c.sampled).map(|c| c.scored),
+                sample_examples: s.curve.iter().filter(|c| c.sampled).map(|c| c.scored).min(),
+                scored_examples: s.curve.iter().map(|c| c.scored).sum(),
             },
             examples: s.examples,
             steps: s.steps,
