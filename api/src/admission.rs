@@ -128,6 +128,8 @@ pub const MSG_STREAM_HOLDOUT: &str =
     "cannot be combined with holdout: name the test files (testFile or testCsv) instead";
 pub const MSG_STREAM_TRAIN_LIMIT: &str =
     "cannot be combined with stream, whose replicas read every file: name fewer files instead";
+pub const MSG_MULTI_HOT_STREAM: &str =
+    "cannot be combined with stream, whose rows hold one key per field";
 pub const MSG_STREAM_SANDBLASTER: &str =
     "cannot be combined with sandblaster, whose portions index the whole training set";
 /// The second rule on `spec.model.hidden`.
@@ -226,6 +228,16 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.data.stream",
         "!has(self.data.stream) || !has(self.algorithm.sandblaster)",
         MSG_STREAM_SANDBLASTER,
+    ),
+    spec(
+        "spec.data.multiHot",
+        "!has(self.data.multiHot) || size(self.data.multiHot) == 0 || !has(self.data.stream)",
+        MSG_MULTI_HOT_STREAM,
+    ),
+    spec(
+        "spec.data.multiHotSeparator",
+        "!has(self.data.multiHotSeparator) || (size(self.data.multiHotSeparator) >= 1 && size(self.data.multiHotSeparator) <= 8)",
+        "must be 1 to 8 characters",
     ),
     spec(
         "spec.data.hashBuckets",

@@ -242,6 +242,22 @@ pub struct TableSpec {
     /// (seed, table, key). Default: 0.05.
     #[serde(default = "default_init_scale")]
     pub init_scale: f64,
+    /// How a field with several keys in one example (spec.data.multiHot)
+    /// makes one embedding of their rows: `sum` (each row times its
+    /// weight, summed) or `mean` (the sum over the number of keys, so that
+    /// a long list weighs as much as a short one). A field with one key
+    /// reads its row either way. Default: sum.
+    #[serde(default)]
+    pub pooling: Pooling,
+}
+
+/// How a table pools the rows of a field's keys in one example.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Pooling {
+    #[default]
+    Sum,
+    Mean,
 }
 
 /// The wide part: a table of one weight per key, over every categorical
@@ -255,6 +271,10 @@ pub struct WideSpec {
     /// Pushes a key needs before it gets a weight. Default: 1.
     #[serde(default = "default_min_count")]
     pub min_count: u32,
+}
+
+fn default_multi_hot_separator() -> String {
+    "|".into()
 }
 
 fn default_min_count() -> u32 {
@@ -499,6 +519,18 @@ pub struct DataSpec {
     /// hashBuckets. Default: none, every distinct value is a key of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash_buckets: Option<u64>,
+    /// parquet and named csv: categorical columns (each also listed in
+    /// categorical) whose cells hold several values, such as a movie's
+    /// genres or a user's history: a Parquet list column, or text split by
+    /// multiHotSeparator. Every value becomes a key of the field, and the
+    /// field's table pools their rows (its pooling); an empty cell or list
+    /// has no keys, and pools to zeros. Not with stream. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub multi_hot: Vec<String>,
+    /// What separates the values of a multiHot text cell, 1 to 8
+    /// characters. Default: `|` (MovieLens' genres, `Action|Comedy`).
+    #[serde(default = "default_multi_hot_separator")]
+    pub multi_hot_separator: String,
     /// Streamed input, for training data larger than a replica's memory
     /// (named csv and parquet, Downpour only). The training and test
     /// sources may then each be a file, a directory (its files, sorted;
@@ -590,6 +622,8 @@ impl Default for DataSpec {
             categorical: Vec::new(),
             columns: Vec::new(),
             hash_buckets: None,
+            multi_hot: Vec::new(),
+            multi_hot_separator: default_multi_hot_separator(),
             stream: None,
         }
     }

@@ -172,6 +172,21 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if d.hash_buckets == Some(0) {
         fail("spec.data.hashBuckets", None);
     }
+    for c in d.multi_hot.iter().filter(|c| !d.categorical.contains(c)) {
+        fail(
+            "spec.data.multiHot",
+            Some(format!("{c:?} is not in spec.data.categorical")),
+        );
+    }
+    if !d.multi_hot.is_empty() && d.stream.is_some() {
+        fail(
+            "spec.data.multiHot",
+            Some(admission::MSG_MULTI_HOT_STREAM.into()),
+        );
+    }
+    if !(1..=8).contains(&d.multi_hot_separator.chars().count()) {
+        fail("spec.data.multiHotSeparator", None);
+    }
 
     let downpour = match (&s.algorithm.downpour, &s.algorithm.sandblaster) {
         (Some(d), None) => Some(d.clone()),

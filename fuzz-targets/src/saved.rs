@@ -33,6 +33,7 @@ pub(crate) fn model() -> (Layout, Tables) {
         min_count: 1,
         row_wise: false,
         init_scale: 0.1,
+        pooling: distbelief_api::Pooling::Sum,
     };
     let tables = Tables {
         fields: vec!["f".into()],

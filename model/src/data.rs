@@ -18,7 +18,39 @@ pub use sparse::{SparseFeatures, parse_libsvm};
 
 /// What a reader hands each row to: its label, numeric values (NaN where
 /// empty) and categorical keys.
-pub type OnRow<'a> = dyn FnMut(u32, &[f32], &[u64]) + 'a;
+pub type OnRow<'a> = dyn FnMut(u32, &[f32], RowKeys<'_>) + 'a;
+
+/// One row's categorical keys, in field order: field `f`'s are
+/// `keys[ends[f - 1]..ends[f]]` (from 0 for the first). A one-hot field has
+/// one key; a multi-hot field (`spec.data.multiHot`) any number.
+#[derive(Debug, Clone, Copy)]
+pub struct RowKeys<'a> {
+    pub keys: &'a [u64],
+    pub ends: &'a [u32],
+}
+
+impl<'a> RowKeys<'a> {
+    /// Keys of one-hot fields only: one per field, `ends` being 1, 2, ….
+    pub fn one_hot(keys: &'a [u64], ends: &'a [u32]) -> Self {
+        debug_assert_eq!(keys.len(), ends.len());
+        RowKeys { keys, ends }
+    }
+
+    pub fn fields(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Field `f`'s keys.
+    pub fn field(&self, f: usize) -> &'a [u64] {
+        let start = if f == 0 { 0 } else { self.ends[f - 1] as usize };
+        &self.keys[start..self.ends[f] as usize]
+    }
+}
+
+/// `ends` for rows of `fields` one-hot fields: 1, 2, …, fields.
+pub fn one_hot_ends(fields: usize) -> Vec<u32> {
+    (1..=fields as u32).collect()
+}
 
 /// Examples as a row-major `n × features` matrix, their categorical keys
 /// (for named CSV, Parquet and libsvm), and one label per row.

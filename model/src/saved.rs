@@ -353,6 +353,7 @@ mod tests {
                     min_count: 1,
                     row_wise: false,
                     init_scale: 0.1,
+                    pooling: distbelief_api::Pooling::Sum,
                 })
                 .collect(),
             wide: None,

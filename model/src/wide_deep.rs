@@ -4,6 +4,7 @@
 //! cross-entropy. Rows come from the shards per batch; the passes here are
 //! pure.
 
+use distbelief_api::Pooling;
 use distbelief_api::layout::{Layout, Tables};
 use ndarray::{ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
@@ -200,7 +201,8 @@ impl WideDeep {
     }
 
     /// Calls `visit(table, at, slot, weight)` for every key of example
-    /// `i`: `at` is where the key's row goes in the MLP's input, or None
+    /// `i` (its weight times 1 / the field's keys, for a table that pools
+    /// by mean): `at` is where the key's row goes in the MLP's input, or None
     /// for the wide part, whose weight goes to the logit; `slot` is the
     /// key's row in `rows`. `seen` counts each table's key occurrences met
     /// so far in the batch.
@@ -217,10 +219,14 @@ impl WideDeep {
             for (j, &f) in table.fields.iter().enumerate() {
                 let (keys, weights) = sparse.field(i, f);
                 let at = (!is_wide).then(|| self.offsets[t] + j * table.dim);
+                let pool = match table.pooling {
+                    Pooling::Mean if keys.len() > 1 => 1.0 / keys.len() as f32,
+                    _ => 1.0,
+                };
                 for (n, &k) in keys.iter().enumerate() {
                     let slot = rows[t].slot_of(seen[t], k);
                     seen[t] += 1;
-                    visit(t, at, slot, weights.map_or(1.0, |w| w[n]));
+                    visit(t, at, slot, pool * weights.map_or(1.0, |w| w[n]));
                 }
             }
         }

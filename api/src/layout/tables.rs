@@ -2,7 +2,7 @@
 //! role sees them, numbered in one order (the model's tables, then the wide
 //! part), and which categorical field looks up which table.
 
-use crate::spec::{DataFormat, DataSpec, ModelSpec};
+use crate::spec::{DataFormat, DataSpec, ModelSpec, Pooling};
 
 /// The one categorical field a libsvm file has: its feature indices.
 pub const LIBSVM_FIELD: &str = "features";
@@ -21,6 +21,8 @@ pub struct KeyedTable {
     pub min_count: u32,
     pub row_wise: bool,
     pub init_scale: f32,
+    /// How a field with several keys pools their rows.
+    pub pooling: Pooling,
 }
 
 impl KeyedTable {
@@ -66,6 +68,7 @@ impl Tables {
                 min_count: t.min_count.max(1),
                 row_wise: t.row_wise,
                 init_scale: t.init_scale as f32,
+                pooling: t.pooling,
             })
             .collect();
         let wide = model.wide.as_ref().map(|w| {
@@ -80,6 +83,8 @@ impl Tables {
                 row_wise: false,
                 // The wide part starts at zero, as a linear model does.
                 init_scale: 0.0,
+                // A linear model sums its weights.
+                pooling: Pooling::Sum,
             });
             id
         });

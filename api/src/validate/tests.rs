@@ -372,6 +372,37 @@ const RULES: &[Rule] = &[
         "csv",
     ),
     (
+        "multiHot names categorical columns",
+        |j| {
+            j.spec.data.categorical = vec!["a".into()];
+            j.spec.data.multi_hot = vec!["genres".into()];
+        },
+        "spec.data.multiHot",
+        "\"genres\" is not in spec.data.categorical",
+    ),
+    (
+        "multiHot is not streamed",
+        |j| {
+            j.spec.data.format = DataFormat::Parquet;
+            j.spec.data.train_file = Some("t.parquet".into());
+            j.spec.data.test_file = Some("v.parquet".into());
+            j.spec.data.label = Some("y".into());
+            j.spec.data.categorical = vec!["genres".into()];
+            j.spec.data.numeric = vec!["a".into()];
+            j.spec.model.input_size = 1;
+            j.spec.data.multi_hot = vec!["genres".into()];
+            j.spec.data.stream = Some(StreamSpec::default());
+        },
+        "spec.data.multiHot",
+        "one key per field",
+    ),
+    (
+        "multiHotSeparator 1 to 8 characters",
+        |j| j.spec.data.multi_hot_separator = String::new(),
+        "spec.data.multiHotSeparator",
+        "1 to 8",
+    ),
+    (
         "hashBuckets at least 1",
         |j| j.spec.data.hash_buckets = Some(0),
         "spec.data.hashBuckets",
@@ -983,7 +1014,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 65, "{fields:#?}");
+    assert_eq!(fields.len(), 67, "{fields:#?}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use distbelief_api::DataSpec;
 
 use super::sparse::SparseFeatures;
 use super::standardize::{Moments, Stats, standardize};
-use super::{DataError, Dataset, read_file};
+use super::{DataError, Dataset, RowKeys, one_hot_ends, read_file};
 use crate::keys::field_key;
 #[cfg(test)]
 use crate::keys::key_of;
@@ -110,9 +110,7 @@ pub(super) fn load_named(spec: &DataSpec, train: bool) -> Result<Dataset, DataEr
         labels.push(y);
         raw.extend_from_slice(numeric);
         moments.add(numeric);
-        for k in keys {
-            sparse.push_field(std::slice::from_ref(k), None);
-        }
+        sparse.push_row(keys);
     })?;
     let stats = stats.unwrap_or_else(|| moments.stats());
     Ok(Dataset {
@@ -181,7 +179,7 @@ pub fn parse_named(
     path: &str,
     spec: &DataSpec,
     mut input: impl BufRead,
-    mut row: impl FnMut(u32, &[f32], &[u64]),
+    mut row: impl FnMut(u32, &[f32], RowKeys<'_>),
 ) -> Result<EmptyCells, DataError> {
     let io = |source| DataError::Io {
         path: path.to_string(),
@@ -257,7 +255,14 @@ pub(super) struct Layout<'a> {
     sep: u8,
     roles: Vec<Role>,
     numeric: Vec<f32>,
+    /// One key per one-hot field.
     keys: Vec<u64>,
+    ends: Vec<u32>,
+    /// Per field: whether it is multi-hot, and its keys in this row if so.
+    multi: Vec<Option<Vec<u64>>>,
+    /// A row with multi-hot fields: its keys and ends, in field order.
+    row_keys: Vec<u64>,
+    row_ends: Vec<u32>,
     empty_numeric: Vec<u64>,
     empty_categorical: Vec<u64>,
     pub rows: u64,
@@ -328,6 +333,14 @@ impl<'a> Layout<'a> {
             roles,
             numeric: vec![f32::NAN; spec.numeric.len()],
             keys: vec![0u64; spec.categorical.len()],
+            ends: one_hot_ends(spec.categorical.len()),
+            multi: spec
+                .categorical
+                .iter()
+                .map(|c| spec.multi_hot.contains(c).then(Vec::new))
+                .collect(),
+            row_keys: Vec::new(),
+            row_ends: Vec::new(),
             empty_numeric: vec![0u64; spec.numeric.len()],
             empty_categorical: vec![0u64; spec.categorical.len()],
             rows: 0,
@@ -347,7 +360,7 @@ impl<'a> Layout<'a> {
         &mut self,
         line: &[u8],
         at: Pos,
-        row: &mut impl FnMut(u32, &[f32], &[u64]),
+        row: &mut impl FnMut(u32, &[f32], RowKeys<'_>),
     ) -> Result<(), DataError> {
         let sep = self.sep;
         // Only the line's end goes: an empty last cell is a cell, and a
@@ -411,7 +424,15 @@ impl<'a> Layout<'a> {
                     if cell.is_empty() {
                         self.empty_categorical[f as usize] += 1;
                     }
-                    self.keys[f as usize] = field_key(f, cell, self.spec.hash_buckets);
+                    let buckets = self.spec.hash_buckets;
+                    match &mut self.multi[f as usize] {
+                        Some(keys) => {
+                            keys.clear();
+                            let sep = self.spec.multi_hot_separator.as_bytes();
+                            keys.extend(split_values(cell, sep).map(|v| field_key(f, v, buckets)));
+                        }
+                        None => self.keys[f as usize] = field_key(f, cell, buckets),
+                    }
                 }
                 Role::Unused => {}
             }
@@ -427,7 +448,29 @@ impl<'a> Layout<'a> {
                 self.roles.len()
             )));
         }
-        row(label.unwrap_or_default(), &self.numeric, &self.keys);
+        let label = label.unwrap_or_default();
+        if self.multi.iter().all(Option::is_none) {
+            row(
+                label,
+                &self.numeric,
+                RowKeys::one_hot(&self.keys, &self.ends),
+            );
+        } else {
+            self.row_keys.clear();
+            self.row_ends.clear();
+            for (key, multi) in self.keys.iter().zip(&self.multi) {
+                match multi {
+                    Some(keys) => self.row_keys.extend_from_slice(keys),
+                    None => self.row_keys.push(*key),
+                }
+                self.row_ends.push(self.row_keys.len() as u32);
+            }
+            let keys = RowKeys {
+                keys: &self.row_keys,
+                ends: &self.row_ends,
+            };
+            row(label, &self.numeric, keys);
+        }
         self.rows += 1;
         Ok(())
     }
@@ -448,6 +491,22 @@ impl<'a> Layout<'a> {
 pub(super) fn end_of_line(b: &[u8]) -> &[u8] {
     let b = b.strip_suffix(b"\n").unwrap_or(b);
     b.strip_suffix(b"\r").unwrap_or(b)
+}
+
+/// The values of a multi-hot cell: split by `sep`, each trimmed, empty
+/// ones left out.
+pub(super) fn split_values<'c>(cell: &'c [u8], sep: &'c [u8]) -> impl Iterator<Item = &'c [u8]> {
+    let mut rest = Some(cell);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        let (value, next) = match r.windows(sep.len().max(1)).position(|w| w == sep) {
+            Some(at) if !sep.is_empty() => (&r[..at], Some(&r[at + sep.len()..])),
+            _ => (r, None),
+        };
+        rest = next;
+        Some(trim(value))
+    })
+    .filter(|v| !v.is_empty())
 }
 
 fn trim(b: &[u8]) -> &[u8] {
@@ -471,11 +530,58 @@ mod tests {
     type Row = (u32, Vec<f32>, Vec<u64>);
 
     fn rows(text: &str, s: &DataSpec) -> Result<Vec<Row>, DataError> {
+        Ok(rows_by_field(text, s)?
+            .into_iter()
+            .map(|(y, x, k)| (y, x, k.concat()))
+            .collect())
+    }
+
+    /// A row as read, its keys per field.
+    type FieldRow = (u32, Vec<f32>, Vec<Vec<u64>>);
+
+    fn rows_by_field(text: &str, s: &DataSpec) -> Result<Vec<FieldRow>, DataError> {
         let mut out = Vec::new();
         parse_named("t.csv", s, text.as_bytes(), |y, x, k| {
-            out.push((y, x.to_vec(), k.to_vec()))
+            let fields = (0..k.fields()).map(|f| k.field(f).to_vec()).collect();
+            out.push((y, x.to_vec(), fields))
         })?;
         Ok(out)
+    }
+
+    #[test]
+    fn a_multi_hot_cell_gives_its_field_a_key_per_value() {
+        let mut s = spec("y", &[], &["user", "genres", "city"]);
+        s.multi_hot = vec!["genres".into()];
+        let text = "y,user,genres,city\n1,u1,Action|Comedy,x\n0,u2,,y\n1,u3, Drama || Drama ,z\n";
+        let r = rows_by_field(text, &s).unwrap();
+        assert_eq!(r[0].2[0], vec![key_of(0, b"u1")]);
+        assert_eq!(r[0].2[1], vec![key_of(1, b"Action"), key_of(1, b"Comedy")]);
+        assert_eq!(
+            r[0].2[2],
+            vec![key_of(2, b"x")],
+            "fields after it stay in place"
+        );
+        assert!(r[1].2[1].is_empty(), "an empty cell has no values");
+        assert_eq!(
+            r[2].2[1],
+            vec![key_of(1, b"Drama"); 2],
+            "trimmed, empty values left out"
+        );
+        // Another separator, and tab-separated cells.
+        s.multi_hot_separator = ";;".into();
+        let r = rows_by_field("y\tgenres\tuser\tcity\n1\ta;;b;c\tu\tx\n", &s).unwrap();
+        assert_eq!(r[0].2[1], vec![key_of(1, b"a"), key_of(1, b"b;c")]);
+        // The dataset keeps them per field.
+        let mut sparse = SparseFeatures::new(3);
+        parse_named(
+            "t.csv",
+            &s,
+            "y,user,genres,city\n1,u,a;;b,x\n".as_bytes(),
+            |_, _, k| sparse.push_row(k),
+        )
+        .unwrap();
+        assert_eq!(sparse.field(0, 1).0, [key_of(1, b"a"), key_of(1, b"b")]);
+        assert_eq!(sparse.field(0, 2).0, [key_of(2, b"x")]);
     }
 
     #[test]
@@ -526,7 +632,7 @@ mod tests {
         }
         let mut out = Vec::new();
         let empty = parse_named("day_0", &s, text.as_bytes(), |y, x, k| {
-            out.push((y, x.to_vec(), k.to_vec()))
+            out.push((y, x.to_vec(), k.keys.to_vec()))
         })
         .unwrap();
         assert_eq!(out.len(), 20, "the first line is a row");

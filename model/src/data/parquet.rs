@@ -77,9 +77,7 @@ fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
     for_each_row(spec, path, &reader, None, &mut |y, numeric, keys| {
         out.labels.push(y);
         out.numeric.extend_from_slice(numeric);
-        for k in keys {
-            out.sparse.push_field(std::slice::from_ref(k), None);
-        }
+        out.sparse.push_row(keys);
     })?;
     Ok(out)
 }
@@ -110,9 +108,11 @@ pub(super) fn for_each_row(
         path: path.to_string(),
         message,
     };
+    // A row's fields are the schema's top-level ones (a list column is one).
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let names: Vec<String> = schema
-        .columns()
+        .root_schema()
+        .get_fields()
         .iter()
         .map(|c| c.name().to_string())
         .collect();
@@ -166,7 +166,13 @@ pub(super) fn for_each_row(
     let iter = iter.map_err(|e| format(e.to_string()))?;
     let mut value = Vec::new();
     let mut values = vec![0f32; numeric.len()];
-    let mut keys = vec![0u64; categorical.len()];
+    let multi: Vec<bool> = spec
+        .categorical
+        .iter()
+        .map(|c| spec.multi_hot.contains(c))
+        .collect();
+    let sep = spec.multi_hot_separator.as_bytes();
+    let (mut keys, mut ends) = (Vec::new(), Vec::with_capacity(categorical.len()));
     for (k, r) in iter.enumerate() {
         let n = first + k;
         let r = r.map_err(|e| format(format!("row {n}: {e}")))?;
@@ -194,11 +200,45 @@ pub(super) fn for_each_row(
                 ))
             })? as f32;
         }
-        for ((key, &c), f) in keys.iter_mut().zip(&categorical).zip(0u32..) {
-            text_of(at(c), &mut value);
-            *key = field_key(f, &value, spec.hash_buckets);
+        keys.clear();
+        ends.clear();
+        for ((&c, &multi), f) in categorical.iter().zip(&multi).zip(0u32..) {
+            let buckets = spec.hash_buckets;
+            match at(c) {
+                Field::ListInternal(list) if multi => {
+                    for e in list.elements() {
+                        text_of(e, &mut value);
+                        if !value.is_empty() {
+                            keys.push(field_key(f, &value, buckets));
+                        }
+                    }
+                }
+                Field::ListInternal(_) => {
+                    return Err(format(format!(
+                        "row {n}: column {:?} is a list; list it in spec.data.multiHot",
+                        spec.categorical[f as usize]
+                    )));
+                }
+                cell => {
+                    text_of(cell, &mut value);
+                    if multi {
+                        let values = super::csv::split_values(&value, sep);
+                        keys.extend(values.map(|v| field_key(f, v, buckets)));
+                    } else {
+                        keys.push(field_key(f, &value, buckets));
+                    }
+                }
+            }
+            ends.push(keys.len() as u32);
         }
-        row(y, &values, &keys);
+        row(
+            y,
+            &values,
+            super::RowKeys {
+                keys: &keys,
+                ends: &ends,
+            },
+        );
     }
     Ok(())
 }

@@ -58,6 +58,9 @@ pub(super) fn for_each_row(
         path: path.to_string(),
         message,
     };
+    if !spec.multi_hot.is_empty() {
+        return Ok(false);
+    }
     let schema = reader.metadata().file_metadata().schema_descr_ptr();
     let index = |name: &str| schema.columns().iter().position(|c| c.name() == name);
     let mut wanted = vec![spec.label.as_deref().unwrap_or_default()];
@@ -142,6 +145,7 @@ pub(super) fn for_each_row(
     let mut labels = vec![0u32; CHUNK];
     let mut numeric = vec![0f32; CHUNK * n_num];
     let mut keys = vec![0u64; CHUNK * n_cat];
+    let ends = super::one_hot_ends(n_cat);
     let mut text = Vec::new();
     let mut done = 0;
     while done < total {
@@ -193,7 +197,7 @@ pub(super) fn for_each_row(
             row(
                 labels[r],
                 &numeric[r * n_num..(r + 1) * n_num],
-                &keys[r * n_cat..(r + 1) * n_cat],
+                super::RowKeys::one_hot(&keys[r * n_cat..(r + 1) * n_cat], &ends),
             );
         }
         done += want;
@@ -379,14 +383,14 @@ mod tests {
         let (mut by_columns, mut by_rows): (Vec<Row>, Vec<Row>) = (Vec::new(), Vec::new());
         let mut first = 0;
         for g in 0..2 {
-            let mut push = |y: u32, x: &[f32], k: &[u64]| {
-                by_columns.push((y, x.iter().map(|v| v.to_bits()).collect(), k.to_vec()))
+            let mut push = |y: u32, x: &[f32], k: super::super::RowKeys<'_>| {
+                by_columns.push((y, x.iter().map(|v| v.to_bits()).collect(), k.keys.to_vec()))
             };
             assert!(for_each_row(&spec, path, &reader, g, first, &mut push).unwrap());
             first += 5000 + g;
         }
         super::super::parquet::for_each_row(&spec, path, &reader, None, &mut |y, x, k| {
-            by_rows.push((y, x.iter().map(|v| v.to_bits()).collect(), k.to_vec()))
+            by_rows.push((y, x.iter().map(|v| v.to_bits()).collect(), k.keys.to_vec()))
         })
         .unwrap();
         assert_eq!(by_columns.len(), 10_001);

@@ -85,6 +85,13 @@ impl SparseFeatures {
         }
     }
 
+    /// Adds one example: each of its fields' keys, weighted 1.
+    pub fn push_row(&mut self, keys: super::RowKeys<'_>) {
+        for f in 0..keys.fields() {
+            self.push_field(keys.field(f), None);
+        }
+    }
+
     /// Keeps the first `n` examples.
     pub fn truncate(&mut self, n: usize) {
         if n < self.len() {

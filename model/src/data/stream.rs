@@ -15,7 +15,7 @@ use super::csv::{self, EmptyCells, Layout, Pos};
 use super::parquet as pq;
 use super::sparse::SparseFeatures;
 use super::standardize::{Moments, Stats, standardize};
-use super::{DataError, Dataset, TrainingFile};
+use super::{DataError, Dataset, RowKeys, TrainingFile};
 
 /// Training rows whose numeric columns set the mean and deviation every
 /// role standardises by: the first this many, so that replicas and the
@@ -109,6 +109,14 @@ pub fn files_of(pattern: &str) -> Result<Vec<String>, DataError> {
 /// The training (or test) source of a streamed job, cut into data shards.
 pub fn plan(spec: &DataSpec, train: bool) -> Result<Source, DataError> {
     let stream = spec.stream.unwrap_or_default();
+    // Streamed rows are held at one key per field (validation refuses
+    // this too).
+    if let Some(c) = spec.multi_hot.first() {
+        return Err(DataError::Format {
+            path: c.clone(),
+            message: "a multiHot column cannot be streamed (spec.data.stream)".into(),
+        });
+    }
     let pattern = match (spec.format, train) {
         (DataFormat::Parquet, true) => spec.train_file.as_deref(),
         (DataFormat::Parquet, false) => spec.test_file.as_deref(),
@@ -157,7 +165,7 @@ pub fn read_unit(
     spec: &DataSpec,
     source: &Source,
     k: usize,
-    row: &mut impl FnMut(u32, &[f32], &[u64]),
+    row: &mut impl FnMut(u32, &[f32], RowKeys<'_>),
 ) -> Result<EmptyCells, DataError> {
     let unit = source.units.get(k).ok_or_else(|| DataError::Format {
         path: source.describe(k),
@@ -185,7 +193,7 @@ fn read_range(
     path: &str,
     start: u64,
     end: u64,
-    row: &mut impl FnMut(u32, &[f32], &[u64]),
+    row: &mut impl FnMut(u32, &[f32], RowKeys<'_>),
 ) -> Result<EmptyCells, DataError> {
     let io = |source| DataError::Io {
         path: path.to_string(),
@@ -262,7 +270,7 @@ pub fn load_first(
         }
         read_unit(spec, source, k, &mut |y, numeric, keys| {
             if rows.labels.len() < n {
-                rows.push(y, numeric, keys);
+                rows.push(y, numeric, keys.keys);
             }
         })?;
     }

@@ -1,9 +1,14 @@
 use super::*;
 use distbelief_api::{
-    Activation, DataFormat, DataSpec, DenseLayer, Loss, ModelSpec, OutputLayer, TableSpec, WideSpec,
+    Activation, DataFormat, DataSpec, DenseLayer, Loss, ModelSpec, OutputLayer, Pooling, TableSpec,
+    WideSpec,
 };
 
 fn model() -> WideDeep {
+    model_pooled(Pooling::Sum)
+}
+
+fn model_pooled(pooling: Pooling) -> WideDeep {
     let spec = ModelSpec {
         input_size: 2,
         input_shape: None,
@@ -24,6 +29,7 @@ fn model() -> WideDeep {
             min_count: 1,
             row_wise: false,
             init_scale: 0.05,
+            pooling,
         }],
         wide: Some(WideSpec::default()),
     };
@@ -65,7 +71,44 @@ fn rows(m: &WideDeep, s: &SparseFeatures, examples: &[usize]) -> Vec<TableRows> 
 
 #[test]
 fn gradients_of_dense_weights_embeddings_and_wide_weights_match_finite_differences() {
-    let m = model();
+    check_gradients(model_pooled(Pooling::Sum));
+}
+
+/// Field c's two keys averaged rather than summed: the gradient follows.
+#[test]
+fn gradients_match_finite_differences_when_a_table_pools_by_mean() {
+    check_gradients(model_pooled(Pooling::Mean));
+}
+
+/// A multi-hot field pooled by mean reads the mean of its weighted rows.
+#[test]
+fn mean_pooling_averages_a_field_s_weighted_rows() {
+    let (numeric, sparse, _) = data();
+    let examples = [0];
+    let probs = |m: &WideDeep, rows: &[TableRows]| {
+        let layout = m.mlp().layout().clone();
+        let params = layout.initial_values(0..layout.len(), 3);
+        let mut scratch = m.mlp().scratch(1);
+        m.predict(&params, &numeric, &sparse, &examples, rows, &mut scratch)[0]
+    };
+    let (sum, mean) = (model_pooled(Pooling::Sum), model_pooled(Pooling::Mean));
+    let rows_sum = rows(&sum, &sparse, &examples);
+    // Example 0's field c has keys 30 (weight 0.5) and 40 (weight 2):
+    // halving their rows under sum is what mean does.
+    let mut halved = rows_sum.clone();
+    let t = &mut halved[0];
+    for key in [30u64, 40] {
+        let at = t.keys.iter().position(|&k| k == key).unwrap() * t.dim;
+        for v in &mut t.values[at..at + t.dim] {
+            *v *= 0.5;
+        }
+    }
+    let (a, b) = (probs(&mean, &rows_sum), probs(&sum, &halved));
+    assert!((a - b).abs() < 1e-6, "{a} {b}");
+    assert!((a - probs(&sum, &rows_sum)).abs() > 1e-6, "mean is not sum");
+}
+
+fn check_gradients(m: WideDeep) {
     let (numeric, sparse, labels) = data();
     let examples = [0, 1, 2, 3];
     let mut rows = rows(&m, &sparse, &examples);

@@ -22,7 +22,7 @@ fn every_row(spec: &DataSpec, source: &Source) -> Vec<Row> {
     let mut out = Vec::new();
     for k in 0..source.units.len() {
         read_unit(spec, source, k, &mut |y, x, c| {
-            out.push((y, x.to_vec(), c.to_vec()))
+            out.push((y, x.to_vec(), c.keys.to_vec()))
         })
         .unwrap();
     }
@@ -32,7 +32,7 @@ fn every_row(spec: &DataSpec, source: &Source) -> Vec<Row> {
 fn whole_file(spec: &DataSpec, path: &str) -> Vec<Row> {
     let mut out = Vec::new();
     csv::parse_named(path, spec, csv::open(path).unwrap(), |y, x, c| {
-        out.push((y, x.to_vec(), c.to_vec()))
+        out.push((y, x.to_vec(), c.keys.to_vec()))
     })
     .unwrap();
     out
