@@ -128,6 +128,7 @@ pub const MSG_STREAM_HOLDOUT: &str =
     "cannot be combined with holdout: name the test files (testFile or testCsv) instead";
 pub const MSG_STREAM_TRAIN_LIMIT: &str =
     "cannot be combined with stream, whose replicas read every file: name fewer files instead";
+pub const MSG_CROSS_PARTITIONS: &str = "cannot be split into partitions: its layers mix every input with every other; set spec.replicas.partitions to 1";
 pub const MSG_MULTI_HOT_STREAM: &str =
     "cannot be combined with stream, whose rows hold one key per field";
 pub const MSG_STREAM_SANDBLASTER: &str =
@@ -388,6 +389,16 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.replicas.partitions",
         "self.replicas.partitions == 1 || !has(self.algorithm.downpour) || !has(self.algorithm.downpour.averaging)",
         MSG_PARTITIONS_ALGORITHM,
+    ),
+    spec(
+        "spec.model.cross.layers",
+        "!has(self.model.cross) || !has(self.model.cross.layers) || (self.model.cross.layers >= 1 && self.model.cross.layers <= 8)",
+        "must be between 1 and 8",
+    ),
+    spec(
+        "spec.model.cross",
+        "!has(self.model.cross) || self.replicas.partitions == 1",
+        MSG_CROSS_PARTITIONS,
     ),
     spec(
         "spec.stop.targetTestAccuracy",

@@ -47,11 +47,22 @@ pub struct DenseShape {
     pub bias: Range<usize>,
 }
 
+/// One DCN-v2 cross layer: `weight` is `[dim, dim]` row-major, `bias` is
+/// `[dim]`; it maps x to x₀ ⊙ (x·weight + bias) + x.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrossShape {
+    pub dim: usize,
+    pub weight: Range<usize>,
+    pub bias: Range<usize>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     pub tensors: Vec<Tensor>,
     /// Image layers (conv2d, locallyConnected2d, pooling), run first.
     pub image: Vec<ImageLayer>,
+    /// Cross layers over the flat input, run before the dense layers.
+    pub cross: Vec<CrossShape>,
     /// Dense layers, the output layer last.
     pub layers: Vec<DenseShape>,
     /// Features per example the model reads (the tables' rows included).
@@ -74,7 +85,8 @@ impl Layout {
     }
 
     /// The layout, or the first layer whose shape does not fit its input.
-    /// Image layers' tensors come first, then the dense layers'.
+    /// Image layers' tensors come first, then the cross layers', then the
+    /// dense layers'.
     pub fn try_from_model(model: &ModelSpec) -> Result<Layout, image::LayerError> {
         let all_inputs = model.input_size as usize + tables::embedding_width(model) as usize;
         let resolved = image::resolve(model, all_inputs)?;
@@ -82,6 +94,28 @@ impl Layout {
         let mut layers = Vec::new();
         let mut offset = tensors.last().map_or(0, |t| t.offset + t.len());
         let mut inputs = resolved.flat_inputs;
+        let mut cross = Vec::new();
+        for i in 0..model.cross.map_or(0, |c| c.layers as usize) {
+            let weight = Tensor {
+                name: format!("cross{i}/weight"),
+                shape: vec![inputs, inputs],
+                offset,
+            };
+            offset += weight.len();
+            let bias = Tensor {
+                name: format!("cross{i}/bias"),
+                shape: vec![inputs],
+                offset,
+            };
+            offset += bias.len();
+            cross.push(CrossShape {
+                dim: inputs,
+                weight: weight.range(),
+                bias: bias.range(),
+            });
+            tensors.push(weight);
+            tensors.push(bias);
+        }
         let dims = resolved
             .dense
             .iter()
@@ -117,6 +151,7 @@ impl Layout {
         Ok(Layout {
             tensors,
             image: resolved.image,
+            cross,
             layers,
             inputs: all_inputs,
             loss: model.output.loss,
@@ -144,6 +179,7 @@ impl Layout {
     /// Values one example's activations take, over every layer.
     pub fn activations(&self) -> usize {
         self.image.iter().map(|l| l.output.len()).sum::<usize>()
+            + 2 * self.cross.iter().map(|c| c.dim).sum::<usize>()
             + self.layers.iter().map(|l| l.units).sum::<usize>()
     }
 
@@ -171,6 +207,9 @@ impl Layout {
             .layers
             .iter()
             .map(|l| (&l.weight, l.activation, l.inputs, l.units));
+        // Cross layers start at zero: each passes its input through
+        // (x₀ ⊙ 0 + x), so the model starts as the one without them and
+        // learns its interactions from there.
         for (w, activation, fan_in, fan_out) in convs.chain(dense) {
             let lo = w.start.max(range.start);
             let hi = w.end.min(range.end);
@@ -226,6 +265,8 @@ mod tests {
         ModelSpec {
             tables: Vec::new(),
             wide: None,
+            cross: None,
+            dot_interaction: false,
             input_size: 784,
             input_shape: None,
             layers: Vec::new(),
@@ -238,6 +279,31 @@ mod tests {
                 loss: Loss::SoftmaxCrossEntropy,
             },
         }
+    }
+
+    /// Cross layers' tensors come before the dense ones, and the one
+    /// partition and the shards cover all of them.
+    #[test]
+    fn cross_layers_are_stored_first_and_covered_by_the_shards() {
+        let mut m = mlp();
+        m.input_size = 6;
+        m.cross = Some(crate::spec::CrossSpec { layers: 2 });
+        let l = Layout::from_model(&m);
+        let names: Vec<_> = l.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names[..4],
+            [
+                "cross0/weight",
+                "cross0/bias",
+                "cross1/weight",
+                "cross1/bias"
+            ]
+        );
+        assert_eq!(l.len(), 2 * (36 + 6) + 6 * 512 + 512 + 512 * 10 + 10);
+        let p = Partitioning::new(&l, 1);
+        assert_eq!(p.range(0), 0..l.len());
+        assert_eq!(p.blocks(0)[0].weight.start, 2 * (36 + 6));
+        assert_eq!(p.shard_ranges(2).last().unwrap().end, l.len());
     }
 
     #[test]

@@ -213,6 +213,37 @@ pub struct ModelSpec {
     /// categorical field, summed into the logit. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wide: Option<WideSpec>,
+    /// DCN-v2 cross layers between the input (numeric features and
+    /// embedding rows) and the first dense layer: each computes
+    /// x₀ ⊙ (W·x + b) + x, where x₀ is the input and W a full square
+    /// matrix, so that N layers model feature interactions up to degree
+    /// N + 1 explicitly. For flat inputs (no image layers), one partition
+    /// per replica. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross: Option<CrossSpec>,
+    /// DLRM's feature interaction: the dot product of every two of an
+    /// example's embedding rows (one per field of the tables, which must
+    /// then share one dim), appended to the first dense layer's input
+    /// after the rows: F fields add F(F−1)/2 inputs. It models each pair
+    /// of fields' interaction as a factorisation machine does. The numeric
+    /// features go to the MLP as they are (DLRM's bottom MLP is not
+    /// built). Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dot_interaction: bool,
+}
+
+/// DCN-v2's stacked cross network.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CrossSpec {
+    /// Cross layers, 1 to 8. Each holds inputs² + inputs parameters, on
+    /// the shards like the dense layers'. Default: 2.
+    #[serde(default = "default_cross_layers")]
+    pub layers: u32,
+}
+
+fn default_cross_layers() -> u32 {
+    2
 }
 
 /// An embedding table: rows of `dim` values, one per key of its fields.

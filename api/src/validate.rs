@@ -59,7 +59,7 @@ impl Job {
     /// Features per example the data must have: the numeric ones, since
     /// the tables' rows make up the rest of the first layer's input.
     pub fn data_inputs(&self) -> usize {
-        self.layout.inputs() - self.tables.embedding_width()
+        self.layout.inputs() - self.tables.input_width()
     }
 
     /// How many label values the data may have: the classes, or 2 (0 and
@@ -254,6 +254,35 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     } else {
         Some(Layout::from_model(&s.model))
     };
+    if s.model.dot_interaction {
+        let dims: std::collections::BTreeSet<u32> = s.model.tables.iter().map(|t| t.dim).collect();
+        let rows: usize = s.model.tables.iter().map(|t| t.fields.len()).sum();
+        if dims.len() > 1 || rows < 2 {
+            fail(
+                "spec.model.dotInteraction",
+                Some(format!(
+                    "needs at least two embedding rows of one dim; the tables have {rows} rows of dims {dims:?}"
+                )),
+            );
+        }
+    }
+    if let Some(c) = s.model.cross {
+        if !(1..=8).contains(&c.layers) {
+            fail("spec.model.cross.layers", None);
+        }
+        if s.model.input_shape.is_some() || s.model.layers.iter().any(|l| l.dense.is_none()) {
+            fail(
+                "spec.model.cross",
+                Some("crosses a flat input: a model with image layers cannot have one".into()),
+            );
+        }
+        if s.replicas.partitions > 1 {
+            fail(
+                "spec.model.cross",
+                Some(admission::MSG_CROSS_PARTITIONS.into()),
+            );
+        }
+    }
     let shards = s.parameter_servers.shards;
     if !(1..=MAX_SHARDS).contains(&shards) {
         fail("spec.parameterServers.shards", None);
@@ -582,6 +611,7 @@ fn is_quantity(q: &str) -> bool {
 fn parameter_count(r: &crate::layout::image::Resolved, model: &ModelSpec) -> u128 {
     let mut inputs = r.flat_inputs as u128;
     let mut count: u128 = r.tensors.iter().map(|t| t.len() as u128).sum();
+    count += u128::from(model.cross.map_or(0, |c| c.layers)) * (inputs * inputs + inputs);
     for units in r.dense.iter().map(|l| l.units).chain([model.output.units]) {
         let units = u128::from(units);
         count += inputs * units + units;

@@ -223,6 +223,13 @@ const BROKEN: &[(&str, Change)] = &[
     ("partitions not dividing the shards", |j| {
         j["spec"]["replicas"]["partitions"] = json!(3)
     }),
+    ("cross layers", |j| {
+        j["spec"]["model"]["cross"] = json!({"layers": 9})
+    }),
+    ("cross with partitions", |j| {
+        j["spec"]["model"]["cross"] = json!({"layers": 1});
+        j["spec"]["replicas"]["partitions"] = json!(2);
+    }),
     ("partitions with averaging", |j| {
         j["spec"]["replicas"]["partitions"] = json!(2);
         j["spec"]["algorithm"]["downpour"]["averaging"] = json!({"periodSteps": 4});

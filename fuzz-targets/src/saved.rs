@@ -12,6 +12,8 @@ pub(crate) fn model() -> (Layout, Tables) {
     let layout = Layout::from_model(&ModelSpec {
         tables: Vec::new(),
         wide: None,
+        cross: None,
+        dot_interaction: false,
         input_size: 5,
         input_shape: None,
         layers: Vec::new(),
@@ -39,6 +41,7 @@ pub(crate) fn model() -> (Layout, Tables) {
         fields: vec!["f".into()],
         tables: vec![table(0, "user", 3), table(1, "wide", 1)],
         wide: Some(1),
+        dot_interaction: false,
     };
     (layout, tables)
 }

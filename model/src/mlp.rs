@@ -11,6 +11,9 @@ use rayon::prelude::*;
 use crate::data::Dataset;
 use crate::image::{self, ImageScratch};
 
+mod cross;
+use cross::CrossScratch;
+
 #[derive(Debug, Clone)]
 pub struct Mlp {
     layout: Layout,
@@ -24,6 +27,7 @@ pub struct Scratch {
     pub(crate) acts: Vec<Array2<f32>>,
     pub(crate) deltas: Vec<Array2<f32>>,
     image: ImageScratch,
+    cross: Option<CrossScratch>,
 }
 
 /// Scratch plus a private gradient, one per thread of a batch.
@@ -59,6 +63,7 @@ impl Mlp {
             deltas: acts.clone(),
             acts,
             image: ImageScratch::new(&self.layout.image, rows),
+            cross: CrossScratch::new(&self.layout.cross, rows),
         }
     }
 
@@ -97,12 +102,15 @@ impl Mlp {
             activate(layer.activation, out);
         }
         let first = images.len();
+        if let Some(c) = scratch.cross.as_mut() {
+            cross::forward(&self.layout.cross, params, x, c);
+        }
         for (l, layer) in self.layout.layers.iter().enumerate() {
             let (before, rest) = scratch.acts.split_at_mut(first + l);
-            let input = if first + l == 0 {
-                x.view()
-            } else {
-                before[first + l - 1].slice(s![..rows, ..])
+            let input = match (first + l, &scratch.cross) {
+                (0, Some(c)) => c.output(rows),
+                (0, None) => x.view(),
+                (a, _) => before[a - 1].slice(s![..rows, ..]),
             };
             let mut out = rest[0].slice_mut(s![..rows, ..]);
             let bias = ArrayView1::from(&params[layer.bias.clone()]);
@@ -183,10 +191,10 @@ impl Mlp {
             let a = first + l;
             let (deltas_before, deltas_rest) = scratch.deltas.split_at_mut(a);
             let dz = deltas_rest[0].slice(s![..rows, ..]);
-            let input = if a == 0 {
-                x.view()
-            } else {
-                scratch.acts[a - 1].slice(s![..rows, ..])
+            let input = match (a, &scratch.cross) {
+                (0, Some(c)) => c.output(rows),
+                (0, None) => x.view(),
+                (a, _) => scratch.acts[a - 1].slice(s![..rows, ..]),
             };
             let (gw, gb) = grad.split_at_mut(layer.bias.start);
             let mut gw = ArrayViewMut2::from_shape(
@@ -206,6 +214,14 @@ impl Mlp {
                     scratch.acts[a - 1].slice(s![..rows, ..]),
                     da,
                 );
+            } else if let Some(c) = scratch.cross.as_mut() {
+                let mut g = c.grad.slice_mut(s![..rows, ..]);
+                general_mat_mul(1.0, &dz, &self.weight(params, 0).t(), 0.0, &mut g);
+                cross::backward(&self.layout.cross, params, x, c, grad, scale);
+                if let Some(dx) = input_delta.as_mut() {
+                    dx.assign(&c.grad.slice(s![..rows, ..]));
+                    *dx *= scale;
+                }
             } else if let Some(dx) = input_delta.as_mut() {
                 general_mat_mul(scale, &dz, &self.weight(params, 0).t(), 0.0, dx);
             }

@@ -291,6 +291,8 @@ mod tests {
         Layout::from_model(&ModelSpec {
             tables: Vec::new(),
             wide: None,
+            cross: None,
+            dot_interaction: false,
             input_size: 5,
             input_shape: None,
             layers: Vec::new(),
@@ -357,6 +359,7 @@ mod tests {
                 })
                 .collect(),
             wide: None,
+            dot_interaction: false,
         }
     }
 

@@ -30,6 +30,8 @@ pub(crate) fn image_model(
         },
         tables: Vec::new(),
         wide: None,
+        cross: None,
+        dot_interaction: false,
     })
 }
 

@@ -20,6 +20,46 @@ pub struct WideDeep {
     numeric: usize,
     /// Per table: where its first field's row starts in the MLP's input.
     offsets: Vec<usize>,
+    /// With `dotInteraction`: where each deep field's row starts, the rows'
+    /// (common) dim, and where their pairwise dot products start.
+    dots: Option<Dots>,
+}
+
+#[derive(Debug, Clone)]
+struct Dots {
+    rows: Vec<usize>,
+    dim: usize,
+    at: usize,
+}
+
+impl Dots {
+    /// Each pair of rows (a < b, in order) and its product's place.
+    fn pairs(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let f = self.rows.len();
+        (0..f)
+            .flat_map(move |a| (a + 1..f).map(move |b| (a, b)))
+            .enumerate()
+            .map(|(k, (a, b))| (self.rows[a], self.rows[b], self.at + k))
+    }
+
+    /// Appends the products to one example's input `x`.
+    fn forward(&self, x: &mut [f32]) {
+        for (a, b, k) in self.pairs() {
+            let (a, b) = (&x[a..a + self.dim], &x[b..b + self.dim]);
+            x[k] = a.iter().zip(b).map(|(u, v)| u * v).sum();
+        }
+    }
+
+    /// Adds the products' share of the gradient to the rows' in `dx`.
+    fn backward(&self, x: &[f32], dx: &mut [f32]) {
+        for (a, b, k) in self.pairs() {
+            let g = dx[k];
+            for i in 0..self.dim {
+                dx[a + i] += g * x[b + i];
+                dx[b + i] += g * x[a + i];
+            }
+        }
+    }
 }
 
 /// The rows of one table that a batch uses.
@@ -119,21 +159,28 @@ impl TableRows {
 
 impl WideDeep {
     pub fn new(layout: &Layout, tables: &Tables) -> Self {
-        let embedding = tables.embedding_width();
-        let numeric = layout.inputs() - embedding;
+        let numeric = layout.inputs() - tables.input_width();
         let mut offsets = Vec::with_capacity(tables.tables.len());
+        let mut rows = Vec::new();
         let mut at = numeric;
         for t in &tables.tables {
             offsets.push(at);
             if Some(t.id) != tables.wide {
+                rows.extend((0..t.fields.len()).map(|j| at + j * t.dim));
                 at += t.dim * t.fields.len();
             }
         }
+        let dots = tables.dot_interaction.then(|| Dots {
+            rows,
+            dim: tables.deep().next().map_or(0, |t| t.dim),
+            at,
+        });
         WideDeep {
             mlp: Mlp::new(layout),
             tables: tables.clone(),
             numeric,
             offsets,
+            dots,
         }
     }
 
@@ -266,6 +313,9 @@ impl WideDeep {
                     }
                 }
             });
+            if let Some(d) = &self.dots {
+                d.forward(out);
+            }
         }
     }
 
@@ -433,7 +483,11 @@ impl WideDeep {
         let mut seen = seen;
         for (r, &i) in examples.iter().enumerate() {
             let dlogit = scale * scratch.deltas[last][[r, 0]];
-            let d = &dx[r * width..(r + 1) * width];
+            let row = r * width..(r + 1) * width;
+            if let Some(dots) = &self.dots {
+                dots.backward(&x[row.clone()], &mut dx[row.clone()]);
+            }
+            let d = &dx[row];
             self.each_key(sparse, i, rows, &mut seen, |t, at, slot, w| {
                 let dim = rows[t].dim;
                 let g = &mut row_grads[t][slot * dim..(slot + 1) * dim];

@@ -98,6 +98,16 @@ impl Partitioning {
                 });
             }
             image.push(own_image);
+            // Cross layers mix every input with every other, so they are
+            // never split (validation keeps them to one partition); their
+            // parameters come before the dense layers'.
+            if parts == 1 {
+                offset += layout
+                    .cross
+                    .iter()
+                    .map(|c| c.weight.len() + c.bias.len())
+                    .sum::<usize>();
+            }
             let mut own = Vec::with_capacity(layout.layers.len());
             for (layer, split) in layout.layers.iter().zip(&splits) {
                 let units = split[p].clone();
@@ -331,6 +341,8 @@ mod tests {
         Layout::from_model(&ModelSpec {
             tables: Vec::new(),
             wide: None,
+            cross: None,
+            dot_interaction: false,
             input_size: 7,
             input_shape: None,
             layers: Vec::new(),
@@ -401,6 +413,8 @@ mod tests {
         Layout::from_model(&ModelSpec {
             tables: Vec::new(),
             wide: None,
+            cross: None,
+            dot_interaction: false,
             input_size: 2 * 10 * 6,
             input_shape: Some(InputShape {
                 channels: 2,

@@ -41,6 +41,9 @@ pub struct Tables {
     pub tables: Vec<KeyedTable>,
     /// The wide part's table id, if the model has one.
     pub wide: Option<u32>,
+    /// The pairwise dot products of the embedding rows follow them in the
+    /// first layer's input (`model.dotInteraction`).
+    pub dot_interaction: bool,
 }
 
 /// The name the wide part's table goes by.
@@ -92,6 +95,7 @@ impl Tables {
             fields,
             tables,
             wide,
+            dot_interaction: model.dot_interaction,
         }
     }
 
@@ -109,6 +113,23 @@ impl Tables {
     pub fn embedding_width(&self) -> usize {
         self.deep().map(|t| t.dim * t.fields.len()).sum()
     }
+
+    /// Embedding rows per example: one per field of every deep table.
+    pub fn embedding_rows(&self) -> usize {
+        self.deep().map(|t| t.fields.len()).sum()
+    }
+
+    /// Values the tables add to each example's input: the rows, then their
+    /// pairwise dot products with `dotInteraction`.
+    pub fn input_width(&self) -> usize {
+        let f = self.embedding_rows();
+        self.embedding_width()
+            + if self.dot_interaction {
+                f * f.saturating_sub(1) / 2
+            } else {
+                0
+            }
+    }
 }
 
 /// The data's categorical fields.
@@ -122,9 +143,16 @@ pub fn categorical_fields(data: &DataSpec) -> Vec<String> {
 /// What a model's tables add to the first dense layer's inputs, from the
 /// model alone.
 pub fn embedding_width(model: &ModelSpec) -> u128 {
+    let rows: u128 = model.tables.iter().map(|t| t.fields.len() as u128).sum();
+    let pairs = if model.dot_interaction {
+        rows * rows.saturating_sub(1) / 2
+    } else {
+        0
+    };
     model
         .tables
         .iter()
         .map(|t| u128::from(t.dim) * t.fields.len() as u128)
-        .sum()
+        .sum::<u128>()
+        + pairs
 }

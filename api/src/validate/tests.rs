@@ -1,8 +1,8 @@
 use super::*;
 use crate::spec::{
-    Activation, AveragingSpec, CheckpointVolume, CompressionSpec, Conv2dLayer, DenseLayer,
-    FASHION_MNIST_DIR, Flatten, HoldoutSpec, InputShape, LayerSpec, Loss, SlowReplica, StreamSpec,
-    SynchronousSpec,
+    Activation, AveragingSpec, CheckpointVolume, CompressionSpec, Conv2dLayer, CrossSpec,
+    DenseLayer, FASHION_MNIST_DIR, Flatten, HoldoutSpec, InputShape, LayerSpec, Loss, SlowReplica,
+    StreamSpec, SynchronousSpec,
 };
 use crate::{load_job, parse_job};
 
@@ -783,6 +783,37 @@ const RULES: &[Rule] = &[
         "(0, 1)",
     ),
     (
+        "dotInteraction over rows of one dim",
+        |j| j.spec.model.dot_interaction = true,
+        "spec.model.dotInteraction",
+        "at least two embedding rows",
+    ),
+    (
+        "cross layers 1 to 8",
+        |j| j.spec.model.cross = Some(CrossSpec { layers: 9 }),
+        "spec.model.cross.layers",
+        "between 1 and 8",
+    ),
+    (
+        "cross on one partition",
+        |j| {
+            j.spec.model.cross = Some(CrossSpec { layers: 1 });
+            j.spec.parameter_servers.shards = 2;
+            j.spec.replicas.partitions = 2;
+        },
+        "spec.model.cross",
+        "cannot be split into partitions",
+    ),
+    (
+        "cross over a flat input",
+        |j| {
+            image_input(j);
+            j.spec.model.cross = Some(CrossSpec { layers: 1 });
+        },
+        "spec.model.cross",
+        "flat input",
+    ),
+    (
         "partitions at most 16",
         |j| j.spec.replicas.partitions = 17,
         "spec.replicas.partitions",
@@ -1014,7 +1045,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 67, "{fields:#?}");
+    assert_eq!(fields.len(), 70, "{fields:#?}");
 }
 
 #[test]

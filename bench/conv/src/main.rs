@@ -129,6 +129,8 @@ fn layout((c, h, w): (u32, u32, u32), layer: LayerSpec) -> Layout {
         },
         tables: Vec::new(),
         wide: None,
+        cross: None,
+        dot_interaction: false,
     })
 }
 

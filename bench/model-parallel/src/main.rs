@@ -104,6 +104,8 @@ fn model_spec(model: Model, hidden: &[u32]) -> ModelSpec {
         Model::Dense => ModelSpec {
             tables: Vec::new(),
             wide: None,
+            cross: None,
+            dot_interaction: false,
             input_size: 784,
             input_shape: None,
             layers: hidden
@@ -130,6 +132,8 @@ fn model_spec(model: Model, hidden: &[u32]) -> ModelSpec {
             ModelSpec {
                 tables: Vec::new(),
                 wide: None,
+                cross: None,
+                dot_interaction: false,
                 input_size: 3 * 32 * 32,
                 input_shape: Some(InputShape {
                     channels: 3,

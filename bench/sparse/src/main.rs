@@ -5,6 +5,9 @@
 //!   (b) 2 shards × 2 replicas, on the large vocabulary
 //!   (c) (b) on a vocabulary 10 times smaller: bytes per example
 //!   (d) (b) with each table's capacity at a quarter of the rows (b) stored
+//!   (x) (b) with a DCN-v2 cross layer under the MLP (`model.cross`)
+//!   (i) (b) with DLRM's dot interaction (`model.dotInteraction`)
+//!   (x) and (i) compare with the wide and deep model of (b) at equal examples
 //!
 //! `--configs examples` runs the shipped sparse examples instead (see
 //! `examples.rs`), and `--configs table` a shard table's rows per second
@@ -55,7 +58,9 @@ struct Args {
     /// Examples every configuration trains.
     #[arg(long, default_value_t = 4_000_000)]
     examples: u64,
-    /// The configurations to run, by letter; `examples` runs the shipped
+    /// The configurations to run, by letter (`x`: (b) with a cross layer,
+    /// `i`: (b) with the dot interaction);
+    /// `examples` runs the shipped
     /// sparse examples as they ship instead, `table` the table core alone,
     /// `stream` streamed input against the whole file in memory.
     #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d"])]
@@ -159,6 +164,22 @@ fn main() -> anyhow::Result<()> {
         let doc = job_for(&base, &large, &args, Some(rows))?;
         let (summary, _) = distributed(&exe, &doc, "ctr-d", &work)?;
         report["d_capacity_quarter"] =
+            figures(&summary, &doc, large.planted["planted_test_auc"].as_f64());
+    }
+    if run("x") {
+        let mut doc = job_for(&base, &large, &args, None)?;
+        let mut cross = serde_norway::Mapping::new();
+        cross.insert("layers".into(), 1.into());
+        doc["spec"]["model"]["cross"] = serde_norway::Value::Mapping(cross);
+        let (summary, _) = distributed(&exe, &doc, "ctr-x", &work)?;
+        report["x_cross_layers"] =
+            figures(&summary, &doc, large.planted["planted_test_auc"].as_f64());
+    }
+    if run("i") {
+        let mut doc = job_for(&base, &large, &args, None)?;
+        doc["spec"]["model"]["dotInteraction"] = true.into();
+        let (summary, _) = distributed(&exe, &doc, "ctr-i", &work)?;
+        report["i_dot_interaction"] =
             figures(&summary, &doc, large.planted["planted_test_auc"].as_f64());
     }
     report["comparisons"] = comparisons(&report);
@@ -404,6 +425,10 @@ fn comparisons(r: &Value) -> Value {
         "b_bytes_per_example_over_c": ratio(g("b_distributed", "bytes_per_example"), g("c_distributed_small_vocab", "bytes_per_example")),
         "b_dense_path_over_sparse_bytes": ratio(g("b_distributed", "dense_path_bytes_per_example"), g("b_distributed", "bytes_per_example")),
         "d_minus_b_test_auc": diff(g("d_capacity_quarter", "test_auc"), g("b_distributed", "test_auc")),
+        "x_minus_b_test_auc": diff(g("x_cross_layers", "test_auc"), g("b_distributed", "test_auc")),
+        "x_over_b_examples_per_second": ratio(g("x_cross_layers", "examples_per_second"), g("b_distributed", "examples_per_second")),
+        "i_minus_b_test_auc": diff(g("i_dot_interaction", "test_auc"), g("b_distributed", "test_auc")),
+        "i_over_b_examples_per_second": ratio(g("i_dot_interaction", "examples_per_second"), g("b_distributed", "examples_per_second")),
         "b_shard_bytes_per_row": r["b_distributed"]["shard_memory"]["bytes_per_row"],
     })
 }

@@ -1,10 +1,16 @@
 use super::*;
-use distbelief_api::{DenseLayer, Loss, ModelSpec, OutputLayer};
+use distbelief_api::{CrossSpec, DenseLayer, Loss, ModelSpec, OutputLayer};
 
 fn layout(hidden: &[(u32, Activation)], inputs: u32, classes: u32) -> Layout {
+    layout_crossed(hidden, inputs, classes, 0)
+}
+
+fn layout_crossed(hidden: &[(u32, Activation)], inputs: u32, classes: u32, cross: u32) -> Layout {
     Layout::from_model(&ModelSpec {
         tables: Vec::new(),
         wide: None,
+        cross: (cross > 0).then_some(CrossSpec { layers: cross }),
+        dot_interaction: false,
         input_size: inputs,
         input_shape: None,
         layers: Vec::new(),
@@ -32,7 +38,11 @@ fn mean_loss(m: &Mlp, params: &[f32], x: ArrayView2<f32>, y: &[u32]) -> f64 {
 }
 
 fn gradient_check(hidden: &[(u32, Activation)]) {
-    let l = layout(hidden, 6, 4);
+    gradient_check_crossed(hidden, 0);
+}
+
+fn gradient_check_crossed(hidden: &[(u32, Activation)], cross: u32) {
+    let l = layout_crossed(hidden, 6, 4, cross);
     let m = Mlp::new(&l);
     let mut params = l.initial_values(0..l.len(), 3);
     for (i, p) in params.iter_mut().enumerate() {
@@ -70,6 +80,38 @@ fn gradient_check(hidden: &[(u32, Activation)]) {
 #[test]
 fn gradient_matches_finite_differences_tanh_sigmoid() {
     gradient_check(&[(5, Activation::Tanh), (4, Activation::Sigmoid)]);
+}
+
+/// DCN-v2 cross layers under the dense ones: their weights and biases, and
+/// every dense layer's, match finite differences.
+#[test]
+fn gradient_matches_finite_differences_through_cross_layers() {
+    for layers in [1, 3] {
+        // Smooth activations: a relu kink within the finite difference's
+        // step would blur the check.
+        let l = layout_crossed(&[(5, Activation::Tanh)], 6, 4, layers);
+        assert_eq!(l.cross.len(), layers as usize);
+        assert_eq!(l.tensors[0].name, "cross0/weight");
+        assert_eq!(l.tensors[0].shape, [6, 6]);
+        gradient_check_crossed(&[(5, Activation::Tanh)], layers);
+    }
+}
+
+/// With every cross weight and bias zero, a cross layer passes its input
+/// through: x₀ ⊙ 0 + x.
+#[test]
+fn zero_cross_layers_are_the_identity() {
+    let plain = layout(&[(5, Activation::Tanh)], 6, 4);
+    let crossed = layout_crossed(&[(5, Activation::Tanh)], 6, 4, 2);
+    let p = plain.initial_values(0..plain.len(), 3);
+    let cross_len = crossed.len() - plain.len();
+    let mut q = vec![0.0; cross_len];
+    q.extend_from_slice(&p);
+    let xs = inputs(5, 6);
+    let x = ArrayView2::from_shape((5, 6), &xs[..]).unwrap();
+    let a = Mlp::new(&plain).logits(&p, x);
+    let b = Mlp::new(&crossed).logits(&q, x);
+    assert_eq!(a, b);
 }
 
 #[test]

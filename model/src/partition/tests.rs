@@ -13,6 +13,8 @@ fn dense_layout() -> Layout {
     Layout::from_model(&ModelSpec {
         tables: Vec::new(),
         wide: None,
+        cross: None,
+        dot_interaction: false,
         input_size: 23,
         input_shape: None,
         layers: Vec::new(),

@@ -1,7 +1,7 @@
 use super::*;
 use distbelief_api::{
-    Activation, DataFormat, DataSpec, DenseLayer, Loss, ModelSpec, OutputLayer, Pooling, TableSpec,
-    WideSpec,
+    Activation, CrossSpec, DataFormat, DataSpec, DenseLayer, Loss, ModelSpec, OutputLayer, Pooling,
+    TableSpec, WideSpec,
 };
 
 fn model() -> WideDeep {
@@ -9,6 +9,14 @@ fn model() -> WideDeep {
 }
 
 fn model_pooled(pooling: Pooling) -> WideDeep {
+    model_with(pooling, None)
+}
+
+fn model_with(pooling: Pooling, cross: Option<CrossSpec>) -> WideDeep {
+    model_full(pooling, cross, false)
+}
+
+fn model_full(pooling: Pooling, cross: Option<CrossSpec>, dot_interaction: bool) -> WideDeep {
     let spec = ModelSpec {
         input_size: 2,
         input_shape: None,
@@ -32,6 +40,8 @@ fn model_pooled(pooling: Pooling) -> WideDeep {
             pooling,
         }],
         wide: Some(WideSpec::default()),
+        cross,
+        dot_interaction,
     };
     let data = DataSpec {
         format: DataFormat::Parquet,
@@ -39,7 +49,10 @@ fn model_pooled(pooling: Pooling) -> WideDeep {
         ..DataSpec::default()
     };
     let layout = Layout::from_model(&spec);
-    assert_eq!(layout.inputs(), 2 + 2 * 3);
+    assert_eq!(
+        layout.inputs(),
+        2 + 2 * 3 + usize::from(spec.dot_interaction)
+    );
     WideDeep::new(&layout, &Tables::from_spec(&spec, &data))
 }
 
@@ -78,6 +91,27 @@ fn gradients_of_dense_weights_embeddings_and_wide_weights_match_finite_differenc
 #[test]
 fn gradients_match_finite_differences_when_a_table_pools_by_mean() {
     check_gradients(model_pooled(Pooling::Mean));
+}
+
+/// DCN-v2 cross layers over the numeric features and the embedding rows:
+/// the rows' gradients pass back through them.
+#[test]
+fn gradients_match_finite_differences_through_cross_layers() {
+    check_gradients(model_with(Pooling::Mean, Some(CrossSpec { layers: 2 })));
+}
+
+/// DLRM's dot interaction: fields a and c's rows and their product feed
+/// the MLP, and the rows' gradients include the product's.
+#[test]
+fn gradients_match_finite_differences_with_dot_interaction() {
+    let m = model_full(Pooling::Sum, None, true);
+    assert_eq!(m.mlp().layout().inputs(), 2 + 2 * 3 + 1);
+    check_gradients(m);
+    check_gradients(model_full(
+        Pooling::Mean,
+        Some(CrossSpec { layers: 1 }),
+        true,
+    ));
 }
 
 /// A multi-hot field pooled by mean reads the mean of its weighted rows.
