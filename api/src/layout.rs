@@ -96,25 +96,18 @@ impl Layout {
         let mut inputs = resolved.flat_inputs;
         let mut cross = Vec::new();
         for i in 0..model.cross.map_or(0, |c| c.layers as usize) {
-            let weight = Tensor {
-                name: format!("cross{i}/weight"),
-                shape: vec![inputs, inputs],
-                offset,
-            };
-            offset += weight.len();
-            let bias = Tensor {
-                name: format!("cross{i}/bias"),
-                shape: vec![inputs],
-                offset,
-            };
-            offset += bias.len();
+            let (weight, bias) = push_linear(
+                &mut tensors,
+                &mut offset,
+                &format!("cross{i}"),
+                inputs,
+                inputs,
+            );
             cross.push(CrossShape {
                 dim: inputs,
-                weight: weight.range(),
-                bias: bias.range(),
+                weight,
+                bias,
             });
-            tensors.push(weight);
-            tensors.push(bias);
         }
         let dims = resolved
             .dense
@@ -125,27 +118,20 @@ impl Layout {
                 Activation::Linear,
             )));
         for (i, (units, activation)) in dims.enumerate() {
-            let weight = Tensor {
-                name: format!("dense{i}/weight"),
-                shape: vec![inputs, units],
-                offset,
-            };
-            offset += weight.len();
-            let bias = Tensor {
-                name: format!("dense{i}/bias"),
-                shape: vec![units],
-                offset,
-            };
-            offset += bias.len();
+            let (weight, bias) = push_linear(
+                &mut tensors,
+                &mut offset,
+                &format!("dense{i}"),
+                inputs,
+                units,
+            );
             layers.push(DenseShape {
                 inputs,
                 units,
                 activation,
-                weight: weight.range(),
-                bias: bias.range(),
+                weight,
+                bias,
             });
-            tensors.push(weight);
-            tensors.push(bias);
             inputs = units;
         }
         Ok(Layout {
@@ -226,6 +212,29 @@ impl Layout {
         }
         out
     }
+}
+
+/// Adds `<name>/weight` (`[inputs, units]`) and `<name>/bias` (`[units]`)
+/// at `offset`, moving it past them; their ranges.
+fn push_linear(
+    tensors: &mut Vec<Tensor>,
+    offset: &mut usize,
+    name: &str,
+    inputs: usize,
+    units: usize,
+) -> (Range<usize>, Range<usize>) {
+    let mut ranges = Vec::with_capacity(2);
+    for (part, shape) in [("weight", vec![inputs, units]), ("bias", vec![units])] {
+        let t = Tensor {
+            name: format!("{name}/{part}"),
+            shape,
+            offset: *offset,
+        };
+        *offset += t.len();
+        ranges.push(t.range());
+        tensors.push(t);
+    }
+    (ranges[0].clone(), ranges[1].clone())
 }
 
 /// Splits `[0, len)` into `shards` contiguous ranges whose sizes differ by at most one.

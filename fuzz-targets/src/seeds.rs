@@ -41,6 +41,10 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
             "cnn.yaml",
             include_str!("../../examples/fashion-mnist-cnn.yaml"),
         ),
+        (
+            "movielens.yaml",
+            include_str!("../../examples/movielens-100k.yaml"),
+        ),
     ] {
         add("job_file", name, text.as_bytes().to_vec());
     }
