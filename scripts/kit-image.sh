@@ -10,8 +10,9 @@
 # Like the Dockerfile's image: /usr/local/bin/distbelief (from
 # target/release/distbelief, or $DISTBELIEF_BINARY) is the entrypoint, the
 # Fashion-MNIST files are at /usr/share/datasets/fashion-mnist, Adult's at
-# /usr/local/share/datasets/adult and the synthetic CTR set (made here by the
-# binary, 10^6 rows) at /usr/local/share/datasets/synthetic-ctr, the user is
+# /usr/local/share/datasets/adult, MovieLens 100k joined by the binary at
+# /usr/local/share/datasets/movielens-100k, and the synthetic CTR set (made
+# here by the binary, 10^6 rows) at /usr/local/share/datasets/synthetic-ctr, the user is
 # 65532:65532, and /etc/ssl/certs/ca-certificates.crt is copied when the host
 # has it. The binary's shared libraries and dynamic loader come from the host
 # (ldd), so the image runs the binary exactly as built here.
@@ -38,12 +39,17 @@ WITH_DATA=1
 [ "${DISTBELIEF_IMAGE_DATA:-all}" = none ] && WITH_DATA=
 KIT=$("$ROOT/scripts/kit.sh" path) || exit 1
 CTR=/usr/local/share/datasets/synthetic-ctr
+MOVIELENS=/usr/local/share/datasets/movielens-100k
 CTR_DIR=$(mktemp -d)
-chmod 0755 "$CTR_DIR"
-trap 'rm -rf "$CTR_DIR"' EXIT
+ML_DIR=$(mktemp -d)
+chmod 0755 "$CTR_DIR" "$ML_DIR"
+trap 'rm -rf "$CTR_DIR" "$ML_DIR"' EXIT
 if [ -n "$WITH_DATA" ]; then
   [ -f "$ADULT/adult.parquet.brotli" ] || die "no $ADULT/adult.parquet.brotli: run scripts/setup.sh (it fetches Adult)"
+  [ -f "$MOVIELENS/MovieLens100k_users.parquet.brotli" ] || die "no MovieLens 100k in $MOVIELENS: run scripts/setup.sh (it fetches it)"
   "$BIN" data synth-ctr --out "$CTR_DIR" >/dev/null 2>&1 || die "distbelief data synth-ctr failed"
+  "$BIN" data movielens --from "$MOVIELENS" --out "$ML_DIR" >/dev/null 2>&1 || die "distbelief data movielens failed"
+  chmod 0644 "$ML_DIR"/*.parquet
 fi
 PYTHON=$(command -v python3) || die "mkimage.py needs python3"
 
@@ -52,7 +58,7 @@ args=(
   --add "$BIN:/usr/local/bin/distbelief" --libs-of "$BIN"
   --entrypoint '["/usr/local/bin/distbelief"]'
 )
-[ -z "$WITH_DATA" ] || args+=(--add "$DATA:$DATA" --add "$ADULT:$ADULT" --add "$CTR_DIR:$CTR")
+[ -z "$WITH_DATA" ] || args+=(--add "$DATA:$DATA" --add "$ADULT:$ADULT" --add "$CTR_DIR:$CTR" --add "$ML_DIR:$MOVIELENS")
 [ -f "$CA" ] && args+=(--add "$CA:$CA")
 
 rm -f "$OUT.tmp"
