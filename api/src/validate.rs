@@ -172,21 +172,6 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if d.hash_buckets == Some(0) {
         fail("spec.data.hashBuckets", None);
     }
-    for c in d.multi_hot.iter().filter(|c| !d.categorical.contains(c)) {
-        fail(
-            "spec.data.multiHot",
-            Some(format!("{c:?} is not in spec.data.categorical")),
-        );
-    }
-    if !d.multi_hot.is_empty() && d.stream.is_some() {
-        fail(
-            "spec.data.multiHot",
-            Some(admission::MSG_MULTI_HOT_STREAM.into()),
-        );
-    }
-    if !(1..=8).contains(&d.multi_hot_separator.chars().count()) {
-        fail("spec.data.multiHotSeparator", None);
-    }
 
     let downpour = match (&s.algorithm.downpour, &s.algorithm.sandblaster) {
         (Some(d), None) => Some(d.clone()),
@@ -254,18 +239,6 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     } else {
         Some(Layout::from_model(&s.model))
     };
-    if s.model.dot_interaction {
-        let dims: std::collections::BTreeSet<u32> = s.model.tables.iter().map(|t| t.dim).collect();
-        let rows: usize = s.model.tables.iter().map(|t| t.fields.len()).sum();
-        if dims.len() > 1 || rows < 2 {
-            fail(
-                "spec.model.dotInteraction",
-                Some(format!(
-                    "needs at least two embedding rows of one dim; the tables have {rows} rows of dims {dims:?}"
-                )),
-            );
-        }
-    }
     if let Some(c) = s.model.cross {
         if !(1..=8).contains(&c.layers) {
             fail("spec.model.cross.layers", None);

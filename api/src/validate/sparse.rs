@@ -19,6 +19,8 @@ pub const MAX_TABLES: usize = 64;
 pub(super) fn check(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<String>)) {
     let m = &s.model;
     let d = &s.data;
+    check_multi_hot(d, fail);
+    check_dot_interaction(s, fail);
     let sparse = !m.tables.is_empty() || m.wide.is_some();
     match m.output.loss {
         Loss::SoftmaxCrossEntropy if m.output.units < 2 => fail("spec.model.output.units", None),
@@ -208,6 +210,42 @@ fn check_rows(
     }
     if min_count == 0 {
         fail(&format!("{at}.minCount"), Some("must be at least 1".into()));
+    }
+}
+
+/// Multi-valued categorical columns: named among the categorical ones, read
+/// whole (a streamed row holds one key per field), split by a short separator.
+fn check_multi_hot(d: &DataSpec, fail: &mut impl FnMut(&str, Option<String>)) {
+    for c in d.multi_hot.iter().filter(|c| !d.categorical.contains(c)) {
+        fail(
+            "spec.data.multiHot",
+            Some(format!("{c:?} is not in spec.data.categorical")),
+        );
+    }
+    if !d.multi_hot.is_empty() && d.stream.is_some() {
+        fail(
+            "spec.data.multiHot",
+            Some(crate::admission::MSG_MULTI_HOT_STREAM.into()),
+        );
+    }
+    if !(1..=8).contains(&d.multi_hot_separator.chars().count()) {
+        fail("spec.data.multiHotSeparator", None);
+    }
+}
+
+/// DLRM's dot interaction multiplies rows of one dim, two at least.
+fn check_dot_interaction(s: &DistBeliefJobSpec, fail: &mut impl FnMut(&str, Option<String>)) {
+    if s.model.dot_interaction {
+        let dims: std::collections::BTreeSet<u32> = s.model.tables.iter().map(|t| t.dim).collect();
+        let rows: usize = s.model.tables.iter().map(|t| t.fields.len()).sum();
+        if dims.len() > 1 || rows < 2 {
+            fail(
+                "spec.model.dotInteraction",
+                Some(format!(
+                    "needs at least two embedding rows of one dim; the tables have {rows} rows of dims {dims:?}"
+                )),
+            );
+        }
     }
 }
 
