@@ -2,7 +2,7 @@
 # Installs what building, running and testing distbelief needs on a fresh
 # Debian machine: protoc, the Fashion-MNIST data set, with --test Chromium,
 # its WebDriver and Prometheus, and the manifest tools
-# (Helm, kubernetes-validate and TensorBoard, under the gitignored .tools/). Safe to run
+# (Helm, kubernetes-validate, TensorBoard and moto's S3 server, under the gitignored .tools/). Safe to run
 # again: it prints nothing and downloads nothing when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,8 @@ HELM_VERSION="v4.1.4"
 KUBERNETES_VALIDATE_VERSION="1.33.1"
 # TensorBoard, whose own reader checks the coordinator's event files.
 TENSORBOARD_VERSION="2.20.0"
+# moto's S3-compatible server, which the object store tests read data through.
+MOTO_VERSION="5.2.5"
 
 TOOLS="$PWD/.tools"
 
@@ -144,4 +146,18 @@ if ! tb_ok; then
   "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check \
     "tensorboard==$TENSORBOARD_VERSION"
   tb_ok || { echo "setup: tensorboard $TENSORBOARD_VERSION did not install" >&2; exit 1; }
+fi
+
+# --- An S3-compatible server -------------------------------------------------
+# moto's server, in the same venv: the object store tests and the streamed
+# benchmark read data through it on 127.0.0.1 (scripts/s3.sh starts it).
+moto_ok() {
+  [ -x "$TOOLS/venv/bin/moto_server" ] &&
+    [ "$("$TOOLS/venv/bin/python" -c 'import moto; print(moto.__version__)' 2>/dev/null)" = "$MOTO_VERSION" ]
+}
+if ! moto_ok; then
+  echo "setup: installing moto[server] $MOTO_VERSION into .tools/venv" >&2
+  "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "moto[server]==$MOTO_VERSION"
+  moto_ok || { echo "setup: moto $MOTO_VERSION did not install" >&2; exit 1; }
 fi

@@ -44,6 +44,17 @@ python3 scripts/check-links.py 2>&1 | tee -a "$log" || status=1
 # The control-plane tests (cli/tests/controlplane.rs, named kit_*) run
 # against the Kubernetes kit's real API server when ../shared/k8s is there;
 # the kit is started once here (or reused) and shared with tests/e2e/run.sh.
+# The object store tests read data through an S3-compatible server on
+# 127.0.0.1, started here and stopped when the run ends.
+step "S3-compatible server (scripts/s3.sh up)"
+if s3_env=$(scripts/s3.sh up); then
+  eval "$s3_env"
+  trap 'rm -f "$log"; scripts/s3.sh down' EXIT
+else
+  echo "FAIL: the S3-compatible server did not start" | tee -a "$log"
+  status=1
+fi
+
 kit_args=()
 if scripts/kit.sh path >/dev/null 2>&1; then
   # One test run at a time per kit: the e2e suite installs a cluster-wide

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
+use distbelief_model::data::files;
 use distbelief_model::synth::{self, BLOCK_ROWS, Distinct, Generator, Row};
 use distbelief_model::wide_deep::{auc, log_loss};
 use rayon::prelude::*;
@@ -52,40 +53,55 @@ pub struct CopyArgs {
     /// The directory whose files (and subdirectories) to copy.
     #[arg(long)]
     pub from: PathBuf,
-    /// Where they go; created if missing.
+    /// Where they go: a directory, created if missing, or an object store
+    /// URL (`s3://bucket/prefix`, ...) configured as a job's data is.
     #[arg(long)]
-    pub out: PathBuf,
+    pub out: String,
 }
 
-/// Copies `from` into `out`, each file through a `.part` file renamed when
-/// complete, so that a reader (a job waiting for its data) never sees half
-/// a file.
+/// Copies `from` into `out`. Each file goes through a `.part` file renamed
+/// when complete, so that a reader (a job waiting for its data) never sees
+/// half a file; an object store shows an object only once it is whole.
 pub fn copy(a: CopyArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let (files, bytes) = copy_dir(&a.from, &a.out)?;
+    let (files, bytes) = copy_dir(&a.from, a.out.trim_end_matches('/'))?;
     anyhow::ensure!(files > 0, "{} holds no file to copy", a.from.display());
     println!(
         "copied {files} files, {bytes} bytes, from {} to {} in {:.1} s",
         a.from.display(),
-        a.out.display(),
+        a.out,
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)
 }
 
-fn copy_dir(from: &Path, out: &Path) -> anyhow::Result<(u64, u64)> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+fn copy_dir(from: &Path, out: &str) -> anyhow::Result<(u64, u64)> {
+    let url = files::is_url(out);
+    if !url {
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {out}"))?;
+    }
     let entries =
         std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))?;
     let (mut files, mut bytes) = (0, 0);
     for entry in entries {
         let entry = entry.with_context(|| format!("cannot read {}", from.display()))?;
-        let (src, dst) = (entry.path(), out.join(entry.file_name()));
+        let name = entry.file_name();
+        let name = name
+            .to_str()
+            .with_context(|| format!("{}: not a UTF-8 name", entry.path().display()))?;
+        let (src, dst) = (entry.path(), format!("{out}/{name}"));
         if entry.file_type()?.is_dir() {
             let (f, b) = copy_dir(&src, &dst)?;
             (files, bytes) = (files + f, bytes + b);
             continue;
         }
+        if url {
+            let n = files::upload(&src, &dst)?;
+            println!("{dst} ({n} bytes)");
+            (files, bytes) = (files + 1, bytes + n);
+            continue;
+        }
+        let dst = PathBuf::from(dst);
         let part = dst.with_extension("part");
         let n = std::fs::copy(&src, &part)
             .with_context(|| format!("cannot copy {} to {}", src.display(), part.display()))?;
@@ -340,7 +356,7 @@ mod tests {
         std::fs::create_dir_all(from.join("sub")).unwrap();
         std::fs::write(from.join("train.gz"), b"12345").unwrap();
         std::fs::write(from.join("sub/test.gz"), b"67").unwrap();
-        assert_eq!(copy_dir(&from, &out).unwrap(), (2, 7));
+        assert_eq!(copy_dir(&from, out.to_str().unwrap()).unwrap(), (2, 7));
         assert_eq!(std::fs::read(out.join("train.gz")).unwrap(), b"12345");
         assert_eq!(std::fs::read(out.join("sub/test.gz")).unwrap(), b"67");
         let names: Vec<String> = std::fs::read_dir(&out)
@@ -352,11 +368,11 @@ mod tests {
         std::fs::create_dir(&empty).unwrap();
         let e = copy(CopyArgs {
             from: empty,
-            out: dir.path().join("x"),
+            out: dir.path().join("x").display().to_string(),
         })
         .unwrap_err();
         assert!(e.to_string().contains("holds no file"), "{e}");
-        let missing = copy_dir(&dir.path().join("nowhere"), &out).unwrap_err();
+        let missing = copy_dir(&dir.path().join("nowhere"), out.to_str().unwrap()).unwrap_err();
         assert!(
             format!("{missing:#}").contains("cannot read"),
             "{missing:#}"

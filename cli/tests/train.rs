@@ -43,6 +43,8 @@ struct Run {
     dir: tempfile::TempDir,
     /// The run directory (`--out`): in `dir`, or an earlier run's when resumed.
     out: PathBuf,
+    /// Variables added to the environment of the run and of `distbelief eval`.
+    env: Vec<(String, String)>,
 }
 
 impl Drop for Run {
@@ -83,19 +85,30 @@ impl Run {
     /// Starts `distbelief train` with extra flags; its stderr goes to
     /// `stderr.log` beside the run directory.
     fn start_with(yaml: String, flags: &[&str]) -> Run {
+        Run::start_env(yaml, flags, &[])
+    }
+
+    /// As start_with, with variables added to the environment.
+    fn start_env(yaml: String, flags: &[&str], env: &[(&str, String)]) -> Run {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("run");
-        Run::start_in(dir, out, yaml, flags)
+        Run::start_in(dir, out, yaml, flags, env)
     }
 
     /// `distbelief train --resume` on `earlier`'s run directory.
     fn resume(earlier: &Run, yaml: String, flags: &[&str]) -> Run {
         let dir = tempfile::tempdir().expect("tempdir");
         let flags: Vec<&str> = flags.iter().copied().chain(["--resume"]).collect();
-        Run::start_in(dir, earlier.run_dir(), yaml, &flags)
+        Run::start_in(dir, earlier.run_dir(), yaml, &flags, &[])
     }
 
-    fn start_in(dir: tempfile::TempDir, out: PathBuf, yaml: String, flags: &[&str]) -> Run {
+    fn start_in(
+        dir: tempfile::TempDir,
+        out: PathBuf,
+        yaml: String,
+        flags: &[&str],
+        env: &[(&str, String)],
+    ) -> Run {
         require_fashion_mnist();
         let file = dir.path().join("job.yaml");
         std::fs::write(&file, yaml).expect("write job");
@@ -108,11 +121,21 @@ impl Run {
             .arg("--summary-json")
             .arg(dir.path().join("summary.json"))
             .args(flags)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
             .expect("start distbelief train");
-        Run { child, dir, out }
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        Run {
+            child,
+            dir,
+            out,
+            env,
+        }
     }
 
     fn stderr(&self) -> String {
@@ -254,6 +277,7 @@ impl Run {
             .args(["eval", self.dir.path().join("job.yaml").to_str().unwrap()])
             .args(["--model", model, "--json"])
             .args(more)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("distbelief eval runs");
         assert!(
@@ -1414,94 +1438,188 @@ fn criteo_s_own_layout_trains_with_no_header_and_empty_cells() {
 #[test]
 fn a_streamed_job_trains_on_part_files_a_data_shard_at_a_time() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let example = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/synthetic-ctr.yaml"),
-    )
-    .expect("the example");
-    // (format, parts, how the job names the training files)
     for (format, parts, glob) in [
         ("parquet", 3, false),
         ("tsv.gz", 4, true),
         ("tsv", 2, false),
     ] {
-        let data = dir.path().join(format.replace('.', "-"));
-        let parts_arg = parts.to_string();
-        synth_ctr(
-            &data,
-            &[
-                "--rows",
-                "60000",
-                "--test-rows",
-                "5000",
-                "--vocab",
-                "5000",
-                "--format",
-                format,
-                "--parts",
-                &parts_arg,
-                "--row-group-rows",
-                "8192",
-            ],
-        );
-        let files: Vec<PathBuf> = std::fs::read_dir(data.join("train"))
-            .expect("the part files")
-            .map(|e| e.unwrap().path())
-            .collect();
-        assert_eq!(files.len(), parts, "{files:?}");
-        let range_bytes: u64 = 1 << 20;
-        let data_shards: u64 = match format {
-            // 60,000 rows in whole 16,384-row blocks: 3 parts of 1, 1 and 2
-            // blocks, in row groups of 8,192.
-            "parquet" => 2 + 2 + 4,
-            "tsv.gz" => parts as u64,
-            _ => files
-                .iter()
-                .map(|f| f.metadata().unwrap().len().div_ceil(range_bytes))
-                .sum(),
-        };
-        let train = if glob {
-            format!("{}/part-*.{format}", data.join("train").display())
-        } else {
-            data.join("train").display().to_string()
-        };
-        let test = data.join(format!("test.{format}")).display().to_string();
-        let (train_key, test_key, fmt) = if format == "parquet" {
-            ("trainFile", "testFile", "parquet")
-        } else {
-            ("trainCsv", "testCsv", "csv")
-        };
-        let yaml = example
-            .replace(
-                "trainCsv: /usr/local/share/datasets/synthetic-ctr/train.tsv",
-                &format!("{train_key}: {train:?}"),
-            )
-            .replace(
-                "testCsv: /usr/local/share/datasets/synthetic-ctr/test.tsv",
-                &format!("{test_key}: {test:?}\n    stream: {{rangeBytes: {range_bytes}, shuffleBuffer: 4096}}"),
-            )
-            .replace("format: csv", &format!("format: {fmt}"))
-            // Past the steep start, so that the model saved after the
-            // last evaluation scores as that evaluation did.
-            .replace("maxEpochs: 1", "maxEpochs: 3")
-            .replace("name: synthetic-ctr", "name: streamed-ctr");
-        let mut run = Run::start_with(yaml, &[]);
-        let s = run.finish(Duration::from_secs(300));
-        assert_eq!(s["stop_reason"], "max_epochs", "{format}: {s}");
-        let shards = &s["data_shards"];
-        assert_eq!(shards["per_epoch"], data_shards, "{format}: {s}");
-        assert!(
-            shards["trained"].as_u64().unwrap() >= data_shards,
-            "{format}: {s}"
-        );
-        let auc = s["final_test_auc"].as_f64().expect("AUC");
-        assert!(auc > 0.7, "{format}: AUC {auc}: {s}");
-        let logs = std::fs::read_to_string(run.run_dir().join("logs/worker-0.log"))
-            .expect("replica 0's log");
-        assert!(
-            logs.contains("training data streamed"),
-            "{format}: replica 0 loaded its data whole: {logs}"
-        );
+        streamed_run(dir.path(), format, parts, glob, None);
     }
+}
+
+/// The S3-compatible server scripts/test.sh starts (scripts/s3.sh up),
+/// and the variables a job reaches it with, as a user's job would.
+fn s3_env() -> Vec<(&'static str, String)> {
+    let endpoint = std::env::var("DISTBELIEF_S3_ENDPOINT").expect(
+        "DISTBELIEF_S3_ENDPOINT is unset: this test reads data through an S3-compatible server; \
+         start one with  eval \"$(scripts/s3.sh up)\"  (scripts/test.sh does)",
+    );
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "distbelief".into()),
+        ("AWS_SECRET_ACCESS_KEY", "distbelief".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ]
+}
+
+/// The same streamed jobs with their data in an S3-compatible store
+/// (copied there by `distbelief data copy`): a prefix of Parquet part
+/// files, and a glob of plain TSV files whose byte ranges cross the
+/// reader's fetches. They make the data shards the local files make, and
+/// learn. A prefix with no objects fails the job at once, naming it.
+#[test]
+fn a_streamed_job_reads_its_part_files_from_an_s3_compatible_store() {
+    let env = s3_env();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let prefix = format!("s3://distbelief-test/{run}");
+    for (format, parts, glob) in [("parquet", 3, false), ("tsv", 2, true)] {
+        streamed_run(dir.path(), format, parts, glob, Some((&prefix, &env)));
+    }
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/synthetic-ctr.yaml"),
+    )
+    .expect("the example");
+    let absent = format!("{prefix}/absent/");
+    let yaml = example
+        .replace(
+            "trainCsv: /usr/local/share/datasets/synthetic-ctr/train.tsv",
+            &format!("trainCsv: {absent:?}\n    stream: {{}}"),
+        )
+        .replace("name: synthetic-ctr", "name: absent-data");
+    let mut run = Run::start_env(yaml, &[], &env);
+    let (status, _) = run.exit(Duration::from_secs(120), "fail");
+    assert!(!status.success());
+    let err = run.stderr();
+    assert!(
+        err.contains(&format!("{absent}: names no objects")),
+        "{}",
+        last_lines(&err, 20)
+    );
+}
+
+/// Writes a synthetic CTR set in `format` as `parts` part files (copied to
+/// the store under `store.0` when given, reached with `store.1`), trains
+/// the synthetic CTR example on it streamed, and checks the data shards
+/// and what was learnt.
+fn streamed_run(
+    dir: &Path,
+    format: &str,
+    parts: usize,
+    glob: bool,
+    store: Option<(&str, &[(&str, String)])>,
+) {
+    let example = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/synthetic-ctr.yaml"),
+    )
+    .expect("the example");
+    let data = dir.join(format.replace('.', "-"));
+    let parts_arg = parts.to_string();
+    synth_ctr(
+        &data,
+        &[
+            "--rows",
+            "60000",
+            "--test-rows",
+            "5000",
+            "--vocab",
+            "5000",
+            "--format",
+            format,
+            "--parts",
+            &parts_arg,
+            "--row-group-rows",
+            "8192",
+        ],
+    );
+    let files: Vec<PathBuf> = std::fs::read_dir(data.join("train"))
+        .expect("the part files")
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), parts, "{files:?}");
+    let range_bytes: u64 = 1 << 20;
+    let data_shards: u64 = match format {
+        // 60,000 rows in whole 16,384-row blocks: 3 parts of 1, 1 and 2
+        // blocks, in row groups of 8,192.
+        "parquet" => 2 + 2 + 4,
+        "tsv.gz" => parts as u64,
+        _ => files
+            .iter()
+            .map(|f| f.metadata().unwrap().len().div_ceil(range_bytes))
+            .sum(),
+    };
+    let (root, env) = match store {
+        Some((prefix, env)) => {
+            let to = format!("{prefix}/{}", format.replace('.', "-"));
+            let copy = Command::new(EXE)
+                .args([
+                    "data",
+                    "copy",
+                    "--from",
+                    data.to_str().unwrap(),
+                    "--out",
+                    &to,
+                ])
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .output()
+                .expect("distbelief data copy runs");
+            assert!(
+                copy.status.success(),
+                "{}",
+                String::from_utf8_lossy(&copy.stderr)
+            );
+            (to, env)
+        }
+        None => (data.display().to_string(), &[][..]),
+    };
+    let train = if glob {
+        format!("{root}/train/part-*.{format}")
+    } else {
+        format!("{root}/train")
+    };
+    let test = format!("{root}/test.{format}");
+    let (train_key, test_key, fmt) = if format == "parquet" {
+        ("trainFile", "testFile", "parquet")
+    } else {
+        ("trainCsv", "testCsv", "csv")
+    };
+    let yaml = example
+        .replace(
+            "trainCsv: /usr/local/share/datasets/synthetic-ctr/train.tsv",
+            &format!("{train_key}: {train:?}"),
+        )
+        .replace(
+            "testCsv: /usr/local/share/datasets/synthetic-ctr/test.tsv",
+            &format!("{test_key}: {test:?}\n    stream: {{rangeBytes: {range_bytes}, shuffleBuffer: 4096}}"),
+        )
+        .replace("format: csv", &format!("format: {fmt}"))
+        // Past the steep start, so that the model saved after the
+        // last evaluation scores as that evaluation did.
+        .replace("maxEpochs: 1", "maxEpochs: 3")
+        .replace("name: synthetic-ctr", "name: streamed-ctr");
+    let mut run = Run::start_env(yaml, &[], env);
+    let s = run.finish(Duration::from_secs(300));
+    assert_eq!(s["stop_reason"], "max_epochs", "{train}: {s}");
+    let shards = &s["data_shards"];
+    assert_eq!(shards["per_epoch"], data_shards, "{train}: {s}");
+    assert!(
+        shards["trained"].as_u64().unwrap() >= data_shards,
+        "{train}: {s}"
+    );
+    let auc = s["final_test_auc"].as_f64().expect("AUC");
+    assert!(auc > 0.7, "{train}: AUC {auc}: {s}");
+    let logs =
+        std::fs::read_to_string(run.run_dir().join("logs/worker-0.log")).expect("replica 0's log");
+    assert!(
+        logs.contains("training data streamed"),
+        "{train}: replica 0 loaded its data whole: {logs}"
+    );
 }
 
 /// The coordinator's TensorBoard event files, read back with TensorBoard's

@@ -3,11 +3,11 @@
 //! in-memory [`Dataset`] of f32 features, categorical keys and class labels.
 
 use std::io::Read;
-use std::path::Path;
 
 use distbelief_api::{DataFormat, DataSpec};
 
 mod csv;
+pub mod files;
 mod parquet;
 mod parquet_columns;
 mod sparse;
@@ -66,6 +66,11 @@ pub struct Dataset {
 pub enum DataError {
     #[error("cannot read {path}: {source}")]
     Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
         path: String,
         source: std::io::Error,
     },
@@ -384,12 +389,7 @@ fn read_libsvm(spec: &DataSpec, train: bool) -> Result<Dataset, DataError> {
 }
 
 fn read_file(path: &str) -> Result<Vec<u8>, DataError> {
-    let io = |source| DataError::Io {
-        path: path.to_string(),
-        source,
-    };
-    let raw = std::fs::read(Path::new(path)).map_err(io)?;
-    decompress(path, raw)
+    decompress(path, files::read_all(path)?)
 }
 
 /// A data file's bytes as read, gunzipped when they start with gzip's magic

@@ -9,7 +9,6 @@
 //! missing-value key. Named files are read as a stream, so a 10^7-row file
 //! never sits in memory as text.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader};
 
 use distbelief_api::DataSpec;
@@ -146,7 +145,7 @@ pub(super) fn open(path: &str) -> Result<Box<dyn BufRead>, DataError> {
         path: path.to_string(),
         source,
     };
-    let mut file = BufReader::with_capacity(1 << 20, File::open(path).map_err(io)?);
+    let mut file = BufReader::with_capacity(1 << 20, super::files::open(path)?.reader(0));
     let gzip = file.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]);
     Ok(if gzip {
         Box::new(BufReader::with_capacity(

@@ -1,12 +1,11 @@
 //! Parquet tables through the `parquet` crate's row reader: the spec names
 //! the label, numeric and categorical columns.
 
-use std::fs::File;
-
 use distbelief_api::DataSpec;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 
+use super::files::{self, DataFile};
 use super::sparse::SparseFeatures;
 use super::standardize::{Moments, standardize};
 use super::{DataError, Dataset};
@@ -83,12 +82,8 @@ fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
 }
 
 /// A Parquet file's reader; `path` names it in errors.
-pub(super) fn open(path: &str) -> Result<SerializedFileReader<File>, DataError> {
-    let file = File::open(path).map_err(|source| DataError::Io {
-        path: path.to_string(),
-        source,
-    })?;
-    SerializedFileReader::new(file).map_err(|e| DataError::Format {
+pub(super) fn open(path: &str) -> Result<SerializedFileReader<DataFile>, DataError> {
+    SerializedFileReader::new(files::open(path)?).map_err(|e| DataError::Format {
         path: path.to_string(),
         message: e.to_string(),
     })
@@ -100,7 +95,7 @@ pub(super) fn open(path: &str) -> Result<SerializedFileReader<File>, DataError> 
 pub(super) fn for_each_row(
     spec: &DataSpec,
     path: &str,
-    reader: &SerializedFileReader<File>,
+    reader: &SerializedFileReader<DataFile>,
     group: Option<usize>,
     row: &mut super::OnRow<'_>,
 ) -> Result<(), DataError> {

@@ -5,8 +5,7 @@
 //! types take this path (numbers, booleans, text); any other layout is read
 //! by the row reader, so both give every row the same label, values and keys.
 
-use std::fs::File;
-
+use super::files::DataFile;
 use distbelief_api::DataSpec;
 use parquet::basic::{ConvertedType, Type as Physical};
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
@@ -49,7 +48,7 @@ enum Values {
 pub(super) fn for_each_row(
     spec: &DataSpec,
     path: &str,
-    reader: &SerializedFileReader<File>,
+    reader: &SerializedFileReader<DataFile>,
     group: usize,
     first: usize,
     row: &mut super::OnRow<'_>,
@@ -322,7 +321,7 @@ mod tests {
             "message t { REQUIRED INT32 y; OPTIONAL INT64 n; REQUIRED BYTE_ARRAY s (UTF8); OPTIONAL INT32 id; }",
         )
         .unwrap();
-        let file = File::create(&path).unwrap();
+        let file = std::fs::File::create(&path).unwrap();
         let props = Arc::new(WriterProperties::builder().build());
         let mut w = SerializedFileWriter::new(file, Arc::new(schema), props).unwrap();
         for g in 0..2i32 {

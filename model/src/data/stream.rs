@@ -4,7 +4,7 @@
 //! a row at a time. Nothing here holds more than a row group's rows, a
 //! shuffle buffer and a batch: memory does not grow with the data set.
 
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use distbelief_api::{DataFormat, DataSpec, StreamSpec};
@@ -12,6 +12,7 @@ use parquet::file::reader::FileReader;
 use rand::{Rng, SeedableRng};
 
 use super::csv::{self, EmptyCells, Layout, Pos};
+use super::files;
 use super::parquet as pq;
 use super::sparse::SparseFeatures;
 use super::standardize::{Moments, Stats, standardize};
@@ -65,8 +66,19 @@ impl Source {
 
 /// The files `pattern` names: a file, a directory's files (sorted, names
 /// starting with `.` or `_` left out, as Spark's and Hive's markers are) or
-/// a glob's matches (sorted). Naming nothing is an error.
+/// a glob's matches (sorted); in an object store, a URL's object, the
+/// objects under it, or a glob's. Naming nothing is an error.
 pub fn files_of(pattern: &str) -> Result<Vec<String>, DataError> {
+    if files::is_url(pattern) {
+        let files = files::list(pattern)?;
+        if files.is_empty() {
+            return Err(DataError::Format {
+                path: pattern.to_string(),
+                message: "names no objects".into(),
+            });
+        }
+        return Ok(files);
+    }
     let none = |message: String| DataError::Format {
         path: pattern.to_string(),
         message,
@@ -142,12 +154,14 @@ pub fn plan(spec: &DataSpec, train: bool) -> Result<Source, DataError> {
             }
             continue;
         }
-        let mut f = BufReader::new(std::fs::File::open(path).map_err(io)?);
-        if f.fill_buf().map_err(io)?.starts_with(&[0x1f, 0x8b]) {
+        let data = files::open(path)?;
+        let mut head = [0u8; 2];
+        let read = data.reader(0).read(&mut head).map_err(io)?;
+        if read == 2 && head == [0x1f, 0x8b] {
             units.push(Unit::Whole { file });
             continue;
         }
-        let len = f.get_ref().metadata().map_err(io)?.len();
+        let len = data.len();
         let step = stream.range_bytes.max(1);
         let mut start = 0;
         while start < len {
@@ -199,7 +213,7 @@ fn read_range(
         path: path.to_string(),
         source,
     };
-    let mut f = BufReader::with_capacity(1 << 20, std::fs::File::open(path).map_err(io)?);
+    let mut f = BufReader::with_capacity(1 << 20, files::open(path)?.reader(0));
     let mut line = Vec::new();
     let Some(n) = csv::first_line(&mut f, &mut line).map_err(io)? else {
         return Err(Layout::no_first_line(path, spec));
