@@ -129,8 +129,6 @@ pub const MSG_STREAM_HOLDOUT: &str =
 pub const MSG_STREAM_TRAIN_LIMIT: &str =
     "cannot be combined with stream, whose replicas read every file: name fewer files instead";
 pub const MSG_CROSS_PARTITIONS: &str = "cannot be split into partitions: its layers mix every input with every other; set spec.replicas.partitions to 1";
-pub const MSG_MULTI_HOT_STREAM: &str =
-    "cannot be combined with stream, whose rows hold one key per field";
 pub const MSG_STREAM_SANDBLASTER: &str =
     "cannot be combined with sandblaster, whose portions index the whole training set";
 /// The second rule on `spec.model.hidden`.
@@ -229,11 +227,6 @@ pub const RULES: &[AdmissionRule] = &[
         "spec.data.stream",
         "!has(self.data.stream) || !has(self.algorithm.sandblaster)",
         MSG_STREAM_SANDBLASTER,
-    ),
-    spec(
-        "spec.data.multiHot",
-        "!has(self.data.multiHot) || size(self.data.multiHot) == 0 || !has(self.data.stream)",
-        MSG_MULTI_HOT_STREAM,
     ),
     spec(
         "spec.data.multiHotSeparator",

@@ -555,7 +555,7 @@ pub struct DataSpec {
     /// genres or a user's history: a Parquet list column, or text split by
     /// multiHotSeparator. Every value becomes a key of the field, and the
     /// field's table pools their rows (its pooling); an empty cell or list
-    /// has no keys, and pools to zeros. Not with stream. Default: none.
+    /// has no keys, and pools to zeros. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub multi_hot: Vec<String>,
     /// What separates the values of a multiHot text cell, 1 to 8

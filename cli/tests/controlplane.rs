@@ -72,11 +72,6 @@ const BROKEN: &[(&str, Change)] = &[
     ("hashBuckets", |j| {
         j["spec"]["data"]["hashBuckets"] = json!(0)
     }),
-    ("multiHot with stream", |j| {
-        streamed(j);
-        j["spec"]["data"]["categorical"] = json!(["genres"]);
-        j["spec"]["data"]["multiHot"] = json!(["genres"]);
-    }),
     ("multiHotSeparator", |j| {
         j["spec"]["data"]["multiHotSeparator"] = json!("")
     }),

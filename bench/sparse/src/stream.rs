@@ -1,7 +1,8 @@
 //! `bench-sparse --configs stream`: the synthetic CTR example on the same
 //! rows three ways, in one run: the whole training file loaded by every
 //! replica (one TSV file, `spec.data.stream` off), and streamed from part
-//! files as Parquet row groups and as gzip TSV files. Per configuration:
+//! files as Parquet row groups and as gzip TSV files, locally and, given
+//! `--s3`, from an S3-compatible store. Per configuration:
 //! examples/s, test AUC, and every replica's peak resident memory (VmHWM,
 //! sampled from /proc while the job runs), beside the data set's size in
 //! memory; then streamed over whole as ratios.
@@ -16,16 +17,26 @@ use serde_json::{Value, json};
 /// Part files of each streamed layout.
 const PARTS: u32 = 40;
 
-pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> anyhow::Result<Value> {
+pub fn run(
+    exe: &Path,
+    base: &serde_norway::Value,
+    dir: &Path,
+    rows: u64,
+    s3: Option<&str>,
+) -> anyhow::Result<Value> {
     std::fs::create_dir_all(dir)?;
-    let layouts = [
-        ("whole", "tsv", 1),
-        ("parquet", "parquet", PARTS),
-        ("tsv.gz", "tsv.gz", PARTS),
+    let mut layouts = vec![
+        ("whole", "tsv", 1, None),
+        ("parquet", "parquet", PARTS, None),
+        ("tsv.gz", "tsv.gz", PARTS, None),
     ];
+    if let Some(url) = s3 {
+        layouts.push(("parquet, s3", "parquet", PARTS, Some(url)));
+        layouts.push(("tsv.gz, s3", "tsv.gz", PARTS, Some(url)));
+    }
     let mut out = serde_json::Map::new();
-    for (name, format, parts) in layouts {
-        let data = dir.join(name.replace('.', "-"));
+    for (name, format, parts, store) in layouts {
+        let data = dir.join(format.replace('.', "-"));
         if !data.join("planted.json").exists() {
             eprintln!("bench-sparse: stream: writing {rows} rows as {name}");
             let status = Command::new(exe)
@@ -38,25 +49,41 @@ pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> any
                 bail!("distbelief data synth-ctr failed for {name}");
             }
         }
+        let root = match store {
+            Some(url) => {
+                let to = format!("{}/{}", url.trim_end_matches('/'), format.replace('.', "-"));
+                eprintln!("bench-sparse: stream: copying {name} to {to}");
+                let status = Command::new(exe)
+                    .args(["data", "copy", "--out", &to, "--from"])
+                    .arg(&data)
+                    .stdout(std::process::Stdio::null())
+                    .status()?;
+                if !status.success() {
+                    bail!("distbelief data copy to {to} failed");
+                }
+                to
+            }
+            None => data.display().to_string(),
+        };
         let mut doc = base.clone();
         let d = &mut doc["spec"]["data"];
         let (train, test) = if parts > 1 {
-            (data.join("train"), data.join(format!("test.{format}")))
+            (format!("{root}/train"), format!("{root}/test.{format}"))
         } else {
-            (data.join("train.tsv"), data.join("test.tsv"))
+            (format!("{root}/train.tsv"), format!("{root}/test.tsv"))
         };
         let test_rows = 100_000;
         if format == "parquet" {
             d["format"] = "parquet".into();
-            d["trainFile"] = train.display().to_string().into();
-            d["testFile"] = test.display().to_string().into();
+            d["trainFile"] = train.into();
+            d["testFile"] = test.into();
             if let serde_norway::Value::Mapping(m) = d {
                 m.remove("trainCsv");
                 m.remove("testCsv");
             }
         } else {
-            d["trainCsv"] = train.display().to_string().into();
-            d["testCsv"] = test.display().to_string().into();
+            d["trainCsv"] = train.into();
+            d["testCsv"] = test.into();
         }
         if parts > 1 {
             d["stream"] = serde_norway::Value::Mapping(Default::default());
@@ -65,7 +92,7 @@ pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> any
         doc["spec"]["stop"]["maxEpochs"] = 1.into();
         eprintln!("bench-sparse: stream: training on {name}");
         let done = AtomicBool::new(false);
-        let job = format!("stream-{}", name.replace('.', "-"));
+        let job = format!("stream-{}", name.replace(['.', ','], "-").replace(' ', ""));
         let run_dir = dir.join(&job);
         let (summary, peaks) = std::thread::scope(|s| {
             let sampler = s.spawn(|| crate::sample(&run_dir, "worker", "VmHWM:", &done));
@@ -88,6 +115,7 @@ pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> any
             name.into(),
             json!({
                 "format": format,
+                "source": root,
                 "parts": parts,
                 "streamed": parts > 1,
                 "examples": summary["examples"],
@@ -121,6 +149,10 @@ pub fn run(exe: &Path, base: &serde_norway::Value, dir: &Path, rows: u64) -> any
         "parquet_replica_peak_mib": max_peak("parquet").map(|b| b / 1048576.0),
         "tsv_gz_replica_peak_mib": max_peak("tsv.gz").map(|b| b / 1048576.0),
         "whole_replica_peak_mib": max_peak("whole").map(|b| b / 1048576.0),
+        "parquet_s3_over_whole_examples_per_second": ratio("parquet, s3", "examples_per_second"),
+        "tsv_gz_s3_over_whole_examples_per_second": ratio("tsv.gz, s3", "examples_per_second"),
+        "parquet_s3_replica_peak_mib": max_peak("parquet, s3").map(|b| b / 1048576.0),
+        "tsv_gz_s3_replica_peak_mib": max_peak("tsv.gz, s3").map(|b| b / 1048576.0),
     });
     out.insert("ratios".into(), ratios);
     Ok(Value::Object(out))

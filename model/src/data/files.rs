@@ -39,13 +39,37 @@ pub enum DataFile {
     Remote(Object),
 }
 
-/// An object: its store, key and length. Cheap to clone.
+/// An object: its store, key and length. Cheap to clone; clones share the
+/// bytes preloaded.
 #[derive(Clone)]
 pub struct Object {
     store: Arc<dyn ObjectStore>,
     key: Key,
     url: String,
     len: u64,
+    /// A span fetched whole (a Parquet row group's column chunks), served
+    /// to the decoder's many small reads without a request each.
+    preloaded: Arc<std::sync::Mutex<Option<(u64, Bytes)>>>,
+}
+
+impl Object {
+    /// Fetches `range` in one request; reads inside it are served from it.
+    pub fn preload(&self, range: std::ops::Range<u64>) -> Result<(), DataError> {
+        let end = range.end.min(self.len);
+        let (store, key) = (self.store.clone(), self.key.clone());
+        let start = range.start.min(end);
+        let bytes = wait(async move { store.get_range(&key, start..end).await })
+            .map_err(|e| store_error(&self.url, e))?;
+        *self.preloaded.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, bytes));
+        Ok(())
+    }
+
+    fn preloaded_span(&self, start: u64, end: u64) -> Option<Bytes> {
+        let held = self.preloaded.lock().unwrap_or_else(|p| p.into_inner());
+        let (at, bytes) = held.as_ref()?;
+        (start >= *at && end <= at + bytes.len() as u64)
+            .then(|| bytes.slice((start - at) as usize..(end - at) as usize))
+    }
 }
 
 impl std::fmt::Debug for Object {
@@ -136,6 +160,7 @@ pub fn open(path: &str) -> Result<DataFile, DataError> {
         key,
         url: path.to_string(),
         len: meta.size,
+        preloaded: Default::default(),
     }))
 }
 
@@ -267,6 +292,14 @@ pub fn upload(from: &Path, to: &str) -> Result<u64, DataError> {
 }
 
 impl DataFile {
+    /// The object behind a remote file, to preload spans of.
+    pub fn remote(&self) -> Option<Object> {
+        match self {
+            DataFile::Local(_) => None,
+            DataFile::Remote(o) => Some(o.clone()),
+        }
+    }
+
     /// The file's length in bytes.
     pub fn len(&self) -> u64 {
         match self {
@@ -423,6 +456,9 @@ impl parquet::file::reader::ChunkReader for DataFile {
                         "{}: bytes {start}..{end} past its end ({})",
                         o.url, o.len
                     )));
+                }
+                if let Some(held) = o.preloaded_span(start, end) {
+                    return Ok(held);
                 }
                 let (store, key) = (o.store.clone(), o.key.clone());
                 wait(async move { store.get_range(&key, start..end).await })

@@ -83,10 +83,35 @@ fn read(spec: &DataSpec, path: &str) -> Result<Rows, DataError> {
 
 /// A Parquet file's reader; `path` names it in errors.
 pub(super) fn open(path: &str) -> Result<SerializedFileReader<DataFile>, DataError> {
-    SerializedFileReader::new(files::open(path)?).map_err(|e| DataError::Format {
+    open_for(path, None)
+}
+
+/// A Parquet file's reader, to read row group `group` only, when given: in
+/// an object store, the group's column chunks are fetched in one request
+/// rather than one or more per column.
+pub(super) fn open_for(
+    path: &str,
+    group: Option<usize>,
+) -> Result<SerializedFileReader<DataFile>, DataError> {
+    let file = files::open(path)?;
+    let remote = file.remote();
+    let reader = SerializedFileReader::new(file).map_err(|e| DataError::Format {
         path: path.to_string(),
         message: e.to_string(),
-    })
+    })?;
+    if let (Some(object), Some(g)) = (remote, group)
+        && let Some(meta) = reader.metadata().row_groups().get(g)
+    {
+        let spans = meta.columns().iter().map(|c| {
+            let (start, len) = c.byte_range();
+            (start, start.saturating_add(len))
+        });
+        let (start, end) = spans.fold((u64::MAX, 0), |(a, b), (s, e)| (a.min(s), b.max(e)));
+        if start < end {
+            object.preload(start..end)?;
+        }
+    }
+    Ok(reader)
 }
 
 /// Hands each row of `reader` (of row group `group` only, when given) to

@@ -121,14 +121,6 @@ pub fn files_of(pattern: &str) -> Result<Vec<String>, DataError> {
 /// The training (or test) source of a streamed job, cut into data shards.
 pub fn plan(spec: &DataSpec, train: bool) -> Result<Source, DataError> {
     let stream = spec.stream.unwrap_or_default();
-    // Streamed rows are held at one key per field (validation refuses
-    // this too).
-    if let Some(c) = spec.multi_hot.first() {
-        return Err(DataError::Format {
-            path: c.clone(),
-            message: "a multiHot column cannot be streamed (spec.data.stream)".into(),
-        });
-    }
     let pattern = match (spec.format, train) {
         (DataFormat::Parquet, true) => spec.train_file.as_deref(),
         (DataFormat::Parquet, false) => spec.test_file.as_deref(),
@@ -188,7 +180,8 @@ pub fn read_unit(
     match *unit {
         Unit::RowGroup { file, group, .. } => {
             let path = &source.files[file];
-            pq::for_each_row(spec, path, &pq::open(path)?, Some(group), row)?;
+            let reader = pq::open_for(path, Some(group))?;
+            pq::for_each_row(spec, path, &reader, Some(group), row)?;
             Ok(Vec::new())
         }
         Unit::Whole { file } => {
@@ -284,7 +277,7 @@ pub fn load_first(
         }
         read_unit(spec, source, k, &mut |y, numeric, keys| {
             if rows.labels.len() < n {
-                rows.push(y, numeric, keys.keys);
+                rows.push(y, numeric, keys);
             }
         })?;
     }
@@ -331,12 +324,16 @@ pub fn scan(spec: &DataSpec, source: &Source) -> Result<TrainingFile, DataError>
     })
 }
 
-/// Rows with one key per field, in columns.
+/// Rows in columns: a row's keys are `keys[starts[i]..starts[i + 1]]`, its
+/// fields' ends within them `ends[i * fields..(i + 1) * fields]` (one key a
+/// field unless a field is multi-hot).
 struct Rows {
     dim: usize,
     fields: usize,
     numeric: Vec<f32>,
     keys: Vec<u64>,
+    starts: Vec<usize>,
+    ends: Vec<u32>,
     labels: Vec<u32>,
 }
 
@@ -347,27 +344,28 @@ impl Rows {
             fields,
             numeric: Vec::new(),
             keys: Vec::new(),
+            starts: vec![0],
+            ends: Vec::new(),
             labels: Vec::new(),
         }
     }
 
-    fn push(&mut self, y: u32, numeric: &[f32], keys: &[u64]) {
+    fn push(&mut self, y: u32, numeric: &[f32], keys: RowKeys<'_>) {
         self.labels.push(y);
         self.numeric.extend_from_slice(numeric);
-        self.keys.extend_from_slice(keys);
+        self.keys.extend_from_slice(keys.keys);
+        self.starts.push(self.keys.len());
+        self.ends.extend_from_slice(keys.ends);
     }
 
-    fn set(&mut self, i: usize, y: u32, numeric: &[f32], keys: &[u64]) {
-        self.labels[i] = y;
-        self.numeric[i * self.dim..(i + 1) * self.dim].copy_from_slice(numeric);
-        self.keys[i * self.fields..(i + 1) * self.fields].copy_from_slice(keys);
-    }
-
-    fn row(&self, i: usize) -> (u32, &[f32], &[u64]) {
+    fn row(&self, i: usize) -> (u32, &[f32], RowKeys<'_>) {
         (
             self.labels[i],
             &self.numeric[i * self.dim..(i + 1) * self.dim],
-            &self.keys[i * self.fields..(i + 1) * self.fields],
+            RowKeys {
+                keys: &self.keys[self.starts[i]..self.starts[i + 1]],
+                ends: &self.ends[i * self.fields..(i + 1) * self.fields],
+            },
         )
     }
 
@@ -379,14 +377,43 @@ impl Rows {
             }
         }
         let mut sparse = SparseFeatures::new(self.fields);
-        for k in &self.keys {
-            sparse.push_field(std::slice::from_ref(k), None);
+        for i in 0..self.labels.len() {
+            sparse.push_row(self.row(i).2);
         }
         Dataset {
             features,
             labels: self.labels,
             dim: self.dim,
             sparse: Some(sparse),
+        }
+    }
+}
+
+/// A row waiting in the shuffle buffer; its vectors are reused by the row
+/// that takes its place.
+#[derive(Default)]
+struct Held {
+    y: u32,
+    numeric: Vec<f32>,
+    keys: Vec<u64>,
+    ends: Vec<u32>,
+}
+
+impl Held {
+    fn set(&mut self, y: u32, numeric: &[f32], keys: RowKeys<'_>) {
+        self.y = y;
+        self.numeric.clear();
+        self.numeric.extend_from_slice(numeric);
+        self.keys.clear();
+        self.keys.extend_from_slice(keys.keys);
+        self.ends.clear();
+        self.ends.extend_from_slice(keys.ends);
+    }
+
+    fn keys(&self) -> RowKeys<'_> {
+        RowKeys {
+            keys: &self.keys,
+            ends: &self.ends,
         }
     }
 }
@@ -400,7 +427,7 @@ pub struct Shuffler {
     shuffle: usize,
     stats: Stats,
     rng: rand::rngs::StdRng,
-    pool: Rows,
+    pool: Vec<Held>,
     out: Rows,
     /// The data shard's first rows, to fill its last batch up with.
     first: Rows,
@@ -420,7 +447,7 @@ impl Shuffler {
             shuffle: (stream.shuffle_buffer as usize).max(1),
             stats,
             rng: rand::rngs::StdRng::seed_from_u64(seed),
-            pool: Rows::new(dim, fields),
+            pool: Vec::new(),
             out: Rows::new(dim, fields),
             first: Rows::new(dim, fields),
         }
@@ -429,39 +456,41 @@ impl Shuffler {
     /// Starts a data shard: its shuffle depends only on `seed`.
     pub fn start(&mut self, seed: u64) {
         self.rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let (dim, fields) = (self.pool.dim, self.pool.fields);
-        self.pool = Rows::new(dim, fields);
+        let (dim, fields) = (self.out.dim, self.out.fields);
+        self.pool.clear();
         self.out = Rows::new(dim, fields);
         self.first = Rows::new(dim, fields);
     }
 
     /// Takes one row; returns a batch when one is whole.
-    pub fn push(&mut self, y: u32, numeric: &[f32], keys: &[u64]) -> Option<Dataset> {
+    pub fn push(&mut self, y: u32, numeric: &[f32], keys: RowKeys<'_>) -> Option<Dataset> {
         if self.first.labels.len() < self.batch {
             self.first.push(y, numeric, keys);
         }
-        if self.pool.labels.len() < self.shuffle {
-            self.pool.push(y, numeric, keys);
+        if self.pool.len() < self.shuffle {
+            let mut held = Held::default();
+            held.set(y, numeric, keys);
+            self.pool.push(held);
             return None;
         }
         let j = self.rng.random_range(0..self.shuffle);
-        let (oy, on, ok) = self.pool.row(j);
-        self.out.push(oy, on, ok);
-        self.pool.set(j, y, numeric, keys);
+        let leaving = &mut self.pool[j];
+        self.out.push(leaving.y, &leaving.numeric, leaving.keys());
+        leaving.set(y, numeric, keys);
         self.take_whole()
     }
 
     /// Ends the data shard: the rows still in the buffer, in random order,
     /// as whole batches.
     pub fn finish(&mut self) -> Vec<Dataset> {
-        let mut order: Vec<usize> = (0..self.pool.labels.len()).collect();
+        let mut order: Vec<usize> = (0..self.pool.len()).collect();
         for i in (1..order.len()).rev() {
             order.swap(i, self.rng.random_range(0..=i));
         }
         let mut batches = Vec::new();
         for i in order {
-            let (y, n, k) = self.pool.row(i);
-            self.out.push(y, n, k);
+            let held = &self.pool[i];
+            self.out.push(held.y, &held.numeric, held.keys());
             batches.extend(self.take_whole());
         }
         if !self.out.labels.is_empty() {
@@ -473,8 +502,7 @@ impl Shuffler {
             }
             batches.extend(self.take_whole());
         }
-        let (dim, fields) = (self.pool.dim, self.pool.fields);
-        self.pool = Rows::new(dim, fields);
+        self.pool.clear();
         batches
     }
 

@@ -175,7 +175,7 @@ fn the_shuffler_makes_whole_batches_of_every_row_and_fills_up_the_last() {
         sh.start(seed);
         let mut out = Vec::new();
         for i in 0..30u64 {
-            out.extend(sh.push((i % 2) as u32, &[i as f32], &[i]));
+            out.extend(sh.push((i % 2) as u32, &[i as f32], RowKeys::one_hot(&[i], &[1])));
         }
         out.extend(sh.finish());
         out
@@ -236,4 +236,49 @@ fn statistics_and_the_test_set_come_from_the_first_rows() {
     assert_eq!(test.labels, vec![1, 0]);
     assert_eq!(test.features, vec![-1.0, 1.0]);
     assert_eq!(test.sparse.unwrap().len(), 2);
+}
+
+/// A multi-hot field's keys travel with their row through the shuffle
+/// buffer: each row keeps its own number of keys, whatever rows it passed.
+#[test]
+fn the_shuffler_keeps_each_row_s_multi_hot_keys_with_it() {
+    let mut s = spec("unused", &[]);
+    s.categorical = vec!["id".into(), "tags".into()];
+    let stream = StreamSpec {
+        shuffle_buffer: 5,
+        ..StreamSpec::default()
+    };
+    let mut sh = Shuffler::new(&s, &stream, 3, vec![(0.0, 1.0)], 0);
+    sh.start(11);
+    let mut batches = Vec::new();
+    for i in 0..40u64 {
+        // Row i: id i, then i % 4 tags, each 1000 + i.
+        let mut keys = vec![i];
+        keys.extend(std::iter::repeat_n(1000 + i, (i % 4) as usize));
+        let ends = [1, keys.len() as u32];
+        batches.extend(sh.push(
+            0,
+            &[i as f32],
+            RowKeys {
+                keys: &keys,
+                ends: &ends,
+            },
+        ));
+    }
+    batches.extend(sh.finish());
+    let mut ids = Vec::new();
+    for b in &batches {
+        let sp = b.sparse.as_ref().unwrap();
+        for r in 0..b.len() {
+            let id = sp.field(r, 0).0[0];
+            assert_eq!(b.features[r], id as f32, "a row's values stay together");
+            let tags = sp.field(r, 1).0;
+            assert_eq!(tags.len() as u64, id % 4, "row {id}: {tags:?}");
+            assert!(tags.iter().all(|&t| t == 1000 + id), "row {id}: {tags:?}");
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids, (0..40).collect::<Vec<u64>>());
 }
