@@ -64,6 +64,14 @@ impl Object {
         Ok(())
     }
 
+    /// The preloaded bytes from `at` to the span's end, when `at` is in it.
+    fn preloaded_from(&self, at: u64) -> Option<Bytes> {
+        let held = self.preloaded.lock().unwrap_or_else(|p| p.into_inner());
+        let (start, bytes) = held.as_ref()?;
+        (at >= *start && at < start + bytes.len() as u64)
+            .then(|| bytes.slice((at - start) as usize..))
+    }
+
     fn preloaded_span(&self, start: u64, end: u64) -> Option<Bytes> {
         let held = self.preloaded.lock().unwrap_or_else(|p| p.into_inner());
         let (at, bytes) = held.as_ref()?;
@@ -382,6 +390,14 @@ impl Fetcher {
 
     fn fill(&mut self) -> io::Result<()> {
         let at = self.pos;
+        // The Parquet decoder reads each column chunk through a reader:
+        // inside a preloaded row group, that costs no request.
+        if let Some(rest) = self.object.preloaded_from(at) {
+            self.chunk = rest;
+            self.chunk_at = at;
+            self.next = None;
+            return Ok(());
+        }
         let pending = match self.next.take() {
             Some((next_at, rx)) if next_at == at => rx,
             _ => self.ask(at),
