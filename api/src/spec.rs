@@ -807,8 +807,9 @@ pub struct DownpourSpec {
     /// (keeping the moves not yet pushed). With it, examples to a target
     /// hardly depend on nPush. Asynchronous uncompressed pushes only:
     /// ignored with synchronous, averaging (which always steps locally) and
-    /// compression. With tables, the dense parameters step locally; rows
-    /// come fresh from the shards with each batch. Default: true.
+    /// compression. With tables, only the dense parameters step locally:
+    /// a batch's rows are those fetched for it, a few batches ahead and
+    /// within maxStaleness. Default: true.
     #[serde(default = "yes")]
     pub local_steps: bool,
 }
