@@ -483,7 +483,10 @@ pub struct DataSpec {
     /// (Criteo's layout). Any cell but the label may be empty: an empty
     /// numeric cell is missing and reads as the column's mean, an empty
     /// categorical cell is the field's own missing-value id. With stream:
-    /// also a directory or a glob of such files. Required when format is csv.
+    /// also a directory or a glob of such files. A local path, or an object
+    /// store URL (s3://, gs://, az://, https://) read with the credentials
+    /// in the pod's AWS_*, GOOGLE_* or AZURE_* variables. Required when
+    /// format is csv.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_csv: Option<String>,
     /// CSV test file, same layout as trainCsv (with stream: also a
@@ -508,7 +511,8 @@ pub struct DataSpec {
     #[serde(default = "default_data_shard_examples")]
     pub data_shard_examples: u32,
     /// parquet or libsvm: the training file (parquet with stream: also a
-    /// directory or a glob of part files). Required for those formats.
+    /// directory or a glob of part files), a local path or an object store
+    /// URL as trainCsv. Required for those formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub train_file: Option<String>,
     /// parquet or libsvm: the test file (parquet with stream: also a

@@ -58,8 +58,10 @@ impl Object {
         let end = range.end.min(self.len);
         let (store, key) = (self.store.clone(), self.key.clone());
         let start = range.start.min(end);
-        let bytes = wait(async move { store.get_range(&key, start..end).await })
-            .map_err(|e| store_error(&self.url, e))?;
+        let bytes = call(
+            &self.url,
+            async move { store.get_range(&key, start..end).await },
+        )?;
         *self.preloaded.lock().unwrap_or_else(|p| p.into_inner()) = Some((start, bytes));
         Ok(())
     }
@@ -102,9 +104,9 @@ fn store_error(url: &str, e: object_store::Error) -> DataError {
 /// The runtime every object store request runs on. Readers are plain
 /// threads (and sometimes a tokio task's thread): they wait on a channel,
 /// never on a runtime of their own, so they may be called from anywhere.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
+fn runtime() -> io::Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    let built = RUNTIME.get_or_init(|| {
         // reqwest is built without a default TLS provider: the tree's
         // rustls uses ring, and one provider serves every role.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -113,18 +115,37 @@ fn runtime() -> &'static tokio::runtime::Runtime {
             .thread_name("object-store")
             .enable_all()
             .build()
-            .expect("a tokio runtime for object store requests")
+            .map_err(|e| e.to_string())
+    });
+    built.as_ref().map_err(|e| {
+        io::Error::other(format!(
+            "cannot start the threads for object store requests: {e}"
+        ))
     })
 }
 
-/// Runs `f` on the object store runtime and waits for it.
-fn wait<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> T {
+/// Runs `f` on the object store runtime and waits for it. A request that
+/// ends without an answer (its task panicked) is an error, not a hang.
+fn wait<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> io::Result<T> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    runtime().spawn(async move {
+    runtime()?.spawn(async move {
         let _ = tx.send(f.await);
     });
     rx.recv()
-        .expect("the object store runtime runs until the process ends")
+        .map_err(|_| io::Error::other("an object store request ended without an answer"))
+}
+
+/// One request to the store behind `url`; its errors name the URL.
+fn call<T: Send + 'static>(
+    url: &str,
+    f: impl Future<Output = object_store::Result<T>> + Send + 'static,
+) -> Result<T, DataError> {
+    wait(f)
+        .map_err(|source| DataError::Io {
+            path: url.to_string(),
+            source,
+        })?
+        .map_err(|e| store_error(url, e))
 }
 
 /// The store a URL names and the key within it. The store's settings are
@@ -136,7 +157,10 @@ fn store_of(url: &str) -> Result<(Arc<dyn ObjectStore>, Key), DataError> {
     };
     // Building a store builds its HTTP client, which needs the TLS
     // provider the runtime installs.
-    runtime();
+    runtime().map_err(|source| DataError::Io {
+        path: url.to_string(),
+        source,
+    })?;
     let parsed = url::Url::parse(url).map_err(|e| bad(format!("is not a valid URL: {e}")))?;
     let settings = std::env::vars().filter(|(k, _)| {
         ["AWS_", "GOOGLE_", "AZURE_"]
@@ -162,7 +186,7 @@ pub fn open(path: &str) -> Result<DataFile, DataError> {
     }
     let (store, key) = store_of(path)?;
     let (s, k) = (store.clone(), key.clone());
-    let meta = wait(async move { s.head(&k).await }).map_err(|e| store_error(path, e))?;
+    let meta = call(path, async move { s.head(&k).await })?;
     Ok(DataFile::Remote(Object {
         store,
         key,
@@ -180,7 +204,11 @@ pub fn list(url: &str) -> Result<Vec<String>, DataError> {
     let glob = distbelief_api::is_glob(url);
     if !glob {
         let (s, k) = (store.clone(), key.clone());
-        match wait(async move { s.head(&k).await }) {
+        let head = wait(async move { s.head(&k).await }).map_err(|source| DataError::Io {
+            path: url.to_string(),
+            source,
+        })?;
+        match head {
             Ok(_) => return Ok(vec![url.to_string()]),
             Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(store_error(url, e)),
@@ -199,8 +227,10 @@ pub fn list(url: &str) -> Result<Vec<String>, DataError> {
     };
     let prefix = (!folder.as_ref().is_empty()).then(|| folder.clone());
     let s = store.clone();
-    let listed = wait(async move { s.list_with_delimiter(prefix.as_ref()).await })
-        .map_err(|e| store_error(url, e))?;
+    let listed = call(
+        url,
+        async move { s.list_with_delimiter(prefix.as_ref()).await },
+    )?;
     let base = url.trim_end_matches('/');
     let base = match glob {
         true => base.rsplit_once('/').map_or(base, |(b, _)| b),
@@ -250,20 +280,25 @@ pub fn upload(from: &Path, to: &str) -> Result<u64, DataError> {
     // file could not be read, and the upload is aborted rather than
     // completed short.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Option<Bytes>>(2);
-    let writer = runtime().spawn(async move {
-        let mut w = object_store::buffered::BufWriter::new(store, key);
-        while let Some(chunk) = rx.recv().await {
-            let written = match chunk {
-                Some(c) => w.write_all(&c).await,
-                None => Err(io::Error::other("the file could not be read")),
-            };
-            if let Err(e) = written {
-                let _ = w.abort().await;
-                return Err(e);
+    let writer = runtime()
+        .map_err(|source| DataError::Write {
+            path: to.to_string(),
+            source,
+        })?
+        .spawn(async move {
+            let mut w = object_store::buffered::BufWriter::new(store, key);
+            while let Some(chunk) = rx.recv().await {
+                let written = match chunk {
+                    Some(c) => w.write_all(&c).await,
+                    None => Err(io::Error::other("the file could not be read")),
+                };
+                if let Err(e) = written {
+                    let _ = w.abort().await;
+                    return Err(e);
+                }
             }
-        }
-        w.shutdown().await
-    });
+            w.shutdown().await
+        });
     let mut copied = 0u64;
     let mut buf = vec![0u8; FETCH_BYTES as usize];
     let read = loop {
@@ -294,6 +329,7 @@ pub fn upload(from: &Path, to: &str) -> Result<u64, DataError> {
         source,
     };
     wait(writer)
+        .map_err(io)?
         .map_err(|e| io(io::Error::other(e.to_string())))?
         .map_err(io)?;
     Ok(copied)
@@ -378,14 +414,14 @@ pub struct Fetcher {
 }
 
 impl Fetcher {
-    fn ask(&self, at: u64) -> Pending {
+    fn ask(&self, at: u64) -> io::Result<Pending> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let (store, key) = (self.object.store.clone(), self.object.key.clone());
         let end = (at + FETCH_BYTES).min(self.object.len);
-        runtime().spawn(async move {
+        runtime()?.spawn(async move {
             let _ = tx.send(store.get_range(&key, at..end).await);
         });
-        rx
+        Ok(rx)
     }
 
     fn fill(&mut self) -> io::Result<()> {
@@ -400,7 +436,7 @@ impl Fetcher {
         }
         let pending = match self.next.take() {
             Some((next_at, rx)) if next_at == at => rx,
-            _ => self.ask(at),
+            _ => self.ask(at)?,
         };
         let got = pending
             .recv()
@@ -409,7 +445,8 @@ impl Fetcher {
         self.chunk_at = at;
         let after = at + self.chunk.len() as u64;
         if after < self.object.len && !self.chunk.is_empty() {
-            self.next = Some((after, self.ask(after)));
+            // A failed ask ahead is asked again, and reported, when needed.
+            self.next = self.ask(after).ok().map(|rx| (after, rx));
         }
         Ok(())
     }
@@ -477,8 +514,11 @@ impl parquet::file::reader::ChunkReader for DataFile {
                     return Ok(held);
                 }
                 let (store, key) = (o.store.clone(), o.key.clone());
-                wait(async move { store.get_range(&key, start..end).await })
-                    .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+                call(
+                    &o.url,
+                    async move { store.get_range(&key, start..end).await },
+                )
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
             }
         }
     }
