@@ -501,7 +501,7 @@ pub const RULES: &[AdmissionRule] = &[
     },
     AdmissionRule {
         field: "metadata.name",
-        cel: "self.metadata.name.matches('^[a-z]')",
+        cel: "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
         message: NAME_START,
         on_object: true,
     },
@@ -512,8 +512,16 @@ pub const RULES: &[AdmissionRule] = &[
 pub const MAX_JOB_NAME: usize = 42;
 pub const NAME_LENGTH: &str =
     "must be at most 42 characters on Kubernetes (its StatefulSet and Services are named after it)";
-pub const NAME_START: &str =
-    "must start with a letter on Kubernetes: Service names are DNS-1035 labels";
+pub const NAME_START: &str = "must be lowercase letters, digits and '-', start with a letter and end with a letter or digit on Kubernetes: Service names are DNS-1035 labels";
+
+/// Whether `name` can name a job's children (a DNS-1035 label): the rule above, in Rust.
+pub fn is_service_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
 
 /// The rule of `field`, for the validator to give its message.
 pub fn message(field: &str) -> &'static str {
@@ -610,6 +618,14 @@ pub const IMMUTABLE: &[ImmutableField] = &[
         field: "spec.replicas.partitions",
         cel: "(has(self.replicas) && has(self.replicas.partitions) ? self.replicas.partitions : 1) == (has(oldSelf.replicas) && has(oldSelf.replicas.partitions) ? oldSelf.replicas.partitions : 1)",
         changed: |a, b| a.replicas.partitions != b.replicas.partitions,
+        when: "",
+    },
+    // Every pod of a job speaks one wire version; the operator pins the
+    // image in status.image when the job starts.
+    ImmutableField {
+        field: "spec.image",
+        cel: "has(self.image) == has(oldSelf.image) && (!has(self.image) || self.image == oldSelf.image)",
+        changed: |a, b| a.image != b.image,
         when: "",
     },
     ImmutableField {
@@ -721,7 +737,7 @@ mod immutable_tests {
         // The replicas scale otherwise.
         old.algorithm.downpour.as_mut().unwrap().averaging =
             Some(crate::AveragingSpec { period_steps: 4 });
-        let edits: [fn(&mut DistBeliefJobSpec); 9] = [
+        let edits: [fn(&mut DistBeliefJobSpec); 10] = [
             |s| s.model.hidden[0].units = 9,
             |s| s.data.train_limit = Some(5),
             |s| s.algorithm.downpour.as_mut().unwrap().learning_rate = 0.2,
@@ -729,6 +745,7 @@ mod immutable_tests {
             |s| s.parameter_servers.replication = 3,
             |s| s.replicas.count = 2,
             |s| s.replicas.partitions = 2,
+            |s| s.image = Some("distbelief:other".into()),
             |s| s.checkpoint.interval_seconds = Some(99),
             |s| s.output.audit = true,
         ];

@@ -87,7 +87,9 @@ pub struct DistBeliefJobSpec {
     #[serde(default)]
     pub keep_pods_after_finish: bool,
     /// Kubernetes only: container image of the job's pods. Default: the
-    /// operator's own image (its --image flag).
+    /// operator's own image (its --image flag) when the job starts. Fixed
+    /// once the job exists, and recorded in status.image: every pod of a
+    /// job, restarts included, runs the image it started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// Kubernetes only: node labels every pod of the job must match. Default: none.

@@ -94,6 +94,12 @@ pub struct DistBeliefJobStatus {
     /// starts: PersistentVolumeClaim (durable) or EmptyDir (lost with the pod).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_storage: Option<CheckpointStorage>,
+    /// The image every pod of the job runs, decided when the job starts
+    /// (spec.image, else the operator's default then). Pods created later,
+    /// restarts and shard pods included, use it too: an operator upgrade
+    /// that changes its default image changes no running job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// When the job's pods were first created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -146,11 +152,18 @@ pub struct ReplicaState {
     /// While a backup runs: the attempt of the straggler it backs up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_of: Option<u32>,
-    /// The job was suspended: the replica's next pod is a fresh start (not
-    /// a replacement) at `attempt`, past every earlier one, so its
-    /// incarnation stays above those the shards' checkpoints remember.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub suspended: bool,
+    /// The replica's pods were stopped on purpose: the job was suspended,
+    /// or scaled to fewer replicas than this index. Its next pod is a fresh
+    /// start (not a replacement) at `attempt`, past every earlier one, so its
+    /// incarnation stays above those the shards and the coordinator
+    /// remember. Kept while the replica is scaled away, so that scaling back
+    /// up never reuses an incarnation.
+    #[serde(
+        default,
+        alias = "suspended",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub stopped: bool,
     /// The API server refused to create the pod of `attempt` (a ResourceQuota,
     /// an admission webhook). The operator asks again after the restart
     /// backoff, doubled per refusal in a row; refusals use no restart budget

@@ -319,6 +319,11 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
     for (name, message) in [
         ("a".repeat(43), distbelief_api::admission::NAME_LENGTH),
         ("9lives".to_string(), distbelief_api::admission::NAME_START),
+        // A DNS subdomain the API server takes, but no Service can carry.
+        (
+            "mnist.v2".to_string(),
+            distbelief_api::admission::NAME_START,
+        ),
     ] {
         let server = dry_run(&kit, &ns, &example_job(&name)).await.unwrap_err();
         assert!(server.contains(message), "{name}: {server}");

@@ -205,7 +205,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let name = obj.name_any();
     let namespace = obj.namespace().unwrap_or_default();
     let now = Timestamp::now();
-    let job = match decode(obj) {
+    let mut job = match decode(obj) {
         Ok(job) => job,
         Err(message) => {
             // A job that does not decode gets no children and no retries;
@@ -222,6 +222,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         }
     };
     ctx.stores.synced().await?;
+    pin_running_image(&mut job, &ctx.stores);
     let storage = checkpoint_storage(&job, &ctx.stores.storage_classes);
     let target = match children::target(&job, &ctx.config, storage) {
         Ok(t) => t,
@@ -299,6 +300,27 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         Some(d) => Action::requeue(d.max(Duration::from_secs(1))),
         None => Action::await_change(),
     })
+}
+
+/// A job started by an operator that did not record its image: the image
+/// its shards run is the one it started with.
+fn pin_running_image(job: &mut DistBeliefJob, stores: &Stores) {
+    if job.status.as_ref().is_some_and(|s| s.image.is_some()) {
+        return;
+    }
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let namespace = job.metadata.namespace.clone();
+    let running = stores
+        .stateful_sets
+        .find(|s| s.metadata.namespace == namespace && owned_by(s, &uid))
+        .and_then(|s| {
+            let pod = s.spec.as_ref()?.template.spec.as_ref()?;
+            let ps = pod.containers.iter().find(|c| c.name == "ps")?;
+            ps.image.clone()
+        });
+    if let Some(image) = running {
+        job.status.get_or_insert_default().image = Some(image);
+    }
 }
 
 fn children_hash(c: &children::Children) -> u64 {

@@ -267,6 +267,12 @@ fn each_validation_failure_is_reported_with_its_message() {
             "start with a letter",
         ),
         (
+            "dotted name",
+            |j| j.metadata.name = Some("mnist.v2".into()),
+            "metadata.name",
+            "lowercase letters, digits or '-'",
+        ),
+        (
             "no namespace",
             |j| j.metadata.namespace = None,
             "metadata.namespace",

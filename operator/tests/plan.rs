@@ -164,7 +164,7 @@ fn suspend_deletes_every_pod_but_the_shards() {
         .status
         .replicas
         .iter()
-        .map(|s| (s.attempt, s.suspended))
+        .map(|s| (s.attempt, s.stopped))
         .collect();
     assert_eq!(
         attempts,
@@ -215,7 +215,7 @@ fn resume_starts_each_replica_past_its_attempts_before_the_suspension() {
     );
     assert_eq!(plan.status.replica_reschedules, 0, "not a replacement");
     assert_eq!(plan.status.replica_restarts, 0, "not a restart");
-    assert!(plan.status.replicas.iter().all(|s| !s.suspended));
+    assert!(plan.status.replicas.iter().all(|s| !s.stopped));
     let incarnations: Vec<String> = plan
         .create_pods
         .iter()
@@ -484,4 +484,73 @@ fn status_names_the_live_page_at_the_coordinator_services_http_port() {
     );
     let status = serde_json::to_value(&plan.status).expect("status encodes");
     assert!(status.get("dashboardURL").is_some(), "{status}");
+}
+
+/// Scaling down keeps the removed replicas' records; scaling back up
+/// starts each past every attempt it had, so its incarnation is new to the
+/// shards (not a duplicate) and to the coordinator (not superseded).
+#[test]
+fn scaling_down_and_up_never_reuses_an_incarnation() {
+    // Replica 2 was rescheduled once before.
+    let mut status = common::running_status();
+    status["replicas"][2]["attempt"] = json!(1);
+    let mut pods = common::running_pods("fm");
+    for p in &mut pods {
+        if p.name_any() == "fm-replica-2-0" {
+            p.metadata.name = Some("fm-replica-2-1".into());
+            p.labels_mut()
+                .insert("distbelief.dev/attempt".into(), "1".into());
+        }
+    }
+    let down = decide(
+        &job(status, json!({"replicas": {"count": 1}})),
+        &pods,
+        Timestamp::now(),
+    );
+    let mut stopped = down.delete_pods.clone();
+    stopped.sort();
+    assert_eq!(
+        stopped,
+        ["fm-replica-1-0", "fm-replica-2-1", "fm-replica-3-0"]
+    );
+    let records: Vec<(u32, u32, bool)> = down
+        .status
+        .replicas
+        .iter()
+        .map(|s| (s.replica, s.attempt, s.stopped))
+        .collect();
+    assert_eq!(
+        records,
+        [(0, 0, false), (1, 1, true), (2, 2, true), (3, 1, true)]
+    );
+    // Reconciled again while scaled down: the records stay where they are.
+    let down_status = serde_json::to_value(&down.status).expect("status encodes");
+    let again = decide(
+        &job(down_status.clone(), json!({"replicas": {"count": 1}})),
+        &pods[..],
+        Timestamp::now(),
+    );
+    assert_eq!(again.status.replicas, down.status.replicas);
+    // Back to 4 once the removed pods are gone.
+    let left: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| !stopped.contains(&p.name_any()))
+        .collect();
+    let up = decide(
+        &job(down_status, json!({"replicas": {"count": 4}})),
+        &left,
+        Timestamp::now(),
+    );
+    let mut started = created(&up);
+    started.sort();
+    assert_eq!(
+        started,
+        [
+            ("fm-replica-1-1".to_string(), "start".to_string()),
+            ("fm-replica-2-2".to_string(), "start".to_string()),
+            ("fm-replica-3-1".to_string(), "start".to_string()),
+        ]
+    );
+    assert_eq!(up.status.replica_reschedules, 0, "not a replacement");
+    assert!(up.status.replicas.iter().all(|s| !s.stopped));
 }

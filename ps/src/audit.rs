@@ -11,7 +11,7 @@
 //! acknowledged, so a log never misses a push a replica was told was applied.
 //! A replica's log holds `ack SHARD REPLICA INCARNATION SEQUENCE` lines.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
@@ -93,11 +93,13 @@ impl Appender {
 /// What the logs show, over every shard.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Verdict {
-    /// Distinct pushes the replicas were told were applied.
+    /// Pushes the replicas were told were applied (a key acknowledged by
+    /// two processes counts twice).
     pub acknowledged: u64,
     /// Distinct pushes in the shards' final states.
     pub applied: u64,
-    /// Acknowledged, and not in the final state: lost with a shard's process.
+    /// Acknowledged, and not in the final state: lost with a shard's
+    /// process, or taken for a duplicate of another process's push.
     pub lost: u64,
     /// In a final state more than once.
     pub duplicated: u64,
@@ -267,8 +269,11 @@ fn replay(
     r
 }
 
-/// Reads acknowledgement lines into `acked`.
-fn read_acks(name: &str, text: &str, acked: &mut BTreeSet<PushKey>) -> Result<(), AuditError> {
+/// Reads acknowledgement lines into `acked`, counting each key's lines: a
+/// process acknowledges a push once, so a key acknowledged twice is two
+/// pushes (two processes of a replica that shared an incarnation), and a
+/// shard holding it once lost one of them, taken for a duplicate.
+fn read_acks(name: &str, text: &str, acked: &mut BTreeMap<PushKey, u64>) -> Result<(), AuditError> {
     for (i, line) in complete_lines(text).enumerate() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let parsed = match fields.split_first() {
@@ -287,12 +292,13 @@ fn read_acks(name: &str, text: &str, acked: &mut BTreeSet<PushKey>) -> Result<()
                 message: format!("bad shard or replica: {line:?}"),
             });
         };
-        acked.insert(PushKey {
+        let key = PushKey {
             shard,
             replica,
             incarnation,
             sequence,
-        });
+        };
+        *acked.entry(key).or_default() += 1;
     }
     Ok(())
 }
@@ -305,7 +311,7 @@ pub fn verdict(
     shard_logs: &BTreeMap<(u32, u32), (String, String)>,
     ack_logs: &[(String, String)],
 ) -> Result<Verdict, AuditError> {
-    let mut acked = BTreeSet::new();
+    let mut acked = BTreeMap::new();
     for (name, text) in ack_logs {
         read_acks(name, text, &mut acked)?;
     }
@@ -337,15 +343,19 @@ pub fn verdict(
             *held.entry(key).or_default() += 1;
         }
     }
-    v.acknowledged = acked.len() as u64;
+    v.acknowledged = acked.values().sum();
     v.applied = held.len() as u64;
     v.duplicated = held.values().filter(|&&n| n > 1).count() as u64;
-    let lost: Vec<&PushKey> = acked.iter().filter(|k| !held.contains_key(k)).collect();
-    v.lost = lost.len() as u64;
+    let lost: Vec<(&PushKey, u64)> = acked
+        .iter()
+        .map(|(k, &n)| (k, n.saturating_sub(held.get(k).copied().unwrap_or(0))))
+        .filter(|&(_, missing)| missing > 0)
+        .collect();
+    v.lost = lost.iter().map(|&(_, n)| n).sum();
     v.lost_examples = lost
         .iter()
         .take(10)
-        .map(|k| {
+        .map(|(k, _)| {
             format!(
                 "shard {} replica {} incarnation {} sequence {}",
                 k.shard, k.replica, k.incarnation, k.sequence
@@ -410,6 +420,24 @@ mod tests {
         );
         assert_eq!(v.rolled_back, 2);
         assert_eq!(v.lost_examples.len(), 2);
+    }
+
+    /// Two processes of a replica that shared an incarnation both had
+    /// sequence 1 acknowledged; the shard applied only the first and took
+    /// the second for its duplicate.
+    #[test]
+    fn a_push_taken_for_another_process_s_duplicate_is_lost() {
+        let s0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+        ]);
+        let first = ("r.a".to_string(), ack_line(key(0, 1)));
+        let second = ("r.b".to_string(), ack_line(key(0, 1)));
+        let v = verdict(&BTreeMap::from([((0, 0), s0)]), &[first, second]).unwrap();
+        assert_eq!(
+            (v.acknowledged, v.applied, v.lost, v.duplicated),
+            (2, 1, 1, 0)
+        );
     }
 
     #[test]

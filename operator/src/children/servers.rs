@@ -4,6 +4,7 @@
 use distbelief_api::CheckpointStorage;
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
     Affinity, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
@@ -84,6 +85,14 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
         }),
         // Shards do not depend on each other: start them all at once.
         pod_management_policy: Some("Parallel".into()),
+        // A changed template (an operator upgrade, an edited template or
+        // resources) reaches a shard pod only when it is next created: a
+        // rolling update would restart every shard of a running job, each
+        // losing what it acknowledged since its checkpoint.
+        update_strategy: Some(StatefulSetUpdateStrategy {
+            type_: Some("OnDelete".into()),
+            rolling_update: None,
+        }),
         selector: t.selector("ps"),
         ..Default::default()
     };

@@ -45,7 +45,8 @@ pub fn target<'a>(
             message: admission::NAME_LENGTH.into(),
         });
     }
-    if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+    let name_refused = errors.iter().any(|e| e.field == "metadata.name");
+    if !name_refused && !admission::is_service_name(&name) {
         errors.push(ValidationError {
             field: "metadata.name".into(),
             message: admission::NAME_START.into(),
@@ -77,12 +78,20 @@ pub fn target<'a>(
     }
     Ok(Target {
         job,
-        image: job.spec.image.clone().unwrap_or_else(|| cfg.image.clone()),
+        image: pinned_image(job, cfg),
         name,
         namespace,
         checkpoint_storage,
         cfg,
     })
+}
+
+/// The image the job started with, else the one it would start with now.
+fn pinned_image(job: &DistBeliefJob, cfg: &Config) -> String {
+    let pinned = job.status.as_ref().and_then(|s| s.image.clone());
+    pinned
+        .or_else(|| job.spec.image.clone())
+        .unwrap_or_else(|| cfg.image.clone())
 }
 
 impl Target<'_> {

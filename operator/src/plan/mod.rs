@@ -145,6 +145,7 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
     }
     plan.apply_children = true;
     plan.status.start_time.get_or_insert(Time(now));
+    plan.status.image.get_or_insert_with(|| t.image.clone());
     plan.status.dashboard_url = Some(t.dashboard_url());
     if job.spec.suspend {
         suspend(&mut plan, t, &live, now);
@@ -437,14 +438,7 @@ fn suspend(plan: &mut Plan, t: &Target, live: &[&Pod], now: Timestamp) {
     // would be refused as superseded, and one with the same would have its
     // pushes taken for duplicates.
     for st in &mut plan.status.replicas {
-        if !st.suspended {
-            *st = ReplicaState {
-                replica: st.replica,
-                attempt: st.attempt + 1,
-                suspended: true,
-                ..ReplicaState::default()
-            };
-        }
+        stop(st);
     }
     let message = match t.checkpoint_storage {
         CheckpointStorage::PersistentVolumeClaim => {
@@ -463,6 +457,19 @@ fn suspend(plan: &mut Plan, t: &Target, live: &[&Pod], now: Timestamp) {
         message,
         now,
     );
+}
+
+/// Marks a replica whose pods are stopped on purpose: its next pod starts
+/// past its last attempt. Once only, however often the plan runs.
+fn stop(st: &mut ReplicaState) {
+    if !st.stopped {
+        *st = ReplicaState {
+            replica: st.replica,
+            attempt: st.attempt + 1,
+            stopped: true,
+            ..ReplicaState::default()
+        };
+    }
 }
 
 /// What the job's servers (shards and coordinator) look like.
@@ -585,10 +592,14 @@ fn replicas(plan: &mut Plan, scene: &Scene, old: &DistBeliefJobStatus) -> Result
         );
         plan.delete_pods.extend(removed);
     }
+    // A replica scaled away keeps its record, so that one scaled back up
+    // starts past every incarnation the shards and coordinator have seen.
     plan.status.replicas.sort_by_key(|s| s.replica);
-    plan.status
-        .replicas
-        .retain(|s| s.replica < job.spec.replicas.count);
+    for st in &mut plan.status.replicas {
+        if st.replica >= job.spec.replicas.count {
+            stop(st);
+        }
+    }
     let running = scene
         .live
         .iter()

@@ -59,14 +59,15 @@ pub(super) fn count_cause(pods: &[Pod], c: Cause, replica: Option<u32>) -> u32 {
 pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut Plan) -> Outcome {
     let parts = s.t.job.spec.replicas.partitions.max(1) as usize;
     let mine = units(replica_pods(s.live.iter().copied(), r), parts);
-    // A suspended replica starts afresh once, when it has no pod yet.
-    let resuming = prev.as_ref().is_some_and(|p| p.suspended) && mine.is_empty();
+    // A stopped replica (suspended, or scaled away) starts afresh once,
+    // when it has no pod yet.
+    let resuming = prev.as_ref().is_some_and(|p| p.stopped) && mine.is_empty();
     let known = prev.is_some() && !resuming;
     let mut st = prev.unwrap_or(ReplicaState {
         replica: r,
         ..ReplicaState::default()
     });
-    st.suspended = resuming;
+    st.stopped = resuming;
     // The pods are a fresh list; the state may come from a stale cache.
     st.restarts = st.restarts.max(count_cause(s.all, Cause::Restart, Some(r)));
     if let Some((&a, _)) = mine.last_key_value() {
@@ -161,7 +162,7 @@ impl Decision<'_> {
         let pods = children::replica_pods(self.s.t, self.r, attempt, c, backup_of);
         plan.create_pods.extend(pods);
         self.st.attempt = attempt;
-        self.st.suspended = false;
+        self.st.stopped = false;
         self.st.creation_refused = None;
     }
 
