@@ -81,6 +81,14 @@ pub struct DistBeliefJobSpec {
     /// fails. Default: keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds_after_finished: Option<u32>,
+    /// Kubernetes only: a job that has not started training this many
+    /// seconds after its pods were first created (shards that never
+    /// schedule, pods a quota or policy refuses, a coordinator that cannot
+    /// read its data) fails with reason StartDeadlineExceeded, naming what
+    /// never became ready, and its pods are stopped. The clock starts again
+    /// when a suspended job resumes. Default: wait for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_deadline_seconds: Option<u32>,
     /// Kubernetes only: keep the parameter-server, coordinator and replica pods
     /// after the job finishes, e.g. to read their logs. Default: false (they
     /// are removed once the final figures are in status).

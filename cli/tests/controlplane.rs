@@ -20,7 +20,10 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Resource;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 
 use kit::*;
@@ -1584,4 +1587,167 @@ async fn kit_with_replication_2_an_eviction_takes_one_member_and_refuses_the_oth
         e => panic!("expected 429 from the Eviction API, got {e}"),
     }
     println!("kit_drains: dr-ps-0 evicted; dr-ps-1 refused: {refused}");
+}
+
+/// Shard pods are created by the StatefulSet controller, not the operator:
+/// an admission policy that refuses them shows only in that controller's
+/// events. The operator reads them into the job's PodCreationRefused
+/// condition and one warning event, and spec.startDeadlineSeconds fails the
+/// job, naming what never became ready, and stops its pods.
+#[tokio::test]
+async fn kit_shard_pods_refused_by_a_policy_are_reported_and_the_start_deadline_fails_the_job() {
+    let Some(kit) = kit::kit("kit_shards_refused").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-refused").await;
+    let policy = format!("{ns}-no-shards");
+    let vap = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+    ));
+    let binding = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+    ));
+    let policies: Api<DynamicObject> = Api::all_with(kit.client.clone(), &vap);
+    let bindings: Api<DynamicObject> = Api::all_with(kit.client.clone(), &binding);
+    let apply = |api: &Api<DynamicObject>, doc: Value| {
+        let api = api.clone();
+        async move {
+            let name = doc["metadata"]["name"].as_str().unwrap().to_string();
+            api.patch(&name, &PatchParams::apply("kit-test"), &Patch::Apply(&doc))
+                .await
+                .expect("policy applied");
+        }
+    };
+    apply(&policies, json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": policy},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"],
+            }]},
+            "validations": [{
+                "expression": "!has(object.metadata.labels) || !('distbelief.dev/role' in object.metadata.labels) || object.metadata.labels['distbelief.dev/role'] != 'ps'",
+                "message": "shard pods are not allowed here",
+            }],
+        },
+    }))
+    .await;
+    apply(&bindings, json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy},
+        "spec": {
+            "policyName": policy,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+        },
+    }))
+    .await;
+    // A policy takes effect once the API server has loaded it: a probe pod
+    // is refused with its message (bounded wait).
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(kit.client.clone(), &ns);
+    let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "probe", "labels": {"distbelief.dev/role": "ps"}},
+        "spec": {"containers": [{"name": "c", "image": "none"}], "nodeSelector": {NOWHERE.0: NOWHERE.1}},
+    }))
+    .unwrap();
+    wait_for(Duration::from_secs(60), "the policy in force", || async {
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match pods.create(&dry, &probe).await {
+            Err(e) if e.to_string().contains("shard pods are not allowed here") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("fm");
+    job["spec"]["startDeadlineSeconds"] = json!(30);
+    create_job(&kit, &ns, &job).await;
+    let refused = wait_for(
+        Duration::from_secs(60),
+        "a PodCreationRefused condition",
+        || async {
+            let st = status(&kit, &ns, "fm").await;
+            st["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "PodCreationRefused" && c["status"] == "True")
+                .cloned()
+        },
+    )
+    .await;
+    let message = refused["message"].as_str().unwrap();
+    assert!(
+        message.contains("StatefulSet fm-ps")
+            && message.contains("shard pods are not allowed here"),
+        "{refused}"
+    );
+    let events: Api<Event> = Api::namespaced(kit.client.clone(), &ns);
+    let notes = wait_for(
+        Duration::from_secs(30),
+        "a PodCreationRefused event",
+        || async {
+            let notes: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some("PodCreationRefused"))
+                .filter_map(|e| e.note)
+                .collect();
+            (!notes.is_empty()).then_some(notes)
+        },
+    )
+    .await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("shard pods are not allowed here")),
+        "{notes:?}"
+    );
+
+    let failed = wait_for(Duration::from_secs(90), "phase Failed", || async {
+        let st = status(&kit, &ns, "fm").await;
+        (st["phase"] == "Failed").then_some(st)
+    })
+    .await;
+    let condition = failed["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .cloned()
+        .unwrap();
+    assert_eq!(condition["reason"], "StartDeadlineExceeded", "{failed}");
+    let why = condition["message"].as_str().unwrap();
+    assert!(
+        why.contains("0/2 shard processes ready")
+            && why.contains("shard pods are not allowed here"),
+        "{why}"
+    );
+    // Its pods are stopped: the StatefulSet and the coordinator go.
+    wait_for(
+        Duration::from_secs(60),
+        "the job's pods and StatefulSet gone",
+        || async {
+            let sets: Api<StatefulSet> = Api::namespaced(kit.client.clone(), &ns);
+            let left = pod_names(&kit, &ns, "distbelief.dev/job=fm").await;
+            (left.is_empty() && sets.get_opt("fm-ps").await.ok()?.is_none()).then_some(())
+        },
+    )
+    .await;
+    for api in [&bindings, &policies] {
+        let _ = api.delete(&policy, &DeleteParams::default()).await;
+    }
+    println!("kit_shards_refused: PodCreationRefused \"{message}\"; Failed: \"{why}\"");
 }

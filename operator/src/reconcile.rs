@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
@@ -209,14 +209,16 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         Ok(job) => job,
         Err(message) => {
             // A job that does not decode gets no children and no retries;
-            // the next edit of it triggers a new reconcile.
-            let mut plan = plan::invalid(
-                status_of(obj),
-                obj.metadata.generation,
-                "MalformedSpec",
-                message,
-                now,
-            );
+            // the next edit of it triggers a new reconcile. One that runs
+            // keeps running as it was.
+            let status = status_of(obj);
+            let generation = obj.metadata.generation;
+            let mut plan = match status {
+                Some(s) if plan::runs_on(&s) => {
+                    plan::edit_refused(s, generation, "MalformedSpec", message, now)
+                }
+                s => plan::invalid(s, generation, "MalformedSpec", message, now),
+            };
             finish(obj, ctx, &namespace, &name, &mut plan, None).await?;
             return Ok(Action::await_change());
         }
@@ -232,13 +234,13 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
-            let mut plan = plan::invalid(
-                job.status.clone(),
-                job.metadata.generation,
-                "InvalidSpec",
-                message,
-                now,
-            );
+            let generation = job.metadata.generation;
+            let mut plan = match job.status.clone() {
+                Some(s) if plan::runs_on(&s) => {
+                    plan::edit_refused(s, generation, "InvalidSpec", message, now)
+                }
+                s => plan::invalid(s, generation, "InvalidSpec", message, now),
+            };
             finish(obj, ctx, &namespace, &name, &mut plan, None).await?;
             return Ok(Action::await_change());
         }
@@ -248,16 +250,45 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let (own, earlier) = job_pods(&ctx.stores, &namespace, &name, &uid);
     let pods = ctx.memory.with_unseen(&uid, own);
     let mut plan = plan::plan(&target, &pods, &earlier, ctx.config.backoff, now);
+    // A finished job whose shard pods were never created (refused, never
+    // scheduled) still has a StatefulSet that keeps asking for them.
+    let finished = plan.status.phase.is_some_and(|p| p.is_finished());
+    if finished
+        && !job.spec.keep_pods_after_finish
+        && own_stateful_set(&ctx.stores, &namespace, &uid).is_some()
+    {
+        plan.delete_stateful_set = true;
+    }
 
     let mut coordinator_refused = None;
+    let mut apply_refused = None;
     if plan.apply_children {
         let c = children::children(&target)?;
         let hash = children_hash(&c);
         // Progress writes trigger a reconcile every few seconds; unchanged
         // children are not sent again unless something is missing.
         if !ctx.memory.applied_within(&uid, hash, REAPPLY_EVERY) || plan.shards_missing {
-            apply_children(ctx, &namespace, &c).await?;
-            ctx.memory.applied(&uid, hash);
+            match apply_children(ctx, &namespace, &c).await {
+                Ok(()) => {
+                    ctx.memory.applied(&uid, hash);
+                    plan::children_applied(&mut plan, None, job.metadata.generation, now);
+                }
+                Err((object, kube::Error::Api(e))) => {
+                    let refused = (object.as_str(), e.reason.as_str(), e.message.as_str());
+                    plan::children_applied(&mut plan, Some(refused), job.metadata.generation, now);
+                    apply_refused = Some(kube::Error::Api(e));
+                }
+                Err((_, e)) => return Err(e.into()),
+            }
+        }
+        if plan.shards_missing {
+            // The StatefulSet controller, not the operator, creates shard
+            // pods: what refuses them is only in its events.
+            if let Some(message) = shard_creation_failure(ctx, &namespace, &target).await {
+                let set = target.ps_name();
+                plan::shard_pods_refused(&mut plan, &set, &message, job.metadata.generation, now);
+            }
+            plan.requeue_after = Some(plan.requeue_after.map_or(SHARD_POLL, |d| d.min(SHARD_POLL)));
         }
         if let Some(p) = &c.coordinator_pod
             && plan.coordinator_missing
@@ -289,6 +320,9 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     )
     .await?;
     // The status says so; the retry backs off with the job's errors.
+    if let Some(e) = apply_refused {
+        return Err(e.into());
+    }
     if let Some(r) = coordinator_refused {
         return Err(Error::Refused {
             pod: r.pod.name_any(),
@@ -310,14 +344,12 @@ fn pin_running_image(job: &mut DistBeliefJob, stores: &Stores) {
     }
     let uid = job.metadata.uid.clone().unwrap_or_default();
     let namespace = job.metadata.namespace.clone();
-    let running = stores
-        .stateful_sets
-        .find(|s| s.metadata.namespace == namespace && owned_by(s, &uid))
-        .and_then(|s| {
-            let pod = s.spec.as_ref()?.template.spec.as_ref()?;
-            let ps = pod.containers.iter().find(|c| c.name == "ps")?;
-            ps.image.clone()
-        });
+    let namespace = namespace.unwrap_or_default();
+    let running = own_stateful_set(stores, &namespace, &uid).and_then(|s| {
+        let pod = s.spec.as_ref()?.template.spec.as_ref()?;
+        let ps = pod.containers.iter().find(|c| c.name == "ps")?;
+        ps.image.clone()
+    });
     if let Some(image) = running {
         job.status.get_or_insert_default().image = Some(image);
     }
@@ -359,27 +391,101 @@ fn is_default_class(c: &StorageClass) -> bool {
     })
 }
 
+/// Applies the long-lived children in order; the first the API server
+/// refuses ends it, with that object's kind and name.
 async fn apply_children(
     ctx: &Context,
     namespace: &str,
     c: &children::Children,
-) -> Result<(), Error> {
-    apply(ctx, namespace, &c.config_map).await?;
-    apply(ctx, namespace, &c.tracker_state).await?;
-    apply(ctx, namespace, &c.service_account).await?;
-    apply(ctx, namespace, &c.role).await?;
-    apply(ctx, namespace, &c.role_binding).await?;
-    apply(ctx, namespace, &c.ps_service).await?;
-    apply(ctx, namespace, &c.ps_stateful_set).await?;
-    apply(ctx, namespace, &c.ps_disruption_budget).await?;
-    apply(ctx, namespace, &c.coordinator_service).await?;
+) -> Result<(), (String, kube::Error)> {
+    apply_named(ctx, namespace, &c.config_map).await?;
+    apply_named(ctx, namespace, &c.tracker_state).await?;
+    apply_named(ctx, namespace, &c.service_account).await?;
+    apply_named(ctx, namespace, &c.role).await?;
+    apply_named(ctx, namespace, &c.role_binding).await?;
+    apply_named(ctx, namespace, &c.ps_service).await?;
+    apply_named(ctx, namespace, &c.ps_stateful_set).await?;
+    apply_named(ctx, namespace, &c.ps_disruption_budget).await?;
+    apply_named(ctx, namespace, &c.coordinator_service).await?;
     if let Some(svc) = &c.partition_service {
-        apply(ctx, namespace, svc).await?;
+        apply_named(ctx, namespace, svc).await?;
     }
     if let Some(np) = &c.network_policy {
-        apply(ctx, namespace, np).await?;
+        apply_named(ctx, namespace, np).await?;
     }
     Ok(())
+}
+
+async fn apply_named<K>(
+    ctx: &Context,
+    namespace: &str,
+    obj: &K,
+) -> Result<(), (String, kube::Error)>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    match apply(ctx, namespace, obj).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err((format!("{} {}", K::kind(&()), obj.name_any()), e)),
+    }
+}
+
+/// The shards' StatefulSet of the job with this uid, from the cache.
+fn own_stateful_set(stores: &Stores, namespace: &str, uid: &str) -> Option<Arc<StatefulSet>> {
+    stores
+        .stateful_sets
+        .find(|s| s.metadata.namespace.as_deref() == Some(namespace) && owned_by(s, uid))
+}
+
+/// How often a job whose shard pods are not all there is looked at again.
+const SHARD_POLL: Duration = Duration::from_secs(5);
+
+/// The newest `FailedCreate` the job's StatefulSet controller reported for
+/// the StatefulSet the job owns now (not one of an earlier job of the same
+/// name), if any.
+async fn shard_creation_failure(
+    ctx: &Context,
+    namespace: &str,
+    t: &children::Target<'_>,
+) -> Option<String> {
+    let uid = t.job.metadata.uid.as_deref().unwrap_or("");
+    let set = own_stateful_set(&ctx.stores, namespace, uid)?;
+    // Only once its controller has acted on the current spec and still
+    // counts fewer pods than it wants: a set just created is not asked about.
+    let status = set.status.as_ref()?;
+    let wanted = set.spec.as_ref()?.replicas.unwrap_or(1);
+    if status.observed_generation != set.metadata.generation || status.replicas >= wanted {
+        return None;
+    }
+    let set_uid = set.uid()?;
+    let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
+    let fields = format!(
+        "involvedObject.kind=StatefulSet,involvedObject.name={},reason=FailedCreate",
+        t.ps_name()
+    );
+    let listed = events
+        .list(&ListParams::default().fields(&fields).limit(50))
+        .await;
+    let listed = match listed {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(
+                job = t.name,
+                "cannot list the shards' StatefulSet events: {e}"
+            );
+            return None;
+        }
+    };
+    listed
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(set_uid.as_str()))
+        .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
+        .and_then(|e| e.message)
 }
 
 /// Status, replica pods, deletions, events and metrics: the steps every plan

@@ -554,3 +554,113 @@ fn scaling_down_and_up_never_reuses_an_incarnation() {
     assert_eq!(up.status.replica_reschedules, 0, "not a replacement");
     assert!(up.status.replicas.iter().all(|s| !s.stopped));
 }
+
+/// An edit the operator cannot use leaves a running job as it was: no pod
+/// created or deleted, its phase kept, SpecAccepted=False with one event;
+/// the fixed spec turns the condition True again.
+#[test]
+fn a_refused_edit_of_a_running_job_leaves_it_running() {
+    use distbelief_operator::plan::{SPEC_ACCEPTED, edit_refused, runs_on};
+    let mut status = common::running_status();
+    status["startTime"] = json!("2026-11-28T10:00:00Z");
+    let job = job(status, json!({}));
+    let running = job.status.clone().expect("status");
+    assert!(runs_on(&running));
+    let now = Timestamp::now();
+    let refused = edit_refused(running.clone(), Some(7), "InvalidSpec", "bad".into(), now);
+    assert!(refused.create_pods.is_empty() && refused.delete_pods.is_empty());
+    assert!(!refused.delete_stateful_set && !refused.apply_children);
+    assert_eq!(refused.status.phase, Some(Phase::Running));
+    let c = refused
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == SPEC_ACCEPTED)
+        .expect("condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert_eq!(refused.notes.len(), 1);
+    // Reconciled again with the same edit: no second event.
+    let again = edit_refused(
+        refused.status.clone(),
+        Some(7),
+        "InvalidSpec",
+        "bad".into(),
+        now,
+    );
+    assert!(again.notes.is_empty());
+    assert_eq!(again.status, refused.status);
+    // Fixed: the plan runs as usual and the condition turns True.
+    let fixed = self::job(
+        serde_json::to_value(&again.status).expect("status encodes"),
+        json!({}),
+    );
+    let plan = decide(&fixed, &common::running_pods("fm"), Timestamp::now());
+    let c = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == SPEC_ACCEPTED)
+        .expect("condition");
+    assert_eq!(c.status, "True");
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+}
+
+/// spec.startDeadlineSeconds fails a job that never trained, naming what
+/// never became ready, and stops its pods; one that trains is left alone.
+#[test]
+fn the_start_deadline_fails_a_job_that_never_trained() {
+    let pending = json!({
+        "phase": "Pending",
+        "checkpointStorage": "PersistentVolumeClaim",
+        "startTime": "2026-11-28T10:00:00Z",
+    });
+    let spec = json!({"startDeadlineSeconds": 60});
+    let start: Timestamp = "2026-11-28T10:00:00Z".parse().expect("time");
+    let servers: Vec<Pod> = common::running_pods("fm")
+        .into_iter()
+        .filter(|p| p.name_any() == "fm-coordinator")
+        .collect();
+    let early = decide(
+        &job(pending.clone(), spec.clone()),
+        &servers,
+        start + SignedDuration::from_secs(30),
+    );
+    assert_eq!(early.status.phase, Some(Phase::Pending));
+    assert_eq!(
+        early.requeue_after,
+        Some(std::time::Duration::from_secs(30))
+    );
+    let late = decide(
+        &job(pending.clone(), spec.clone()),
+        &servers,
+        start + SignedDuration::from_secs(61),
+    );
+    assert_eq!(late.status.phase, Some(Phase::Failed));
+    let failed = late
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed")
+        .expect("condition");
+    assert_eq!(failed.reason, "StartDeadlineExceeded");
+    assert!(
+        failed.message.contains("0/2 shard processes ready"),
+        "{}",
+        failed.message
+    );
+    assert_eq!(late.delete_pods, ["fm-coordinator"]);
+    assert!(late.create_pods.is_empty());
+    // A job that has trained is past its start, however long ago.
+    let mut trained = common::running_status();
+    trained["startTime"] = json!("2026-11-28T10:00:00Z");
+    trained["progress"] = json!({"step": 5, "examples": 640, "examplesPerSecond": 10.0, "epochs": 0.1, "trainSeconds": 64.0});
+    let plan = decide(
+        &job(trained, spec),
+        &common::running_pods("fm"),
+        start + SignedDuration::from_secs(3600),
+    );
+    assert_eq!(plan.status.phase, Some(Phase::Running));
+}

@@ -28,7 +28,7 @@ OUTPUT_MOUNT=/var/lib/distbelief/output    # where the coordinator mounts that c
 JOB_TIMEOUT=${E2E_JOB_TIMEOUT:-420}        # seconds a job may take to finish
 STEP_TIMEOUT=${E2E_STEP_TIMEOUT:-180}      # seconds for the other waits
 RESTORE_TIMEOUT=${E2E_RESTORE_TIMEOUT:-90} # seconds for a deleted shard to come back restored
-TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-840}    # everything before the uninstall step (kind: after cluster and image)
+TOTAL_TIMEOUT=${E2E_TOTAL_TIMEOUT:-1080}   # everything before the uninstall step (kind: after cluster and image)
 UNINSTALL_TIMEOUT=120                      # the uninstall step, on top of that
 BUILD_TIMEOUT=${E2E_BUILD_TIMEOUT:-3600}   # a cold release build of the workspace is slow
 
@@ -42,6 +42,8 @@ skip() { echo "SKIP: $*"; skipped=$((skipped + 1)); }
 HELM=helm
 [ -x "$ROOT/.tools/bin/helm" ] && HELM="$ROOT/.tools/bin/helm"
 KUBECTL=(kubectl --request-timeout=30s)
+# shellcheck source=tests/e2e/routine.sh
+. tests/e2e/routine.sh
 
 # --- where to run ------------------------------------------------------------
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -1522,6 +1524,11 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
       step "fashion-mnist-replicated: its push logs on the output claim show 0 acknowledged pushes lost and 0 applied twice" replicated_pushes
     else
       skip "fashion-mnist-replicated push audit (needs the kit, where this machine reads the claim, and a default StorageClass)"
+    fi
+    if [ "$mode" = kit ] && default_storage_class; then
+      step "$ROUTINE (3 replicas, audited): replica 2's pod deleted, helm upgrade to another image tag, kubectl scale 3 -> 1 -> 3; no shard pod replaced, every pod on the image it started with, the re-added replicas train as new incarnations, Succeeded with 0 acknowledged pushes lost and 0 applied twice" routine_ops
+    else
+      skip "$ROUTINE: routine operations on an audited job (needs the kit, where this machine reads the claim and can tag images, and a default StorageClass)"
     fi
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then

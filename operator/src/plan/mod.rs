@@ -104,6 +104,82 @@ pub fn invalid(
     plan
 }
 
+/// Condition type of an edit the operator could not use.
+pub const SPEC_ACCEPTED: &str = "SpecAccepted";
+
+/// Whether a refused edit leaves the job running: it has started and not
+/// finished, and the spec it runs was accepted.
+pub fn runs_on(s: &DistBeliefJobStatus) -> bool {
+    s.start_time.is_some()
+        && s.phase.is_some_and(|p| !p.is_finished())
+        && !s.conditions.iter().any(|c| {
+            c.status == "True" && (c.reason == "InvalidSpec" || c.reason == "MalformedSpec")
+        })
+}
+
+/// An edit of a running job that the operator cannot use: the job keeps
+/// its pods, phase and counts (the children stay as last applied, and
+/// nothing is created or deleted until the spec is fixed), and says why in
+/// SpecAccepted=False, with one warning event per new message.
+pub fn edit_refused(
+    status: DistBeliefJobStatus,
+    generation: Option<i64>,
+    reason: &'static str,
+    message: String,
+    now: Timestamp,
+) -> Plan {
+    let mut plan = Plan {
+        status,
+        ..Plan::default()
+    };
+    plan.status.progress = None;
+    plan.status.data_error = None;
+    let message = format!(
+        "the edit of generation {} is refused, the job runs on as it was: {message}",
+        generation.unwrap_or(0)
+    );
+    let known = plan
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == SPEC_ACCEPTED && c.status == "False" && c.message == message);
+    if !known {
+        plan.note(true, "EditRefused", message.clone());
+    }
+    set_condition(
+        &mut plan.status.conditions,
+        SPEC_ACCEPTED,
+        false,
+        reason.to_string(),
+        message,
+        generation,
+        now,
+    );
+    plan
+}
+
+/// SpecAccepted turns True once a refused edit is fixed.
+fn spec_accepted(plan: &mut Plan, generation: Option<i64>, now: Timestamp) {
+    let refused = plan
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == SPEC_ACCEPTED && c.status == "False");
+    if refused {
+        let message = "the job's spec is in use".to_string();
+        let reason = "Accepted".to_string();
+        set_condition(
+            &mut plan.status.conditions,
+            SPEC_ACCEPTED,
+            true,
+            reason,
+            message,
+            generation,
+            now,
+        );
+    }
+}
+
 /// Decides the reconcile of a valid job: one decision after another, each
 /// of which may end the reconcile.
 ///
@@ -136,6 +212,7 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         return plan;
     }
     checkpoint_storage(&mut plan, t, generation, now);
+    spec_accepted(&mut plan, generation, now);
     let progress = old.progress.clone().unwrap_or_default();
     if progress.done {
         succeed(&mut plan, job, &progress, now);
@@ -165,14 +242,25 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         servers_ready: servers.ready,
         earlier,
     };
-    match replicas(&mut plan, &scene, &old) {
-        Err(message) => {
+    let outcome = replicas(&mut plan, &scene, &old);
+    let late = match outcome {
+        Ok(_) => start_deadline(&mut plan, job, &progress, &servers, now),
+        Err(_) => None,
+    };
+    match (outcome, late) {
+        (Err(message), _) => {
             let reason = "RestartBudgetExhausted";
             finish(&mut plan, generation, Phase::Failed, reason, &message, now);
             plan.create_pods.clear();
             cleanup(&mut plan, job, &live);
         }
-        Ok(waiting) => {
+        (Ok(_), Some(message)) => {
+            let reason = START_DEADLINE_EXCEEDED;
+            finish(&mut plan, generation, Phase::Failed, reason, &message, now);
+            plan.create_pods.clear();
+            cleanup(&mut plan, job, &live);
+        }
+        (Ok(waiting), None) => {
             let (phase, reason, message) = phase(&plan, job, &servers, waiting);
             transition(&mut plan, generation, phase, reason, &message, now);
         }
@@ -181,6 +269,172 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
     let data_error = old.data_error.clone();
     data_condition(&mut plan, data_error.as_deref(), generation, now);
     plan
+}
+
+/// Failed reason of a job that did not start training within
+/// spec.startDeadlineSeconds.
+pub const START_DEADLINE_EXCEEDED: &str = "StartDeadlineExceeded";
+
+/// Why the job fails now for not having started training within
+/// spec.startDeadlineSeconds, naming what never became ready; None while it
+/// trains, has no deadline or has time left (then it comes back when the
+/// time is up). The clock starts with the job, and again on a resume.
+fn start_deadline(
+    plan: &mut Plan,
+    job: &DistBeliefJob,
+    progress: &Progress,
+    servers: &Servers,
+    now: Timestamp,
+) -> Option<String> {
+    let deadline = Duration::from_secs(u64::from(job.spec.start_deadline_seconds?));
+    if progress.step > 0 || progress.examples > 0 {
+        return None;
+    }
+    let resumed = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Suspended" && c.status == "False")
+        .map(|c| c.last_transition_time.0);
+    let since = plan.status.start_time.as_ref().map_or(now, |t| t.0);
+    let since = resumed.map_or(since, |r| r.max(since));
+    let waited = now.duration_since(since).unsigned_abs();
+    if waited < deadline {
+        plan.requeue(deadline - waited);
+        return None;
+    }
+    let ps = &job.spec.parameter_servers;
+    let mut missing = Vec::new();
+    if servers.shards_ready < ps.shards * ps.replication {
+        missing.push(format!(
+            "{}/{} shard processes ready",
+            servers.shards_ready,
+            ps.shards * ps.replication
+        ));
+    }
+    if !servers.coordinator_ready {
+        missing.push("the coordinator not ready".to_string());
+    }
+    let running = plan.status.replicas_ready.unwrap_or(0);
+    if running < job.spec.replicas.count {
+        missing.push(format!(
+            "{running}/{} replicas running",
+            job.spec.replicas.count
+        ));
+    }
+    let refused = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CREATION_REFUSED && c.status == "True");
+    if let Some(c) = refused {
+        missing.push(format!("pods refused: {}", c.message));
+    }
+    if let Some(e) = &job.status.as_ref().and_then(|s| s.data_error.clone()) {
+        missing.push(format!("the data unreadable: {e}"));
+    }
+    if missing.is_empty() {
+        missing.push("no training step reported yet".to_string());
+    }
+    Some(format!(
+        "no training step within spec.startDeadlineSeconds ({}s): {}",
+        deadline.as_secs(),
+        missing.join("; ")
+    ))
+}
+
+/// The StatefulSet controller could not create shard pods (a quota, an
+/// admission policy or webhook refused them): what it said, from its
+/// `FailedCreate` event. Recorded like a refused replica pod: the
+/// PodCreationRefused condition, a warning event when the message is new,
+/// and the phase says why the job waits.
+pub fn shard_pods_refused(
+    plan: &mut Plan,
+    stateful_set: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let message = format!("the StatefulSet {stateful_set} cannot create shard pods: {message}");
+    let known = plan
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CREATION_REFUSED && c.status == "True" && c.message == message);
+    if !known {
+        plan.note(true, CREATION_REFUSED, message.clone());
+    }
+    let reason = if message.contains("forbidden") {
+        "Forbidden"
+    } else {
+        "FailedCreate"
+    };
+    set_condition(
+        &mut plan.status.conditions,
+        CREATION_REFUSED,
+        true,
+        reason.to_string(),
+        message.clone(),
+        generation,
+        now,
+    );
+    if plan.status.phase == Some(Phase::Pending) {
+        transition(
+            plan,
+            generation,
+            Phase::Pending,
+            CREATION_REFUSED,
+            &message,
+            now,
+        );
+    }
+}
+
+/// Condition type and event reason of children the API server refused.
+pub const CHILDREN_APPLIED: &str = "ChildrenApplied";
+
+/// Records whether the job's children could be applied: False, with the
+/// object and the API server's reason, and a warning event when that is
+/// new; True again once they could. A job never refused has no condition.
+pub fn children_applied(
+    plan: &mut Plan,
+    refused: Option<(&str, &str, &str)>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let was = plan
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CHILDREN_APPLIED)
+        .map(|c| (c.status == "False", c.message.clone()));
+    match refused {
+        Some((object, reason, message)) => {
+            let message = format!("the API server refused to apply {object}: {message}");
+            if was.as_ref().is_none_or(|(f, m)| !f || *m != message) {
+                plan.note(true, "ApplyFailed", message.clone());
+            }
+            set_condition(
+                &mut plan.status.conditions,
+                CHILDREN_APPLIED,
+                false,
+                reason_of(reason),
+                message,
+                generation,
+                now,
+            );
+        }
+        None if was.is_some_and(|(f, _)| f) => set_condition(
+            &mut plan.status.conditions,
+            CHILDREN_APPLIED,
+            true,
+            "Applied".to_string(),
+            "every child of the job was applied".to_string(),
+            generation,
+            now,
+        ),
+        None => {}
+    }
 }
 
 /// Condition type and event reason of data the coordinator cannot read.
@@ -364,7 +618,7 @@ fn creation_condition(plan: &mut Plan, generation: Option<i64>, now: Timestamp) 
             generation,
             now,
         ),
-        None if known && !plan.coordinator_missing => set_condition(
+        None if known && !plan.coordinator_missing && !plan.shards_missing => set_condition(
             &mut plan.status.conditions,
             CREATION_REFUSED,
             false,
