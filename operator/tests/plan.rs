@@ -664,3 +664,27 @@ fn the_start_deadline_fails_a_job_that_never_trained() {
     );
     assert_eq!(plan.status.phase, Some(Phase::Running));
 }
+
+/// A sidecar that restarts is not a shard restart: only the distbelief
+/// container's count is held against spec.parameterServers.maxRestarts.
+#[test]
+fn shard_restarts_count_the_shard_container_only() {
+    let mut pods = common::running_pods("fm");
+    for p in pods.iter_mut().filter(|p| p.name_any() == "fm-ps-0") {
+        p.status = serde_json::from_value(json!({
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [
+                {"name": "ps", "image": "x", "imageID": "", "ready": true, "restartCount": 1},
+                {"name": "log-shipper", "image": "x", "imageID": "", "ready": true, "restartCount": 7},
+            ],
+        }))
+        .expect("fixture status");
+    }
+    let plan = decide(
+        &job(common::running_status(), json!({})),
+        &pods,
+        Timestamp::now(),
+    );
+    assert_eq!(plan.status.shard_restarts, 1);
+}

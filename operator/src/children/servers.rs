@@ -72,8 +72,11 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
     let mut pod_spec = t.pod_spec(container, "Always", None);
     t.mount_output(&mut pod_spec, true);
     if replication > 1 {
-        // Members of a shard on different nodes where there are several,
-        // so that one node's loss leaves every shard a member.
+        // Shard pods prefer nodes without another shard pod of the job. The
+        // preference is over all of them, not per shard (the StatefulSet's
+        // pods share one template, so no label tells a pod's shard at
+        // scheduling time): two members of one shard can still share a node
+        // when the nodes are few or full, and that node's loss takes the shard.
         pod_spec.affinity = Some(spread(t.selector_labels("ps")));
     }
     let mut sts_spec = StatefulSetSpec {
@@ -156,6 +159,10 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
             selector: Some(t.selector("ps")),
+            // A shard pod that is not ready (crash-looping, restoring)
+            // serves nothing: evicting it must not wait for it to be ready,
+            // or one broken shard would block a node's drain.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
             ..Default::default()
         }),
         status: None,

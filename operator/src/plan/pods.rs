@@ -66,12 +66,18 @@ pub fn is_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// Restarts of the pod's distbelief container (named after its role): a
+/// sidecar a template adds restarts on its own account.
 pub fn restart_count(p: &Pod) -> u32 {
+    let main = role(p);
     p.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .map_or(0, |cs| {
-            cs.iter().map(|c| c.restart_count.max(0) as u32).sum()
+            cs.iter()
+                .filter(|c| Some(c.name.as_str()) == main)
+                .map(|c| c.restart_count.max(0) as u32)
+                .sum()
         })
 }
 
