@@ -205,8 +205,8 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let name = obj.name_any();
     let namespace = obj.namespace().unwrap_or_default();
     let now = Timestamp::now();
-    let mut job = match decode(obj) {
-        Ok(job) => job,
+    let (mut job, dropped) = match decode(obj) {
+        Ok(decoded) => decoded,
         Err(message) => {
             // A job that does not decode gets no children and no retries;
             // the next edit of it triggers a new reconcile. One that runs
@@ -250,6 +250,23 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let (own, earlier) = job_pods(&ctx.stores, &namespace, &name, &uid);
     let pods = ctx.memory.with_unseen(&uid, own);
     let mut plan = plan::plan(&target, &pods, &earlier, ctx.config.backoff, now);
+    let new_generation =
+        status_of(obj).and_then(|s| s.observed_generation) != obj.metadata.generation;
+    if !dropped.is_empty() && new_generation {
+        tracing::warn!(
+            job = name,
+            "fields this operator does not know, ignored: {}",
+            dropped.join(", ")
+        );
+        plan.notes.push(plan::Note {
+            warning: true,
+            reason: "UnknownFields",
+            message: format!(
+                "this operator does not know {}: ignored (is the operator older than the CRD?)",
+                dropped.join(", ")
+            ),
+        });
+    }
     // A finished job whose shard pods were never created (refused, never
     // scheduled) still has a StatefulSet that keeps asking for them.
     let finished = plan.status.phase.is_some_and(|p| p.is_finished());
@@ -639,16 +656,81 @@ pub fn status_patch(
 }
 
 fn status_of(obj: &DynamicObject) -> Option<DistBeliefJobStatus> {
-    let mut s: DistBeliefJobStatus =
-        serde_json::from_value(obj.data.get("status")?.clone()).ok()?;
+    // Read as leniently as the job: a newer operator's status fields must
+    // not make this one take a running job for a new one.
+    let (mut s, _): (DistBeliefJobStatus, _) = lenient(obj.data.get("status")?.clone()).ok()?;
     s.progress = None;
     s.data_error = None;
     Some(s)
 }
 
-fn decode(obj: &DynamicObject) -> Result<DistBeliefJob, String> {
+/// Fields of a job an operator can drop before it gives up on the job.
+const MAX_UNKNOWN_FIELDS: usize = 64;
+
+/// Reads a job leniently: a field this operator does not know (written by
+/// a newer CRD during an upgrade) is dropped and named in the second value,
+/// instead of failing a running job. The API server's schema and
+/// `distbelief train` stay strict. Any other error fails the decode.
+fn decode(obj: &DynamicObject) -> Result<(DistBeliefJob, Vec<String>), String> {
     let value = serde_json::to_value(obj).map_err(|e| e.to_string())?;
-    serde_json::from_value(value).map_err(|e| format!("spec does not decode: {e}"))
+    lenient(value)
+}
+
+/// Decodes `value`, dropping the fields `T` does not know (see [`decode`]).
+fn lenient<T: DeserializeOwned>(mut value: serde_json::Value) -> Result<(T, Vec<String>), String> {
+    let mut dropped = Vec::new();
+    loop {
+        let error = match serde_path_to_error::deserialize::<_, T>(&value) {
+            Ok(job) => return Ok((job, dropped)),
+            Err(e) => e,
+        };
+        let path: Vec<serde_path_to_error::Segment> = error.path().iter().cloned().collect();
+        let shown = error.path().to_string();
+        let inner = error.into_inner();
+        let unknown = unknown_field(&inner.to_string());
+        match unknown {
+            Some(field)
+                if dropped.len() < MAX_UNKNOWN_FIELDS && drop_field(&mut value, &path, &field) =>
+            {
+                dropped.push(shown);
+            }
+            _ => return Err(format!("spec does not decode: {shown}: {inner}")),
+        }
+    }
+}
+
+/// The field serde's `deny_unknown_fields` refused, from its message.
+fn unknown_field(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    Some(rest[..rest.find('`')?].to_string())
+}
+
+/// Removes `field` from the object at `path` (which ends at the field, or
+/// at the object that holds it); false if there is no such field.
+fn drop_field(
+    value: &mut serde_json::Value,
+    path: &[serde_path_to_error::Segment],
+    field: &str,
+) -> bool {
+    use serde_path_to_error::Segment;
+    let mut at = value;
+    for (i, segment) in path.iter().enumerate() {
+        let last = i + 1 == path.len();
+        if last && matches!(segment, Segment::Map { key } if key == field) {
+            break;
+        }
+        let next = match segment {
+            Segment::Map { key } => at.get_mut(key.as_str()),
+            Segment::Seq { index } => at.get_mut(*index),
+            Segment::Enum { .. } | Segment::Unknown => None,
+        };
+        match next {
+            Some(v) => at = v,
+            None => return false,
+        }
+    }
+    at.as_object_mut()
+        .is_some_and(|o| o.remove(field).is_some())
 }
 
 fn ignore_missing(r: Result<(), kube::Error>) -> Result<(), kube::Error> {

@@ -1279,3 +1279,39 @@ async fn a_pod_created_but_not_yet_in_the_cache_is_not_replaced() {
     );
     assert!(status_calls(&calls).is_empty());
 }
+
+/// Version skew: a field a newer CRD added, in the spec and in status, is
+/// dropped with one UnknownFields event; the job is reconciled as usual and
+/// its pods' job.yaml leaves the field out.
+#[tokio::test]
+async fn a_field_this_operator_does_not_know_is_dropped_with_a_warning() {
+    let mut job = job_with_status("fm", json!({"fromTheFuture": true}));
+    job["spec"]["fromTheFuture"] = json!({"knob": 1});
+    job["spec"]["model"]["newLayerOption"] = json!(3);
+    let (result, calls) = run_reconcile(job, vec![]).await;
+    result.expect("reconciled");
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["phase"], "Pending", "{status}");
+    assert!(status.get("fromTheFuture").is_none(), "{status}");
+    assert!(events(&calls).contains(&"UnknownFields".to_string()));
+    let note = calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.path == path("events", ""))
+        .find(|c| c.body["reason"] == "UnknownFields")
+        .and_then(|c| c.body["note"].as_str())
+        .expect("an UnknownFields note")
+        .to_string();
+    assert!(
+        note.contains("spec.fromTheFuture") && note.contains("spec.model.newLayerOption"),
+        "{note}"
+    );
+    let config = calls
+        .iter()
+        .find(|c| c.path.ends_with("/configmaps/fm-job"))
+        .expect("the job file applied");
+    let file = config.body["data"]["job.yaml"].as_str().expect("job.yaml");
+    assert!(
+        !file.contains("fromTheFuture") && !file.contains("newLayerOption"),
+        "{file}"
+    );
+}
