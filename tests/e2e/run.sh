@@ -44,6 +44,8 @@ HELM=helm
 KUBECTL=(kubectl --request-timeout=30s)
 # shellcheck source=tests/e2e/routine.sh
 . tests/e2e/routine.sh
+# shellcheck source=tests/e2e/chaos.sh
+. tests/e2e/chaos.sh
 
 # --- where to run ------------------------------------------------------------
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -1529,6 +1531,12 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
       step "$ROUTINE (3 replicas, audited): replica 2's pod deleted, helm upgrade to another image tag, kubectl scale 3 -> 1 -> 3; no shard pod replaced, every pod on the image it started with, the re-added replicas train as new incarnations, Succeeded with 0 acknowledged pushes lost and 0 applied twice" routine_ops
     else
       skip "$ROUTINE: routine operations on an audited job (needs the kit, where this machine reads the claim and can tag images, and a default StorageClass)"
+    fi
+    if [ "$mode" = kit ] && default_storage_class; then
+      budget_end=$((budget_end + CHAOS_SECONDS))
+      step "$CHAOS (2 shards x 2 members, 3 replicas, audited): a random pod deleted or frozen every 10 s for ${CHAOS_SECONDS} s, a helm upgrade and a scale 3 -> 1 -> 3 halfway; Succeeded, 0 acknowledged pushes lost, 0 applied twice, progress never back" chaos
+    else
+      skip "$CHAOS: chaos on an audited job (needs the kit, where this machine reads the claim, freezes pods and tags images, and a default StorageClass)"
     fi
     step "${LONG_STEPS[0]}" long_replica
     if [ -n "$long_applied" ]; then
