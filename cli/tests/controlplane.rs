@@ -331,6 +331,19 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
         let server = dry_run(&kit, &ns, &example_job(&name)).await.unwrap_err();
         assert!(server.contains(message), "{name}: {server}");
     }
+    // Shard processes whose address list cannot fit one environment
+    // variable, refused at admission; a large one that fits is taken.
+    let mut many = example_job("many-shards");
+    many["spec"]["parameterServers"]["shards"] = json!(2000);
+    let server = dry_run(&kit, &ns, &many).await.unwrap_err();
+    assert!(
+        server.contains(distbelief_api::admission::SHARD_ADDRESSES),
+        "{server}"
+    );
+    many["spec"]["parameterServers"]["shards"] = json!(512);
+    dry_run(&kit, &ns, &many)
+        .await
+        .expect("512 shards fit one environment variable");
     // A null target is no target, on both paths.
     let mut job = example_job("null-target");
     job["spec"]["stop"]["targetTestAccuracy"] = Value::Null;

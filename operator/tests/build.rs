@@ -267,6 +267,15 @@ fn each_validation_failure_is_reported_with_its_message() {
             "start with a letter",
         ),
         (
+            "too many shard processes for one environment variable",
+            |j| {
+                j.spec.parameter_servers.shards = 2000;
+                j.spec.parameter_servers.replication = 2;
+            },
+            "spec.parameterServers.shards",
+            "128 KiB",
+        ),
+        (
             "dotted name",
             |j| j.metadata.name = Some("mnist.v2".into()),
             "metadata.name",

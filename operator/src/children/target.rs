@@ -61,6 +61,19 @@ pub fn target<'a>(
         });
     }
     let namespace = job.namespace().unwrap_or_default();
+    let ps = &job.spec.parameter_servers;
+    let addresses: usize = (0..ps.shards.saturating_mul(ps.replication))
+        .map(|i| format!("{name}-ps-{i}.{name}-ps.{namespace}.svc:{PS_PORT},").len())
+        .sum();
+    if addresses > admission::MAX_SHARD_ADDRESSES {
+        errors.push(ValidationError {
+            field: "spec.parameterServers.shards".into(),
+            message: format!(
+                "{} (this job's would take {addresses} bytes)",
+                admission::SHARD_ADDRESSES
+            ),
+        });
+    }
     if namespace.is_empty() {
         errors.push(ValidationError {
             field: "metadata.namespace".into(),
