@@ -15,6 +15,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
@@ -142,8 +143,22 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
         namespace = opts.namespace.as_deref().unwrap_or("all"),
         "operator running"
     );
+    // Pods map to their job by its label, not their owner: shard pods are
+    // the StatefulSet's, and a shard's restart or readiness must reach its
+    // job as a replica's does.
+    let job_of = {
+        let ar = ar.clone();
+        move |pod: Pod| {
+            let job = pod.labels().get(crate::children::LABEL_JOB)?.clone();
+            let at = ObjectRef::new_with(&job, ar.clone());
+            Some(match pod.namespace() {
+                Some(ns) => at.within(&ns),
+                None => at,
+            })
+        }
+    };
     let controller = Controller::new_with(jobs, watcher::Config::default(), ar)
-        .owns_stream(pod_events)
+        .watches_stream(pod_events, job_of)
         .owns_stream(set_events);
     let ctx = Arc::new(Context {
         client: client.clone(),

@@ -241,6 +241,7 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         now,
         servers_ready: servers.ready,
         earlier,
+        by_replica: replica::index(pods),
     };
     let outcome = replicas(&mut plan, &scene, &old);
     let late = match outcome {
@@ -808,7 +809,7 @@ fn servers(
 fn replicas(plan: &mut Plan, scene: &Scene, old: &DistBeliefJobStatus) -> Result<bool, String> {
     let (job, pods) = (scene.t.job, scene.all);
     // Counts from the pods themselves, which a stale cache cannot undo.
-    let counted = |c| count_cause(pods, c, None);
+    let counted = |c| count_cause(pods, c);
     plan.status.replica_restarts = old.replica_restarts.max(counted(Cause::Restart));
     plan.status.replica_reschedules = old.replica_reschedules.max(counted(Cause::Reschedule));
     plan.status.backups_launched = old.backups_launched.max(counted(Cause::Backup));

@@ -32,6 +32,34 @@ pub(super) struct Scene<'a> {
     pub servers_ready: bool,
     /// Pods of an earlier job of the same name, still terminating.
     pub earlier: &'a [Pod],
+    /// Every replica pod of the job by replica index, terminating ones
+    /// included, built once: each replica's decision reads its own pods,
+    /// so a reconcile costs the job's pods, not replicas × pods.
+    pub by_replica: BTreeMap<u32, Vec<&'a Pod>>,
+}
+
+/// The job's replica pods by replica index (see [`Scene::by_replica`]).
+pub(super) fn index(all: &[Pod]) -> BTreeMap<u32, Vec<&Pod>> {
+    let mut by: BTreeMap<u32, Vec<&Pod>> = BTreeMap::new();
+    for p in all.iter().filter(|p| role(p) == Some("replica")) {
+        if let Some(r) = label_u32(p, LABEL_REPLICA) {
+            by.entry(r).or_default().push(p);
+        }
+    }
+    by
+}
+
+impl<'a> Scene<'a> {
+    /// Replica `r`'s pods, terminating ones included.
+    fn all_of(&self, r: u32) -> impl Iterator<Item = &'a Pod> + '_ {
+        self.by_replica.get(&r).into_iter().flatten().copied()
+    }
+
+    /// Replica `r`'s pods that are not being deleted.
+    fn live_of(&self, r: u32) -> impl Iterator<Item = &'a Pod> + '_ {
+        self.all_of(r)
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+    }
 }
 
 pub(super) enum Outcome {
@@ -44,13 +72,12 @@ fn replica_pods<'p>(pods: impl Iterator<Item = &'p Pod>, r: u32) -> impl Iterato
     pods.filter(move |p| role(p) == Some("replica") && label_u32(p, LABEL_REPLICA) == Some(r))
 }
 
-/// Pods of the job created for `cause`, over all replicas (or one); a
-/// partitioned replica's attempt counts once.
-pub(super) fn count_cause(pods: &[Pod], c: Cause, replica: Option<u32>) -> u32 {
+/// Pods of the job created for `cause`, over all replicas; a partitioned
+/// replica's attempt counts once.
+pub(super) fn count_cause(pods: &[Pod], c: Cause) -> u32 {
     pods.iter()
         .filter(|p| role(p) == Some("replica") && cause(p) == Some(c.as_str()))
         .filter(|p| is_unit_head(p))
-        .filter(|p| replica.is_none() || label_u32(p, LABEL_REPLICA) == replica)
         .count() as u32
 }
 
@@ -58,7 +85,7 @@ pub(super) fn count_cause(pods: &[Pod], c: Cause, replica: Option<u32>) -> u32 {
 /// unless it has not started yet.
 pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut Plan) -> Outcome {
     let parts = s.t.job.spec.replicas.partitions.max(1) as usize;
-    let mine = units(replica_pods(s.live.iter().copied(), r), parts);
+    let mine = units(s.live_of(r), parts);
     // A stopped replica (suspended, or scaled away) starts afresh once,
     // when it has no pod yet.
     let resuming = prev.as_ref().is_some_and(|p| p.stopped) && mine.is_empty();
@@ -69,7 +96,11 @@ pub(super) fn replica(s: &Scene, r: u32, prev: Option<ReplicaState>, plan: &mut 
     });
     st.stopped = resuming;
     // The pods are a fresh list; the state may come from a stale cache.
-    st.restarts = st.restarts.max(count_cause(s.all, Cause::Restart, Some(r)));
+    let restarts = s
+        .all_of(r)
+        .filter(|p| cause(p) == Some(Cause::Restart.as_str()) && is_unit_head(p))
+        .count() as u32;
+    st.restarts = st.restarts.max(restarts);
     if let Some((&a, _)) = mine.last_key_value() {
         st.attempt = st.attempt.max(a);
     }
@@ -201,7 +232,7 @@ impl Decision<'_> {
             .mine
             .get(&self.st.attempt)
             .is_some_and(|p| phase_of(p) == "Failed");
-        for p in replica_pods(self.s.live.iter().copied(), self.r) {
+        for p in self.s.live_of(self.r) {
             let attempt = label_u32(p, LABEL_ATTEMPT);
             let superseded = attempt != Some(self.st.attempt) || current_failed;
             if superseded && !is_finished(p) {
@@ -213,7 +244,9 @@ impl Decision<'_> {
     /// The replica's first pod. After a suspension the old pods may still be
     /// terminating under their names: start past them.
     fn start(&mut self, plan: &mut Plan) -> Outcome {
-        let newest = replica_pods(self.s.all.iter(), self.r)
+        let newest = self
+            .s
+            .all_of(self.r)
             .filter_map(|p| label_u32(p, LABEL_ATTEMPT))
             .max();
         let first = match newest {
