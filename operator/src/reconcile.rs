@@ -433,18 +433,11 @@ async fn apply_children(
     Ok(())
 }
 
-async fn apply_named<K>(
+async fn apply_named<K: Child>(
     ctx: &Context,
     namespace: &str,
     obj: &K,
-) -> Result<(), (String, kube::Error)>
-where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Serialize
-        + DeserializeOwned
-        + Clone
-        + Debug,
-{
+) -> Result<(), (String, kube::Error)> {
     match apply(ctx, namespace, obj).await {
         Ok(_) => Ok(()),
         Err(e) => Err((format!("{} {}", K::kind(&()), obj.name_any()), e)),
@@ -740,14 +733,26 @@ fn ignore_missing(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
     }
 }
 
-async fn apply<K>(ctx: &Context, namespace: &str, obj: &K) -> Result<K, kube::Error>
-where
+/// What the operator applies: a namespaced object of a known kind.
+trait Child:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Debug
+{
+}
+
+impl<K> Child for K where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Serialize
         + DeserializeOwned
         + Clone
-        + Debug,
+        + Debug
 {
+}
+
+async fn apply<K: Child>(ctx: &Context, namespace: &str, obj: &K) -> Result<K, kube::Error> {
     ctx.metrics
         .applies
         .with_label_values(&[K::kind(&()).as_ref()])

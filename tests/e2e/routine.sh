@@ -13,7 +13,7 @@
 # counts as lost) and 0 applied twice.
 ROUTINE=fashion-mnist-routine
 routine_ops() {
-  local name=$ROUTINE started shards_before shards_after images other sock steps1 steps2 out host
+  local name=$ROUTINE started shards_before shards_after images other sock steps1 steps2
   python3 - "$EXAMPLE" "$work/routine.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
 import sys
 src, dst, name = sys.argv[1:]
@@ -102,17 +102,8 @@ PY
   job_wait "$name" "$JOB_TIMEOUT" "a final phase" t_finished || return 1
   [ "$J_PHASE" = Succeeded ] || { echo "$name: phase $J_PHASE, expected Succeeded"; return 1; }
   [ "${J_RESTARTS:-0}" = 0 ] || { echo "$name: $J_RESTARTS replica restarts counted"; return 1; }
-  host=$(output_host_dir) || { echo "$host"; return 1; }
-  out=$(timeout 120 "$BINARY" audit "$work/routine.yaml" --dir "$host/$name/audit" --json) || { echo "audit: $out"; return 1; }
-  log "$name: audit: $out; final testAccuracy $J_ACC"
-  printf '%s' "$out" | python3 -c '
-import json, sys
-v = json.load(sys.stdin)
-if v["acknowledged"] < 1:
-    sys.exit("no acknowledged push in the logs")
-if v["lost"] or v["duplicated"]:
-    sys.exit("%d acknowledged pushes lost, %d applied twice" % (v["lost"], v["duplicated"]))
-' || return 1
+  log "$name: final testAccuracy $J_ACC"
+  audit_clean "$name" "$work/routine.yaml" || return 1
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
 }
 
@@ -128,4 +119,23 @@ chart_to() {
   log "helm upgrade $RELEASE --reuse-values --set image.tag=$1"
   "$HELM" upgrade "$RELEASE" charts/distbelief -n "$RELEASE_NS" --reuse-values --force-conflicts \
     --set "image.tag=$1" --wait --timeout "${STEP_TIMEOUT}s" >/dev/null
+}
+
+# audit_clean NAME YAML: distbelief audit over the job's push logs on the
+# output claim (read on this machine) must find acknowledged pushes, none
+# lost and none applied twice; prints its figures.
+audit_clean() {
+  local name=$1 yaml=$2 host out
+  host=$(output_host_dir) || { echo "$host"; return 1; }
+  log "$name: push logs in $host/$name/audit: $(ls "$host/$name/audit" 2>/dev/null | tr '\n' ' ')"
+  out=$(timeout 120 "$BINARY" audit "$yaml" --dir "$host/$name/audit" --json) || { echo "audit: $out"; return 1; }
+  log "$name: audit: $out"
+  printf '%s' "$out" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+if v["acknowledged"] < 1:
+    sys.exit("no acknowledged push in the logs")
+if v["lost"] or v["duplicated"]:
+    sys.exit("%d acknowledged pushes lost, %d applied twice" % (v["lost"], v["duplicated"]))
+' || return 1
 }

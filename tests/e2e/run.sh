@@ -1191,22 +1191,7 @@ freeze_until_restarted() {
 
 # 3f. The push logs of fashion-mnist-replicated, read from the output claim.
 replicated_pushes() {
-  local name=fashion-mnist-replicated host dir out
-  host=$(output_host_dir) || { echo "$host"; return 1; }
-  dir=$host/$name/audit
-  log "$name: push logs in $dir: $(ls "$dir" 2>/dev/null | tr '\n' ' ')"
-  log "distbelief audit $work/replicated.yaml --dir $dir --json"
-  out=$(timeout 120 "$BINARY" audit "$work/replicated.yaml" --dir "$dir" --json)
-  log "$name: audit: $out"
-  printf '%s' "$out" | python3 -c '
-import json, sys
-v = json.load(sys.stdin)
-if v["acknowledged"] < 1:
-    sys.exit("no acknowledged push in the logs")
-if v["lost"] or v["duplicated"]:
-    sys.exit("%d acknowledged pushes lost, %d applied twice" % (v["lost"], v["duplicated"]))
-print("%d pushes acknowledged, %d applied: 0 lost, 0 applied twice" % (v["acknowledged"], v["applied"]))
-' || return 1
+  audit_clean fashion-mnist-replicated "$work/replicated.yaml"
 }
 
 # --- 4. the long job: failures it must survive --------------------------------

@@ -138,24 +138,49 @@ pub fn edit_refused(
         "the edit of generation {} is refused, the job runs on as it was: {message}",
         generation.unwrap_or(0)
     );
+    let reason = reason.to_string();
+    let at = (generation, now);
+    flag(
+        &mut plan,
+        SPEC_ACCEPTED,
+        false,
+        "EditRefused",
+        reason,
+        message,
+        at,
+    );
+    plan
+}
+
+/// Sets condition `kind` to `on` with a warning event `event`, published
+/// only when the condition did not already say that message.
+fn flag(
+    plan: &mut Plan,
+    kind: &str,
+    on: bool,
+    event: &'static str,
+    reason: String,
+    message: String,
+    (generation, now): (Option<i64>, Timestamp),
+) {
+    let status = if on { "True" } else { "False" };
     let known = plan
         .status
         .conditions
         .iter()
-        .any(|c| c.type_ == SPEC_ACCEPTED && c.status == "False" && c.message == message);
+        .any(|c| c.type_ == kind && c.status == status && c.message == message);
     if !known {
-        plan.note(true, "EditRefused", message.clone());
+        plan.note(true, event, message.clone());
     }
     set_condition(
         &mut plan.status.conditions,
-        SPEC_ACCEPTED,
-        false,
-        reason.to_string(),
+        kind,
+        on,
+        reason,
         message,
         generation,
         now,
     );
-    plan
 }
 
 /// SpecAccepted turns True once a refused edit is fixed.
@@ -357,28 +382,13 @@ pub fn shard_pods_refused(
     now: Timestamp,
 ) {
     let message = format!("the StatefulSet {stateful_set} cannot create shard pods: {message}");
-    let known = plan
-        .status
-        .conditions
-        .iter()
-        .any(|c| c.type_ == CREATION_REFUSED && c.status == "True" && c.message == message);
-    if !known {
-        plan.note(true, CREATION_REFUSED, message.clone());
-    }
     let reason = if message.contains("forbidden") {
         "Forbidden"
     } else {
         "FailedCreate"
     };
-    set_condition(
-        &mut plan.status.conditions,
-        CREATION_REFUSED,
-        true,
-        reason.to_string(),
-        message.clone(),
-        generation,
-        now,
-    );
+    let (kind, at) = (CREATION_REFUSED, (generation, now));
+    flag(plan, kind, true, kind, reason.into(), message.clone(), at);
     if plan.status.phase == Some(Phase::Pending) {
         transition(
             plan,
@@ -403,29 +413,26 @@ pub fn children_applied(
     generation: Option<i64>,
     now: Timestamp,
 ) {
-    let was = plan
+    let was_false = plan
         .status
         .conditions
         .iter()
-        .find(|c| c.type_ == CHILDREN_APPLIED)
-        .map(|c| (c.status == "False", c.message.clone()));
+        .any(|c| c.type_ == CHILDREN_APPLIED && c.status == "False");
     match refused {
         Some((object, reason, message)) => {
             let message = format!("the API server refused to apply {object}: {message}");
-            if was.as_ref().is_none_or(|(f, m)| !f || *m != message) {
-                plan.note(true, "ApplyFailed", message.clone());
-            }
-            set_condition(
-                &mut plan.status.conditions,
+            let (reason, at) = (reason_of(reason), (generation, now));
+            flag(
+                plan,
                 CHILDREN_APPLIED,
                 false,
-                reason_of(reason),
+                "ApplyFailed",
+                reason,
                 message,
-                generation,
-                now,
+                at,
             );
         }
-        None if was.is_some_and(|(f, _)| f) => set_condition(
+        None if was_false => set_condition(
             &mut plan.status.conditions,
             CHILDREN_APPLIED,
             true,
