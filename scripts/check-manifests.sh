@@ -126,6 +126,8 @@ RULES = {
     ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    # The StatefulSet controller's FailedCreate events, while shard pods are missing.
+    ("", "events"): {"list"},
 }
 CLUSTER_RULES = {("storage.k8s.io", "storageclasses"): {"list", "watch"}}
 
