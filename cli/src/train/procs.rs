@@ -44,6 +44,10 @@ pub struct Proc {
     pub health: Option<std::net::SocketAddr>,
     /// When it last answered a liveness probe (or was started).
     pub answered: Instant,
+    /// Stopped by a chaos freeze and not restarted since: a later chaos
+    /// fault on it does not land, since it is already down and its silence
+    /// kill will restart it (each counted fault has exactly one restart).
+    pub frozen: bool,
 }
 
 impl Proc {
@@ -69,6 +73,7 @@ impl Proc {
             incarnation_base: 0,
             health,
             answered: Instant::now(),
+            frozen: false,
         }
     }
 
@@ -131,6 +136,7 @@ impl Proc {
             .process_group(0);
         die_with_parent(&mut cmd);
         self.child = Some(cmd.spawn()?);
+        self.frozen = false;
         self.starts += 1;
         self.answered = Instant::now();
         Ok(())
@@ -157,15 +163,16 @@ impl Proc {
     }
 
     /// SIGSTOP: alive but answering nothing, as a hung process. False if it
-    /// had already ended.
+    /// had already ended or is frozen already.
     pub fn freeze(&mut self) -> bool {
-        let Some(child) = self.child.as_mut() else {
+        let Some(child) = self.child.as_mut().filter(|_| !self.frozen) else {
             return false;
         };
         if !matches!(child.try_wait(), Ok(None)) {
             return false;
         }
         signal(child.id(), libc::SIGSTOP);
+        self.frozen = true;
         true
     }
 

@@ -43,7 +43,9 @@ impl Runtime {
                 chaos::Fault::KillCoordinator => (Some(&mut self.coordinator), "SIGKILL"),
                 chaos::Fault::FreezeCoordinator => (Some(&mut self.coordinator), "SIGSTOP"),
             };
-            let Some(p) = p else {
+            // A frozen process is already down: another fault on it would
+            // share its one restart.
+            let Some(p) = p.filter(|p| !p.frozen) else {
                 continue;
             };
             let landed = match fault {
