@@ -484,6 +484,11 @@ pub const RULES: &[AdmissionRule] = &[
         MSG_NOT_EMPTY,
     ),
     spec(
+        "spec.parameterServers.spread.topologyKey",
+        "!has(self.parameterServers.spread) || !has(self.parameterServers.spread.topologyKey) || self.parameterServers.spread.topologyKey.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$')",
+        "must be a node label key, such as kubernetes.io/hostname or topology.kubernetes.io/zone",
+    ),
+    spec(
         "spec.output.volumeClaimName",
         "!has(self.output) || !has(self.output.volumeClaimName) || self.output.volumeClaimName.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')",
         "must be the name of a PersistentVolumeClaim (lowercase letters, digits, '-' and '.')",
@@ -610,12 +615,21 @@ pub const IMMUTABLE: &[ImmutableField] = &[
         changed: |a, b| a.parameter_servers.shards != b.parameter_servers.shards,
         when: "",
     },
-    // Pod k of the StatefulSet is member k mod R of shard k / R, and its
-    // claim holds that member's checkpoints.
+    // Each member position is a StatefulSet of its own, and each member's
+    // claim holds its checkpoints.
     ImmutableField {
         field: "spec.parameterServers.replication",
         cel: "(has(self.parameterServers) && has(self.parameterServers.replication) ? self.parameterServers.replication : 1) == (has(oldSelf.parameterServers) && has(oldSelf.parameterServers.replication) ? oldSelf.parameterServers.replication : 1)",
         changed: |a, b| a.parameter_servers.replication != b.parameter_servers.replication,
+        when: "",
+    },
+    // Shard pods update OnDelete, and a placed member's required rule
+    // repels its shard's other members whatever a later template says: a
+    // change would reach only some members.
+    ImmutableField {
+        field: "spec.parameterServers.spread",
+        cel: "(has(self.parameterServers) && has(self.parameterServers.spread)) == (has(oldSelf.parameterServers) && has(oldSelf.parameterServers.spread)) && (!has(self.parameterServers) || !has(self.parameterServers.spread) || self.parameterServers.spread == oldSelf.parameterServers.spread)",
+        changed: |a, b| a.parameter_servers.spread != b.parameter_servers.spread,
         when: "",
     },
     // Otherwise the replicas scale: the coordinator hands out the data.
@@ -750,12 +764,13 @@ mod immutable_tests {
         // The replicas scale otherwise.
         old.algorithm.downpour.as_mut().unwrap().averaging =
             Some(crate::AveragingSpec { period_steps: 4 });
-        let edits: [fn(&mut DistBeliefJobSpec); 10] = [
+        let edits: [fn(&mut DistBeliefJobSpec); 11] = [
             |s| s.model.hidden[0].units = 9,
             |s| s.data.train_limit = Some(5),
             |s| s.algorithm.downpour.as_mut().unwrap().learning_rate = 0.2,
             |s| s.parameter_servers.shards = 4,
             |s| s.parameter_servers.replication = 3,
+            |s| s.parameter_servers.spread = Some(Default::default()),
             |s| s.replicas.count = 2,
             |s| s.replicas.partitions = 2,
             |s| s.image = Some("distbelief:other".into()),

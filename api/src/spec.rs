@@ -931,6 +931,60 @@ pub struct ParameterServerSpec {
     /// container is named ps). Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<PodTemplate>,
+    /// Kubernetes only, with replication: how the members of each shard are
+    /// kept apart, so that one failure domain's loss takes at most one
+    /// member of a shard. Default: on different nodes, required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<SpreadSpec>,
+}
+
+impl ParameterServerSpec {
+    /// The spread asked for, else the default one.
+    pub fn spread(&self) -> SpreadSpec {
+        self.spread.clone().unwrap_or_default()
+    }
+}
+
+/// Kubernetes only: how the members of one shard repel each other.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpreadSpec {
+    /// The node label whose values are the failure domains: no two members
+    /// of one shard are placed on nodes with the same value.
+    /// `topology.kubernetes.io/zone` spreads them over zones. Default:
+    /// `kubernetes.io/hostname` (over nodes).
+    #[serde(default = "default_topology_key")]
+    pub topology_key: String,
+    /// `DoNotSchedule`: a member that cannot be placed apart from the other
+    /// members of its shard stays Pending, and the job's
+    /// `ShardsScheduled` condition says why. `ScheduleAnyway`: apart when
+    /// the scheduler can, together otherwise (a cluster with fewer failure
+    /// domains than `replication`, such as one node). Default: DoNotSchedule.
+    #[serde(default)]
+    pub when_unsatisfiable: WhenUnsatisfiable,
+}
+
+impl Default for SpreadSpec {
+    fn default() -> Self {
+        SpreadSpec {
+            topology_key: default_topology_key(),
+            when_unsatisfiable: WhenUnsatisfiable::default(),
+        }
+    }
+}
+
+fn default_topology_key() -> String {
+    "kubernetes.io/hostname".into()
+}
+
+/// What the scheduler does with a shard member it cannot place apart.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WhenUnsatisfiable {
+    /// Leave it Pending (a required anti-affinity).
+    #[default]
+    DoNotSchedule,
+    /// Place it anyway (a preferred anti-affinity).
+    ScheduleAnyway,
 }
 
 impl Default for ParameterServerSpec {
@@ -941,6 +995,7 @@ impl Default for ParameterServerSpec {
             max_restarts: default_max_restarts(),
             resources: None,
             template: None,
+            spread: None,
         }
     }
 }

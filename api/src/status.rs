@@ -100,6 +100,10 @@ pub struct DistBeliefJobStatus {
     /// that changes its default image changes no running job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// How the shard pods are laid out in StatefulSets, decided when the job
+    /// starts and kept for its life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_layout: Option<ShardLayout>,
     /// When the job's pods were first created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -133,6 +137,22 @@ pub enum CheckpointStorage {
     PersistentVolumeClaim,
     /// The pod's emptyDir: checkpoints survive container restarts only.
     EmptyDir,
+}
+
+/// How a job's shard pods are laid out in StatefulSets.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ShardLayout {
+    /// One StatefulSet per member position: `<job>-ps` holds member 0 of
+    /// every shard, `<job>-ps-m1` member 1, `<job>-ps-m2` member 2, and a
+    /// pod's index is its shard. Members of one shard repel each other
+    /// (spec.parameterServers.spread).
+    #[default]
+    MemberSets,
+    /// One StatefulSet, `<job>-ps`, whose pod k is member k mod replication
+    /// of shard k / replication, with no per-shard anti-affinity. A job with
+    /// replication started by an operator that did not record its layout
+    /// keeps it.
+    OneSet,
 }
 
 /// One replica's pods, as the operator tracks them.

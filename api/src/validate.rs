@@ -433,6 +433,10 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if s.image.as_deref().is_some_and(|i| i.trim().is_empty()) {
         fail("spec.image", None);
     }
+    let spread = s.parameter_servers.spread.as_ref();
+    if spread.is_some_and(|s| !is_label_key(&s.topology_key)) {
+        fail("spec.parameterServers.spread.topologyKey", None);
+    }
     if s.output
         .volume_claim_name
         .as_deref()
@@ -595,6 +599,23 @@ fn parameter_count(r: &crate::layout::image::Resolved, model: &ModelSpec) -> u12
 
 fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// A Kubernetes label key: an optional DNS-subdomain prefix and '/', then
+/// a name of 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends.
+fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let b = name.as_bytes();
+    let name_ok = !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric();
+    name_ok && prefix.is_none_or(is_dns_subdomain)
 }
 
 fn is_dns_label(s: &str) -> bool {

@@ -215,6 +215,9 @@ const BROKEN: &[(&str, Change)] = &[
         j["spec"]["faults"] = json!({"slowReplicas": [{"replica": 9, "factor": 3}]})
     }),
     ("image", |j| j["spec"]["image"] = json!(" ")),
+    ("spread topology key", |j| {
+        j["spec"]["parameterServers"]["spread"] = json!({"topologyKey": "zone!"})
+    }),
     ("output claim", |j| {
         j["spec"]["output"] = json!({"volumeClaimName": "Models!"})
     }),
@@ -1562,9 +1565,10 @@ async fn kit_pod_templates_and_coordinator_resources_reach_every_role() {
     println!("kit_templates: the template reached the StatefulSet, the coordinator and {replica}");
 }
 
-/// Safe drains: with replication 2 the shards' disruption budget lets the
-/// Eviction API take one member pod, and refuses (429) a second, the other
-/// member of the same shard, while the first is not back.
+/// Safe drains: with replication 2 the shards' disruption budget (over
+/// both member sets) lets the Eviction API take one member pod, and refuses
+/// (429) a second, the other member of the same shard, while the first is
+/// not back.
 #[tokio::test]
 async fn kit_with_replication_2_an_eviction_takes_one_member_and_refuses_the_other() {
     let Some(kit) = kit::kit("kit_drains").await else {
@@ -1575,7 +1579,7 @@ async fn kit_with_replication_2_an_eviction_takes_one_member_and_refuses_the_oth
     let mut job = example_job("dr");
     job["spec"]["parameterServers"]["replication"] = json!(2);
     create_job(&kit, &ns, &job).await;
-    // Pods k and k+1 are the members of shard k / 2.
+    // Pod k of set dr-ps is member 0 of shard k, of dr-ps-m1 member 1.
     servers_ready(&kit, &ns, "dr", 4).await;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(kit.client.clone(), &ns);
     wait_for(
@@ -1592,14 +1596,14 @@ async fn kit_with_replication_2_an_eviction_takes_one_member_and_refuses_the_oth
         .await
         .expect("the first member's eviction is allowed");
     let refused = pods
-        .evict("dr-ps-1", &kube::api::EvictParams::default())
+        .evict("dr-ps-m1-0", &kube::api::EvictParams::default())
         .await
         .expect_err("the other member of shard 0 must stay");
     match &refused {
         kube::Error::Api(s) => assert_eq!(s.code, 429, "{refused}"),
         e => panic!("expected 429 from the Eviction API, got {e}"),
     }
-    println!("kit_drains: dr-ps-0 evicted; dr-ps-1 refused: {refused}");
+    println!("kit_drains: dr-ps-0 evicted; dr-ps-m1-0 refused: {refused}");
 }
 
 /// Shard pods are created by the StatefulSet controller, not the operator:
@@ -1763,4 +1767,190 @@ async fn kit_shard_pods_refused_by_a_policy_are_reported_and_the_start_deadline_
         let _ = api.delete(&policy, &DeleteParams::default()).await;
     }
     println!("kit_shards_refused: PodCreationRefused \"{message}\"; Failed: \"{why}\"");
+}
+
+/// Members of one shard repel each other on a node label, for real on the
+/// kit's node: with one node, one member of each shard stays Pending, and the
+/// job's ShardsScheduled condition and a warning event say why; the spread
+/// cannot change. Shard pods that were never placed are recreated when the
+/// template changes (shard sets update OnDelete). With several nodes, the
+/// members of each shard are placed on different ones.
+#[tokio::test]
+async fn kit_members_of_a_shard_repel_each_other_and_the_job_says_when_they_cannot() {
+    let Some(kit) = kit::kit("kit_spread").await else {
+        return;
+    };
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(kit.client.clone());
+    let nodes = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    let (ns, _gone) = kit.namespace("cp-spread").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("sp");
+    // Placed for real (the image need not run: only placement is looked at).
+    job["spec"].as_object_mut().unwrap().remove("nodeSelector");
+    job["spec"]["parameterServers"]["replication"] = json!(2);
+    create_job(&kit, &ns, &job).await;
+    let pods = kit.pods(&ns);
+    let node_of = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get(name).await.ok()?;
+            p.metadata.deletion_timestamp.is_none().then_some(())?;
+            Some((p.metadata.uid?, p.spec?.node_name))
+        }
+    };
+    let members = ["sp-ps-0", "sp-ps-1", "sp-ps-m1-0", "sp-ps-m1-1"];
+    if nodes >= 2 {
+        let placed = wait_for(Duration::from_secs(120), "every member placed", || async {
+            let mut at = Vec::new();
+            for m in members {
+                at.push(node_of(m).await?.1?);
+            }
+            Some(at)
+        })
+        .await;
+        assert_ne!(placed[0], placed[2], "shard 0's members share a node");
+        assert_ne!(placed[1], placed[3], "shard 1's members share a node");
+        println!("kit_spread: {nodes} nodes; members placed apart: {placed:?}");
+        return;
+    }
+    let unplaced = wait_for(
+        Duration::from_secs(120),
+        "ShardsScheduled False",
+        || async {
+            let st = status(&kit, &ns, "sp").await;
+            let c = st["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "ShardsScheduled" && c["status"] == "False")?
+                .clone();
+            c["message"]
+                .as_str()?
+                .contains("anti-affinity")
+                .then_some(c)
+        },
+    )
+    .await;
+    let message = unplaced["message"].as_str().unwrap();
+    assert!(
+        message.contains("sp-ps-m1-") && message.contains("ScheduleAnyway"),
+        "{message}"
+    );
+    // One member of each shard (whichever came first) is bound to the node,
+    // and the other never is.
+    let pending = wait_for(
+        Duration::from_secs(60),
+        "one member of each shard placed",
+        || async {
+            let mut pending = Vec::new();
+            for shard in 0..2 {
+                let mut placed = 0;
+                for m in [members[shard], members[shard + 2]] {
+                    let (uid, node) = node_of(m).await?;
+                    match node {
+                        Some(_) => placed += 1,
+                        None => pending.push((m, uid)),
+                    }
+                }
+                assert!(placed < 2, "shard {shard}: both members on one node");
+                (placed == 1).then_some(())?;
+            }
+            Some(pending)
+        },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(kit.client.clone(), &ns);
+    let reasons = |wanted: &'static str| {
+        let events = events.clone();
+        async move {
+            let items = events.list(&ListParams::default()).await.ok()?.items;
+            let n = items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(wanted))
+                .count();
+            (n > 0).then_some(n)
+        }
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "a ShardsUnschedulable event",
+        || reasons("ShardsUnschedulable"),
+    )
+    .await;
+    // The spread cannot change: a placed member's required rule would go on
+    // repelling the others whatever a new template said.
+    let local = distbelief_api::admission::IMMUTABLE
+        .iter()
+        .find(|f| f.field == "spec.parameterServers.spread")
+        .expect("an immutable spread")
+        .message();
+    let patch =
+        json!({"spec": {"parameterServers": {"spread": {"whenUnsatisfiable": "ScheduleAnyway"}}}});
+    let refused = kit
+        .jobs(&ns)
+        .patch("sp", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect_err("the spread of a job cannot change");
+    assert!(refused.to_string().contains(&local), "{refused}");
+    drop(pending);
+
+    // Shard pods that never ran take an edited template: a node selector
+    // that no node matches, removed from the shards' template.
+    let mut job = example_job("unplaced");
+    job["spec"].as_object_mut().unwrap().remove("nodeSelector");
+    job["spec"]["parameterServers"]["template"] =
+        json!({"spec": {"nodeSelector": {NOWHERE.0: NOWHERE.1}}});
+    create_job(&kit, &ns, &job).await;
+    let shards = ["unplaced-ps-0", "unplaced-ps-1"];
+    let uids = wait_for(
+        Duration::from_secs(60),
+        "ShardsScheduled False for the node selector",
+        || async {
+            let st = status(&kit, &ns, "unplaced").await;
+            st["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "ShardsScheduled" && c["status"] == "False")?;
+            let mut uids = Vec::new();
+            for m in shards {
+                let (uid, node) = node_of(m).await?;
+                assert!(node.is_none(), "{m} placed on {node:?}");
+                uids.push(uid);
+            }
+            Some(uids)
+        },
+    )
+    .await;
+    let patch = json!({"spec": {"parameterServers": {"template": null}}});
+    kit.jobs(&ns)
+        .patch("unplaced", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("the shards' template is editable");
+    wait_for(Duration::from_secs(120), "both shards placed", || async {
+        for (m, before) in shards.iter().zip(&uids) {
+            let (uid, node) = node_of(m).await?;
+            node?;
+            assert_ne!(&uid, before, "{m} placed without being recreated");
+        }
+        let st = status(&kit, &ns, "unplaced").await;
+        let ok = st["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "ShardsScheduled" && c["status"] == "True");
+        ok.then_some(())
+    })
+    .await;
+    wait_for(
+        Duration::from_secs(30),
+        "an UnplacedShardRecreated event",
+        || reasons("UnplacedShardRecreated"),
+    )
+    .await;
+    println!(
+        "kit_spread: one node; one member of each shard Pending ({message}); the spread is immutable; unplaced shard pods took an edited template"
+    );
 }

@@ -2,12 +2,12 @@
 //! do, then apply children with server-side apply, create and delete pods,
 //! write status and publish events, in that fixed order.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus};
+use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, ShardLayout};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
@@ -224,7 +224,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         }
     };
     ctx.stores.synced().await?;
-    pin_running_image(&mut job, &ctx.stores);
+    pin_what_runs(&mut job, &ctx.stores);
     let storage = checkpoint_storage(&job, &ctx.stores.storage_classes);
     let target = match children::target(&job, &ctx.config, storage) {
         Ok(t) => t,
@@ -250,6 +250,11 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let (own, earlier) = job_pods(&ctx.stores, &namespace, &name, &uid);
     let pods = ctx.memory.with_unseen(&uid, own);
     let mut plan = plan::plan(&target, &pods, &earlier, ctx.config.backoff, now);
+    let revisions: HashMap<String, String> = own_stateful_sets(&ctx.stores, &namespace, &uid)
+        .iter()
+        .filter_map(|s| Some((s.name_any(), s.status.as_ref()?.update_revision.clone()?)))
+        .collect();
+    plan::recreate_unplaced_shards(&mut plan, &pods, &revisions);
     let new_generation =
         status_of(obj).and_then(|s| s.observed_generation) != obj.metadata.generation;
     if !dropped.is_empty() && new_generation {
@@ -272,7 +277,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let finished = plan.status.phase.is_some_and(|p| p.is_finished());
     if finished
         && !job.spec.keep_pods_after_finish
-        && own_stateful_set(&ctx.stores, &namespace, &uid).is_some()
+        && !own_stateful_sets(&ctx.stores, &namespace, &uid).is_empty()
     {
         plan.delete_stateful_set = true;
     }
@@ -301,8 +306,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         if plan.shards_missing {
             // The StatefulSet controller, not the operator, creates shard
             // pods: what refuses them is only in its events.
-            if let Some(message) = shard_creation_failure(ctx, &namespace, &target).await {
-                let set = target.ps_name();
+            if let Some((set, message)) = shard_creation_failure(ctx, &namespace, &target).await {
                 plan::shard_pods_refused(&mut plan, &set, &message, job.metadata.generation, now);
             }
             plan.requeue_after = Some(plan.requeue_after.map_or(SHARD_POLL, |d| d.min(SHARD_POLL)));
@@ -353,23 +357,40 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     })
 }
 
-/// A job started by an operator that did not record its image: the image
-/// its shards run is the one it started with.
-fn pin_running_image(job: &mut DistBeliefJob, stores: &Stores) {
-    if job.status.as_ref().is_some_and(|s| s.image.is_some()) {
+/// A job started by an operator that did not record its image or shard
+/// layout: its shards show what it started with.
+fn pin_what_runs(job: &mut DistBeliefJob, stores: &Stores) {
+    let status = job.status.as_ref();
+    if status.is_some_and(|s| s.image.is_some() && s.shard_layout.is_some()) {
         return;
     }
     let uid = job.metadata.uid.clone().unwrap_or_default();
     let namespace = job.metadata.namespace.clone();
     let namespace = namespace.unwrap_or_default();
-    let running = own_stateful_set(stores, &namespace, &uid).and_then(|s| {
-        let pod = s.spec.as_ref()?.template.spec.as_ref()?;
-        let ps = pod.containers.iter().find(|c| c.name == "ps")?;
-        ps.image.clone()
-    });
-    if let Some(image) = running {
-        job.status.get_or_insert_default().image = Some(image);
+    let Some(ps) = own_stateful_sets(stores, &namespace, &uid)
+        .into_iter()
+        .find_map(|s| {
+            let pod = s.spec.as_ref()?.template.spec.as_ref()?;
+            pod.containers.iter().find(|c| c.name == "ps").cloned()
+        })
+    else {
+        return;
+    };
+    let status = job.status.get_or_insert_default();
+    if status.image.is_none() {
+        status.image = ps.image.clone();
     }
+    // Only the one-set layout tells a process its shard by pod index.
+    let one_set = ps
+        .env
+        .iter()
+        .flatten()
+        .any(|e| e.name == "DISTBELIEF_POD_INDEX");
+    status.shard_layout.get_or_insert(if one_set {
+        ShardLayout::OneSet
+    } else {
+        ShardLayout::MemberSets
+    });
 }
 
 fn children_hash(c: &children::Children) -> u64 {
@@ -421,7 +442,9 @@ async fn apply_children(
     apply_named(ctx, namespace, &c.role).await?;
     apply_named(ctx, namespace, &c.role_binding).await?;
     apply_named(ctx, namespace, &c.ps_service).await?;
-    apply_named(ctx, namespace, &c.ps_stateful_set).await?;
+    for set in &c.ps_stateful_sets {
+        apply_named(ctx, namespace, set).await?;
+    }
     apply_named(ctx, namespace, &c.ps_disruption_budget).await?;
     apply_named(ctx, namespace, &c.coordinator_service).await?;
     if let Some(svc) = &c.partition_service {
@@ -444,41 +467,45 @@ async fn apply_named<K: Child>(
     }
 }
 
-/// The shards' StatefulSet of the job with this uid, from the cache.
-fn own_stateful_set(stores: &Stores, namespace: &str, uid: &str) -> Option<Arc<StatefulSet>> {
+/// The shards' StatefulSets of the job with this uid, from the cache.
+fn own_stateful_sets(stores: &Stores, namespace: &str, uid: &str) -> Vec<Arc<StatefulSet>> {
     stores
         .stateful_sets
-        .find(|s| s.metadata.namespace.as_deref() == Some(namespace) && owned_by(s, uid))
+        .state_filter(|s| s.metadata.namespace.as_deref() == Some(namespace) && owned_by(s, uid))
 }
 
 /// How often a job whose shard pods are not all there is looked at again.
 const SHARD_POLL: Duration = Duration::from_secs(5);
 
-/// The newest `FailedCreate` the job's StatefulSet controller reported for
-/// the StatefulSet the job owns now (not one of an earlier job of the same
-/// name), if any.
+/// The newest `FailedCreate` the StatefulSet controller reported for a
+/// shards' StatefulSet the job owns now (not one of an earlier job of the
+/// same name), with that set's name, if any.
 async fn shard_creation_failure(
     ctx: &Context,
     namespace: &str,
     t: &children::Target<'_>,
-) -> Option<String> {
+) -> Option<(String, String)> {
     let uid = t.job.metadata.uid.as_deref().unwrap_or("");
-    let set = own_stateful_set(&ctx.stores, namespace, uid)?;
-    // Only once its controller has acted on the current spec and still
+    // Only sets whose controller has acted on the current spec and still
     // counts fewer pods than it wants: a set just created is not asked about.
-    let status = set.status.as_ref()?;
-    let wanted = set.spec.as_ref()?.replicas.unwrap_or(1);
-    if status.observed_generation != set.metadata.generation || status.replicas >= wanted {
+    let short = |set: &StatefulSet| {
+        let status = set.status.as_ref()?;
+        let wanted = set.spec.as_ref()?.replicas.unwrap_or(1);
+        let acted = status.observed_generation == set.metadata.generation;
+        let short = acted && status.replicas < wanted;
+        short.then_some((set.uid()?, set.name_any()))
+    };
+    let sets: HashMap<String, String> = own_stateful_sets(&ctx.stores, namespace, uid)
+        .iter()
+        .filter_map(|s| short(s))
+        .collect();
+    if sets.is_empty() {
         return None;
     }
-    let set_uid = set.uid()?;
     let events: Api<CoreEvent> = Api::namespaced(ctx.client.clone(), namespace);
-    let fields = format!(
-        "involvedObject.kind=StatefulSet,involvedObject.name={},reason=FailedCreate",
-        t.ps_name()
-    );
+    let fields = "involvedObject.kind=StatefulSet,reason=FailedCreate";
     let listed = events
-        .list(&ListParams::default().fields(&fields).limit(50))
+        .list(&ListParams::default().fields(fields).limit(50))
         .await;
     let listed = match listed {
         Ok(l) => l,
@@ -490,12 +517,18 @@ async fn shard_creation_failure(
             return None;
         }
     };
-    listed
+    let newest = listed
         .items
         .into_iter()
-        .filter(|e| e.involved_object.uid.as_deref() == Some(set_uid.as_str()))
-        .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
-        .and_then(|e| e.message)
+        .filter(|e| {
+            e.involved_object
+                .uid
+                .as_ref()
+                .is_some_and(|u| sets.contains_key(u))
+        })
+        .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))?;
+    let set = sets.get(newest.involved_object.uid.as_deref()?)?.clone();
+    Some((set, newest.message?))
 }
 
 /// Status, replica pods, deletions, events and metrics: the steps every plan
@@ -552,11 +585,16 @@ async fn finish(
     }
     if plan.delete_stateful_set {
         let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), namespace);
-        ignore_missing(
-            sets.delete(&format!("{name}-ps"), &DeleteParams::background())
-                .await
-                .map(|_| ()),
-        )?;
+        let uid = obj.metadata.uid.as_deref().unwrap_or("");
+        let mut names: BTreeSet<String> = own_stateful_sets(&ctx.stores, namespace, uid)
+            .iter()
+            .map(|s| s.name_any())
+            .collect();
+        names.insert(format!("{name}-ps"));
+        for set in &names {
+            let deleted = sets.delete(set, &DeleteParams::background()).await;
+            ignore_missing(deleted.map(|_| ()))?;
+        }
         // Its budget would only complain about pods that have no controller.
         let budgets: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), namespace);
         ignore_missing(

@@ -3,8 +3,13 @@
 
 mod common;
 
-use distbelief_api::CheckpointStorage;
+use std::collections::BTreeMap;
+
+use distbelief_api::{CheckpointStorage, ShardLayout, SpreadSpec, WhenUnsatisfiable};
 use distbelief_operator::children::{self, BuildError, Cause};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::PodAffinityTerm;
+use kube::ResourceExt;
 
 fn yaml<T: serde::Serialize>(docs: &[T]) -> String {
     docs.iter()
@@ -25,7 +30,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
         serde_json::to_value(&c.role).unwrap(),
         serde_json::to_value(&c.role_binding).unwrap(),
         serde_json::to_value(&c.ps_service).unwrap(),
-        serde_json::to_value(&c.ps_stateful_set).unwrap(),
+        serde_json::to_value(&c.ps_stateful_sets[0]).unwrap(),
         serde_json::to_value(&c.ps_disruption_budget).unwrap(),
         serde_json::to_value(&c.coordinator_service).unwrap(),
         serde_json::to_value(c.coordinator_pod.as_ref().expect("not suspended")).unwrap(),
@@ -39,7 +44,7 @@ fn two_shards_four_replicas_build_the_exact_objects() {
 
     // The facts the snapshot must keep, stated so that a careless
     // regeneration cannot slip past them.
-    let sts = &c.ps_stateful_set;
+    let sts = &c.ps_stateful_sets[0];
     let spec = sts.spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(2));
     assert_eq!(spec.service_name.as_deref(), Some("fmnist-ps"));
@@ -79,56 +84,201 @@ fn two_shards_four_replicas_build_the_exact_objects() {
 }
 
 #[test]
-fn replicated_shards_run_a_member_per_pod_spread_across_nodes() {
+fn replicated_shards_run_one_set_per_member_position() {
     let mut job = common::job("fmnist");
     job.spec.parameter_servers.replication = 2;
     let cfg = common::config();
     let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
     let c = children::children(&t).expect("children");
-    let spec = c.ps_stateful_set.spec.as_ref().unwrap();
-    assert_eq!(spec.replicas, Some(4), "2 shards × 2 members");
-    let pod = spec.template.spec.as_ref().unwrap();
-    let env = pod.containers[0].env.as_ref().unwrap();
-    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
-    assert!(names.contains(&"DISTBELIEF_POD_INDEX"), "{names:?}");
-    assert!(!names.contains(&"DISTBELIEF_SHARD"), "{names:?}");
-    let value = |k: &str| {
-        env.iter()
-            .find(|e| e.name == k)
-            .and_then(|e| e.value.clone())
-    };
-    assert_eq!(
-        value("DISTBELIEF_SHARDS").as_deref(),
-        Some(
-            "fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-1.fmnist-ps.ml.svc:7000,\
-             fmnist-ps-2.fmnist-ps.ml.svc:7000,fmnist-ps-3.fmnist-ps.ml.svc:7000"
-        )
-    );
-    assert_eq!(
-        value("DISTBELIEF_COORDINATOR").as_deref(),
-        Some("fmnist-coordinator.ml.svc:7100")
-    );
-    let spread = pod
-        .affinity
-        .as_ref()
-        .and_then(|a| a.pod_anti_affinity.as_ref())
-        .and_then(|a| {
-            a.preferred_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .expect("members prefer different nodes");
-    assert_eq!(
-        spread[0].pod_affinity_term.topology_key,
-        "kubernetes.io/hostname"
-    );
-    // Replicas and coordinator get every member's address.
+    let names: Vec<_> = c.ps_stateful_sets.iter().map(|s| s.name_any()).collect();
+    assert_eq!(names, ["fmnist-ps", "fmnist-ps-m1"]);
+    for (m, set) in c.ps_stateful_sets.iter().enumerate() {
+        let spec = set.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(2), "one pod per shard");
+        assert_eq!(spec.service_name.as_deref(), Some("fmnist-ps"));
+        let selected = spec.selector.match_labels.as_ref().unwrap();
+        assert_eq!(selected["distbelief.dev/member"], m.to_string());
+        let pod = spec.template.spec.as_ref().unwrap();
+        let env = pod.containers[0].env.as_ref().unwrap();
+        let value = |k: &str| {
+            let e = env.iter().find(|e| e.name == k);
+            e.and_then(|e| e.value.clone())
+        };
+        let position = |k: &str| env.iter().position(|e| e.name == k).unwrap();
+        assert_eq!(value("DISTBELIEF_MEMBER"), Some(m.to_string()));
+        // The kubelet expands $(DISTBELIEF_SHARD) only when it comes first.
+        assert!(position("DISTBELIEF_SHARD") < position("DISTBELIEF_MEMBERS"));
+        assert_eq!(
+            value("DISTBELIEF_MEMBERS").as_deref(),
+            Some(
+                "fmnist-ps-$(DISTBELIEF_SHARD).fmnist-ps.ml.svc:7000,\
+                 fmnist-ps-m1-$(DISTBELIEF_SHARD).fmnist-ps.ml.svc:7000"
+            )
+        );
+        assert_eq!(
+            value("DISTBELIEF_COORDINATOR").as_deref(),
+            Some("fmnist-coordinator.ml.svc:7100")
+        );
+    }
+    // Replicas and coordinator get every member's address, shard by shard.
     let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
     let renv = replica.spec.as_ref().unwrap().containers[0]
         .env
         .as_ref()
         .unwrap();
     let shards = renv.iter().find(|e| e.name == "DISTBELIEF_SHARDS").unwrap();
-    assert_eq!(shards.value.as_deref().unwrap().split(',').count(), 4);
+    assert_eq!(
+        shards.value.as_deref(),
+        Some(
+            "fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-m1-0.fmnist-ps.ml.svc:7000,\
+             fmnist-ps-1.fmnist-ps.ml.svc:7000,fmnist-ps-m1-1.fmnist-ps.ml.svc:7000"
+        )
+    );
+}
+
+#[test]
+fn a_job_started_in_one_set_keeps_it() {
+    let mut job = common::job("fmnist");
+    job.spec.parameter_servers.replication = 2;
+    job.status.get_or_insert_default().shard_layout = Some(ShardLayout::OneSet);
+    let cfg = common::config();
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let [set] = c.ps_stateful_sets.as_slice() else {
+        panic!("one set");
+    };
+    let spec = set.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(4), "2 shards × 2 members");
+    // Its selector cannot change.
+    assert!(
+        !spec
+            .selector
+            .match_labels
+            .as_ref()
+            .unwrap()
+            .contains_key("distbelief.dev/member")
+    );
+    let env = spec.template.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap();
+    let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
+    assert!(names.contains(&"DISTBELIEF_POD_INDEX"), "{names:?}");
+    let shards = env.iter().find(|e| e.name == "DISTBELIEF_SHARDS").unwrap();
+    assert_eq!(
+        shards.value.as_deref(),
+        Some(
+            "fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-1.fmnist-ps.ml.svc:7000,\
+             fmnist-ps-2.fmnist-ps.ml.svc:7000,fmnist-ps-3.fmnist-ps.ml.svc:7000"
+        )
+    );
+}
+
+/// The labels of pod `index` of a StatefulSet, as its controller makes it.
+fn pod_labels(set: &StatefulSet, index: u32) -> BTreeMap<String, String> {
+    let meta = set
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap();
+    let mut labels = meta.labels.clone().unwrap_or_default();
+    labels.insert("apps.kubernetes.io/pod-index".into(), index.to_string());
+    labels
+}
+
+/// Whether a pod with `labels` matches `term` of a pod with `own` labels,
+/// as the scheduler reads it (matchLabelKeys take the incoming pod's values).
+fn term_matches(
+    term: &PodAffinityTerm,
+    own: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let selector = term.label_selector.as_ref().unwrap();
+    assert!(selector.match_expressions.is_none());
+    let mut wanted = selector.match_labels.clone().unwrap_or_default();
+    for key in term.match_label_keys.iter().flatten() {
+        wanted.insert(key.clone(), own[key].clone());
+    }
+    wanted.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[test]
+fn two_members_of_a_shard_never_share_a_failure_domain() {
+    let cfg = common::config();
+    for (replication, spread) in [
+        (2, WhenUnsatisfiable::DoNotSchedule),
+        (3, WhenUnsatisfiable::DoNotSchedule),
+        (3, WhenUnsatisfiable::ScheduleAnyway),
+    ] {
+        let mut job = common::job("fmnist");
+        job.spec.parameter_servers.shards = 4;
+        job.spec.parameter_servers.replication = replication;
+        job.spec.parameter_servers.spread = Some(SpreadSpec {
+            topology_key: "topology.kubernetes.io/zone".into(),
+            when_unsatisfiable: spread,
+        });
+        let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+        let sets = children::children(&t).expect("children").ps_stateful_sets;
+        assert_eq!(sets.len(), replication as usize);
+        let pods: Vec<(u32, u32, BTreeMap<_, _>)> = (0..replication)
+            .flat_map(|m| (0..4).map(move |s| (m, s)))
+            .map(|(m, s)| (m, s, pod_labels(&sets[m as usize], s)))
+            .collect();
+        for (m, s, own) in &pods {
+            let affinity = sets[*m as usize]
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref();
+            let anti = affinity
+                .and_then(|p| p.affinity.as_ref())
+                .and_then(|a| a.pod_anti_affinity.as_ref())
+                .expect("an anti-affinity");
+            let terms: Vec<&PodAffinityTerm> = match spread {
+                WhenUnsatisfiable::DoNotSchedule => {
+                    assert!(
+                        anti.preferred_during_scheduling_ignored_during_execution
+                            .is_none()
+                    );
+                    anti.required_during_scheduling_ignored_during_execution
+                        .iter()
+                        .flatten()
+                        .collect()
+                }
+                WhenUnsatisfiable::ScheduleAnyway => anti
+                    .preferred_during_scheduling_ignored_during_execution
+                    .iter()
+                    .flatten()
+                    .map(|w| &w.pod_affinity_term)
+                    .collect(),
+            };
+            assert_eq!(terms.len(), 1);
+            assert_eq!(terms[0].topology_key, "topology.kubernetes.io/zone");
+            for (m2, s2, labels) in &pods {
+                if (m, s) == (m2, s2) {
+                    continue;
+                }
+                // Repelled by every other member of its shard, and by
+                // nothing else: other shards may share its domain.
+                assert_eq!(
+                    term_matches(terms[0], own, labels),
+                    s == s2,
+                    "member {m} of shard {s} against member {m2} of shard {s2}"
+                );
+            }
+            // A set's selector picks its own pods only.
+            for (i, set) in sets.iter().enumerate() {
+                let selector = set.spec.as_ref().unwrap().selector.match_labels.clone();
+                let picks = selector.unwrap().iter().all(|(k, v)| own.get(k) == Some(v));
+                assert_eq!(picks, i as u32 == *m);
+            }
+        }
+    }
 }
 
 #[test]
@@ -147,7 +297,7 @@ fn an_audited_job_gives_shards_and_replicas_the_output_claim_for_their_logs() {
     job.spec.output.volume_claim_name = Some("models".into());
     let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
     let c = children::children(&t).expect("children");
-    let sts = c.ps_stateful_set.spec.as_ref().unwrap();
+    let sts = c.ps_stateful_sets[0].spec.as_ref().unwrap();
     let ps = sts.template.spec.as_ref().unwrap();
     let replica = children::replica_pods(&t, 1, 0, Cause::Start, None).remove(0);
     let replica = replica.spec.as_ref().unwrap();
@@ -183,8 +333,7 @@ fn an_audited_job_gives_shards_and_replicas_the_output_claim_for_their_logs() {
     job.spec.output.audit = false;
     let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
     let c = children::children(&t).expect("children");
-    let ps = c
-        .ps_stateful_set
+    let ps = c.ps_stateful_sets[0]
         .spec
         .as_ref()
         .unwrap()
@@ -221,7 +370,7 @@ fn durable_checkpoints_network_policy_and_suspend_change_the_objects() {
     let t =
         children::target(&job, &cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid job");
     let c = children::children(&t).expect("children");
-    let spec = c.ps_stateful_set.spec.as_ref().unwrap();
+    let spec = c.ps_stateful_sets[0].spec.as_ref().unwrap();
     assert_eq!(spec.replicas, Some(0), "suspended: no shard pods");
     assert!(c.coordinator_pod.is_none(), "suspended: no coordinator");
     let claims = spec
@@ -359,8 +508,15 @@ fn an_unreplicated_shard_survives_a_hiccup_that_a_replicated_member_does_not() {
     let mut job = common::job("fmnist");
     let shard = |job: &distbelief_api::DistBeliefJob| {
         let t = children::target(job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
-        let c = children::children(&t).expect("children");
-        let pod = c.ps_stateful_set.spec.unwrap().template.spec.unwrap();
+        let mut c = children::children(&t).expect("children");
+        let pod = c
+            .ps_stateful_sets
+            .remove(0)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
         let coordinator = c.coordinator_pod.unwrap().spec.unwrap();
         let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
         (
@@ -419,7 +575,7 @@ fn pod_templates_are_laid_over_every_role_by_the_merge_rule() {
     job.spec.coordinator.template = template("coordinator");
     let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
     let c = children::children(&t).expect("children");
-    let sts = c.ps_stateful_set.spec.clone().unwrap().template;
+    let sts = c.ps_stateful_sets[0].spec.clone().unwrap().template;
     let coordinator = c.coordinator_pod.clone().unwrap();
     let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
     let docs = vec![

@@ -411,28 +411,41 @@ fn an_evicted_partition_makes_its_unit_restart_free_whatever_its_peer_did() {
 
 #[test]
 fn a_replicated_shard_with_one_member_down_keeps_the_job_running() {
-    let job = job(
-        common::running_status(),
-        json!({"parameterServers": {"shards": 2, "replication": 2}}),
-    );
-    let mut pods = common::running_pods("fm");
-    pods.retain(|p| p.labels().get("distbelief.dev/role").map(String::as_str) != Some("ps"));
-    // Pods 0 and 1 are shard 0's members, 2 and 3 shard 1's.
-    let members = |ready: &[u32]| -> Vec<Pod> {
-        let mut all = pods.clone();
-        all.extend(ready.iter().map(|&k| common::ready_ps_pod("fm", k)));
-        all
-    };
-    let now = Timestamp::now();
-    let one_down = decide(&job, &members(&[1, 2, 3]), now);
-    assert_eq!(one_down.status.phase, Some(Phase::Running));
-    assert_eq!(one_down.status.shards_ready, Some(3));
-    let shard_down = decide(&job, &members(&[2, 3]), now);
-    assert_eq!(
-        shard_down.status.phase,
-        Some(Phase::Pending),
-        "shard 0 has no member serving"
-    );
+    // Member m of shard s: pod s of set m, or pod 2s + m of the one set.
+    for (layout, name) in [
+        (
+            "MemberSets",
+            (|s, m| (["ps", "ps-m1"][m as usize], s)) as fn(u32, u32) -> (&'static str, u32),
+        ),
+        ("OneSet", |s, m| ("ps", 2 * s + m)),
+    ] {
+        let mut status = common::running_status();
+        status["shardLayout"] = json!(layout);
+        let job = job(
+            status,
+            json!({"parameterServers": {"shards": 2, "replication": 2}}),
+        );
+        let mut pods = common::running_pods("fm");
+        pods.retain(|p| p.labels().get("distbelief.dev/role").map(String::as_str) != Some("ps"));
+        let members = |ready: &[(u32, u32)]| -> Vec<Pod> {
+            let mut all = pods.clone();
+            all.extend(ready.iter().map(|&(s, m)| {
+                let (set, index) = name(s, m);
+                common::ready_set_pod("fm", set, index)
+            }));
+            all
+        };
+        let now = Timestamp::now();
+        let one_down = decide(&job, &members(&[(0, 1), (1, 0), (1, 1)]), now);
+        assert_eq!(one_down.status.phase, Some(Phase::Running), "{layout}");
+        assert_eq!(one_down.status.shards_ready, Some(3));
+        let shard_down = decide(&job, &members(&[(1, 0), (1, 1)]), now);
+        assert_eq!(
+            shard_down.status.phase,
+            Some(Phase::Pending),
+            "{layout}: shard 0 has no member serving"
+        );
+    }
 }
 
 #[test]
@@ -687,4 +700,120 @@ fn shard_restarts_count_the_shard_container_only() {
         Timestamp::now(),
     );
     assert_eq!(plan.status.shard_restarts, 1);
+}
+
+#[test]
+fn a_shard_member_the_scheduler_cannot_place_apart_is_a_condition_and_one_event() {
+    let job = job(
+        json!({"phase": "Pending"}),
+        json!({"parameterServers": {"shards": 1, "replication": 2}}),
+    );
+    let mut pending = common::pod(
+        "fm-ps-m1-0",
+        json!({"distbelief.dev/job": "fm", "distbelief.dev/role": "ps"}),
+        "Pending",
+    );
+    pending.status = serde_json::from_value(json!({
+        "phase": "Pending",
+        "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules.",
+        }],
+    }))
+    .expect("fixture status");
+    let pods = vec![
+        common::ready_ps_pod("fm", 0),
+        pending,
+        common::coordinator_pod("fm"),
+    ];
+    let now = Timestamp::now();
+    let first = decide(&job, &pods, now);
+    let scheduled = |p: &Plan| {
+        let c = p
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ShardsScheduled");
+        c.map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let (status, message) = scheduled(&first).expect("a ShardsScheduled condition");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("fm-ps-m1-0") && message.contains("anti-affinity"),
+        "{message}"
+    );
+    assert!(message.contains("kubernetes.io/hostname"), "{message}");
+    assert!(message.contains("ScheduleAnyway"), "{message}");
+    let warned = |p: &Plan| {
+        p.notes
+            .iter()
+            .filter(|n| n.reason == "ShardsUnschedulable")
+            .count()
+    };
+    assert_eq!(warned(&first), 1);
+    // Said once: the next reconcile, with the condition recorded, is quiet.
+    let again = job_with(&job, &first);
+    assert_eq!(warned(&decide(&again, &pods, now)), 0);
+    // Once the pod is placed, the condition turns True, with no event.
+    let placed = vec![
+        common::ready_ps_pod("fm", 0),
+        common::ready_set_pod("fm", "ps-m1", 0),
+        common::coordinator_pod("fm"),
+    ];
+    let later = decide(&again, &placed, now);
+    assert_eq!(scheduled(&later).map(|c| c.0).as_deref(), Some("True"));
+    assert_eq!(warned(&later), 0);
+}
+
+#[test]
+fn an_unplaced_shard_pod_from_an_older_template_is_recreated_and_no_other() {
+    let job = job(
+        json!({"phase": "Pending"}),
+        json!({"parameterServers": {"shards": 1, "replication": 2}}),
+    );
+    let mut pending = common::pod(
+        "fm-ps-m1-0",
+        json!({"distbelief.dev/job": "fm", "distbelief.dev/role": "ps", "controller-revision-hash": "fm-ps-m1-old"}),
+        "Pending",
+    );
+    pending.metadata.owner_references.as_mut().unwrap()[0].name = "fm-ps-m1".into();
+    pending.status = serde_json::from_value(json!({
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }))
+    .expect("fixture status");
+    // A running member on an older template keeps running (OnDelete).
+    let mut running = common::ready_ps_pod("fm", 0);
+    running
+        .labels_mut()
+        .insert("controller-revision-hash".into(), "fm-ps-old".into());
+    let pods = vec![running, pending, common::coordinator_pod("fm")];
+    let revisions = |m1: &str| {
+        std::collections::HashMap::from([
+            ("fm-ps".to_string(), "fm-ps-new".to_string()),
+            ("fm-ps-m1".to_string(), m1.to_string()),
+        ])
+    };
+    let now = Timestamp::now();
+    let mut edited = decide(&job, &pods, now);
+    distbelief_operator::plan::recreate_unplaced_shards(
+        &mut edited,
+        &pods,
+        &revisions("fm-ps-m1-new"),
+    );
+    assert_eq!(edited.delete_pods, ["fm-ps-m1-0"]);
+    let mut same = decide(&job, &pods, now);
+    distbelief_operator::plan::recreate_unplaced_shards(
+        &mut same,
+        &pods,
+        &revisions("fm-ps-m1-old"),
+    );
+    assert!(same.delete_pods.is_empty(), "{:?}", same.delete_pods);
+}
+
+/// The job as the next reconcile sees it, with the plan's status written.
+fn job_with(job: &DistBeliefJob, plan: &Plan) -> DistBeliefJob {
+    let mut next = job.clone();
+    next.status = Some(plan.status.clone());
+    next
 }

@@ -56,6 +56,8 @@ struct Mock {
     memory: Arc<Memory>,
     /// Answer the creation of replica pods as a ResourceQuota does.
     refuse_replica_pods: bool,
+    /// The spec of the job's StatefulSet `<job>-ps` in the cache.
+    set_spec: Value,
 }
 
 async fn run_with(
@@ -132,7 +134,7 @@ async fn run_with(
     let obj: DynamicObject = serde_json::from_value(job).expect("job object");
     let ctx = Arc::new(Context {
         memory: mock.memory.clone(),
-        stores: stores(&obj, pods),
+        stores: stores(&obj, pods, mock.set_spec.clone()),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -159,7 +161,7 @@ const QUOTA_MESSAGE: &str = "pods \"fm-replica-0-0\" is forbidden: exceeded quot
 
 /// The caches as the watches would have filled them: the job, `pods`, the
 /// job's StatefulSet (owner of its shard pods) and a default StorageClass.
-fn stores(job: &DynamicObject, pods: Vec<Pod>) -> Stores {
+fn stores(job: &DynamicObject, pods: Vec<Pod>, set_spec: Value) -> Stores {
     use kube::runtime::watcher::Event;
     fn filled<K>(objects: Vec<K>, dyntype: K::DynamicType) -> kube::runtime::reflector::Store<K>
     where
@@ -180,6 +182,7 @@ fn stores(job: &DynamicObject, pods: Vec<Pod>) -> Stores {
             "name": format!("{name}-ps"), "namespace": NS, "uid": common::SET_UID,
             "ownerReferences": [common::owner("DistBeliefJob", &name, common::JOB_UID)],
         },
+        "spec": set_spec,
     }))
     .unwrap();
     let class: StorageClass = serde_json::from_value(json!({
@@ -302,6 +305,7 @@ async fn creates_the_children_of_a_new_job() {
     let status = &status_call(&calls).body["status"];
     assert_eq!(status["phase"], "Pending");
     assert_eq!(status["checkpointStorage"], "PersistentVolumeClaim");
+    assert_eq!(status["shardLayout"], "MemberSets");
     assert_eq!(condition(status, "DurableCheckpoints")["status"], "True");
     assert!(
         status["replicas"].as_array().is_none_or(Vec::is_empty),
@@ -1313,5 +1317,40 @@ async fn a_field_this_operator_does_not_know_is_dropped_with_a_warning() {
     assert!(
         !file.contains("fromTheFuture") && !file.contains("newLayerOption"),
         "{file}"
+    );
+}
+
+#[tokio::test]
+async fn a_replicated_job_started_in_one_set_keeps_its_layout_and_image() {
+    // Started by an operator that recorded neither: its one StatefulSet
+    // tells each process its shard by pod index.
+    let mut job = job_with_status("fm", common::running_status());
+    job["spec"]["parameterServers"] = json!({"shards": 2, "replication": 2});
+    let set_spec = json!({
+        "selector": {"matchLabels": {"distbelief.dev/job": "fm", "distbelief.dev/role": "ps"}},
+        "serviceName": "fm-ps",
+        "template": {"spec": {"containers": [{
+            "name": "ps", "image": "distbelief:old",
+            "env": [{"name": "DISTBELIEF_POD_INDEX", "value": "0"}],
+        }]}},
+    });
+    let mock = Mock {
+        set_spec,
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(job, common::running_pods("fm"), mock).await;
+    result.expect("reconciled");
+    let status = &status_call(&calls).body["status"];
+    assert_eq!(status["shardLayout"], "OneSet", "{status}");
+    assert_eq!(status["image"], "distbelief:old", "{status}");
+    let sets: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.path.contains("/statefulsets/"))
+        .collect();
+    assert_eq!(sets.len(), 1, "one set, as it started");
+    assert_eq!(sets[0].body["spec"]["replicas"], 4);
+    assert_eq!(
+        sets[0].body["spec"]["selector"]["matchLabels"],
+        json!({"distbelief.dev/job": "fm", "distbelief.dev/role": "ps"})
     );
 }

@@ -951,6 +951,17 @@ const RULES: &[Rule] = &[
         "empty",
     ),
     (
+        "spread over a node label",
+        |j| {
+            j.spec.parameter_servers.spread = Some(crate::SpreadSpec {
+                topology_key: "zone!".into(),
+                ..Default::default()
+            })
+        },
+        "spec.parameterServers.spread.topologyKey",
+        "node label key",
+    ),
+    (
         "output claim is a resource name",
         |j| j.spec.output.volume_claim_name = Some("Models!".into()),
         "spec.output.volumeClaimName",
@@ -1029,7 +1040,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 70, "{fields:#?}");
+    assert_eq!(fields.len(), 71, "{fields:#?}");
 }
 
 #[test]

@@ -37,6 +37,10 @@ pub const DEFAULT_CHECKPOINT_SIZE: &str = "1Gi";
 
 pub const LABEL_JOB: &str = "distbelief.dev/job";
 pub const LABEL_ROLE: &str = "distbelief.dev/role";
+/// A shard pod's member position in its chain; its shard is [`POD_INDEX`].
+pub const LABEL_MEMBER: &str = "distbelief.dev/member";
+/// The StatefulSet controller's label of a pod's index in its set.
+pub const POD_INDEX: &str = "apps.kubernetes.io/pod-index";
 pub const LABEL_REPLICA: &str = "distbelief.dev/replica";
 pub const LABEL_ATTEMPT: &str = "distbelief.dev/attempt";
 /// A partitioned replica's pods: which partition each runs.
@@ -103,7 +107,8 @@ pub struct Children {
     pub role: Role,
     pub role_binding: RoleBinding,
     pub ps_service: Service,
-    pub ps_stateful_set: StatefulSet,
+    /// The shards' StatefulSets (see [`distbelief_api::ShardLayout`]).
+    pub ps_stateful_sets: Vec<StatefulSet>,
     pub ps_disruption_budget: PodDisruptionBudget,
     pub coordinator_service: Service,
     /// None while the job is suspended.
@@ -115,13 +120,16 @@ pub struct Children {
 }
 
 /// The job file every pod reads: the resource as the user wrote it, without
-/// status or server-set metadata.
+/// status or server-set metadata, and without the scheduling fields no
+/// process reads (so that a pod on an older image never meets them).
 pub fn job_file(job: &DistBeliefJob) -> Result<String, BuildError> {
+    let mut spec = job.spec.clone();
+    spec.parameter_servers.spread = None;
     let doc = json!({
         "apiVersion": distbelief_api::API_VERSION,
         "kind": distbelief_api::KIND,
         "metadata": {"name": job.name_any()},
-        "spec": job.spec,
+        "spec": spec,
     });
     Ok(serde_norway::to_string(&doc)?)
 }
@@ -178,7 +186,7 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
             api_group: None,
         }]),
     };
-    let (ps_service, ps_stateful_set, ps_disruption_budget) = servers::parameter_servers(t);
+    let (ps_service, ps_stateful_sets, ps_disruption_budget) = servers::parameter_servers(t);
     let (coordinator_service, coordinator_pod) = servers::coordinator(t);
     Ok(Children {
         config_map,
@@ -187,7 +195,7 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
         role,
         role_binding,
         ps_service,
-        ps_stateful_set,
+        ps_stateful_sets,
         ps_disruption_budget,
         coordinator_service,
         coordinator_pod,

@@ -1,13 +1,13 @@
 //! The long-lived server roles: the shards' StatefulSet with its Service and
 //! disruption budget, and the coordinator's pod with its Service.
 
-use distbelief_api::CheckpointStorage;
+use distbelief_api::{CheckpointStorage, ShardLayout, WhenUnsatisfiable};
 use k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Affinity, EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
+    Affinity, EmptyDirVolumeSource, EnvVar, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
     PodAffinityTerm, PodAntiAffinity, PodSpec, PodTemplateSpec, Service, ServicePort, ServiceSpec,
     Volume, VolumeResourceRequirements, WeightedPodAffinityTerm,
 };
@@ -19,8 +19,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::pod::{env, env_field, mount, tcp_ready};
 use super::template;
 use super::{
-    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, METRICS_PORT, OUTPUT_DIR,
-    PARTITION_PORT, PS_PORT, Target,
+    CHECKPOINT_DIR, COORDINATOR_PORT, DEFAULT_CHECKPOINT_SIZE, LABEL_MEMBER, METRICS_PORT,
+    OUTPUT_DIR, PARTITION_PORT, POD_INDEX, PS_PORT, Target,
 };
 
 fn grpc_port(port: u16) -> ServicePort {
@@ -39,31 +39,86 @@ fn volume(name: &str) -> Volume {
     }
 }
 
-/// The shards' headless Service, StatefulSet and disruption budget.
-pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisruptionBudget) {
-    let spec = &t.job.spec;
+/// The shards' headless Service, StatefulSets and disruption budget.
+pub(super) fn parameter_servers(t: &Target) -> (Service, Vec<StatefulSet>, PodDisruptionBudget) {
     let ps = t.ps_name();
     // Headless, and publishing not-ready pods: replicas resolve each
     // shard's stable name while it is still restoring its checkpoint.
     let service = headless(t, &ps, "ps", PS_PORT);
+    let sets = match t.shard_layout {
+        ShardLayout::MemberSets => {
+            let r = t.job.spec.parameter_servers.replication.max(1);
+            (0..r).map(|m| shard_set(t, Some(m))).collect()
+        }
+        ShardLayout::OneSet => vec![shard_set(t, None)],
+    };
+    // One shard at a time may be drained: it comes back from its
+    // checkpoint, while a budget of zero would block node maintenance.
+    let budget = PodDisruptionBudget {
+        metadata: t.metadata(&ps, "ps"),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(t.selector("ps")),
+            // A shard pod that is not ready (crash-looping, restoring)
+            // serves nothing: evicting it must not wait for it to be ready,
+            // or one broken shard would block a node's drain.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    (service, sets, budget)
+}
 
+/// The shard process's settings: which shard and member it is, and where
+/// its chain's other members and keeper are.
+fn shard_env(t: &Target, member: Option<u32>) -> Vec<EnvVar> {
     let pod_index = "metadata.labels['apps.kubernetes.io/pod-index']";
-    let replication = spec.parameter_servers.replication;
+    let replication = t.job.spec.parameter_servers.replication;
     let mut vars = vec![
         env("DISTBELIEF_LISTEN", format!("0.0.0.0:{PS_PORT}")),
         env("DISTBELIEF_CHECKPOINT_DIR", CHECKPOINT_DIR),
     ];
-    if replication > 1 {
-        // Pod k is member k mod R of shard k / R; members find each other
-        // and the chain's keeper, the coordinator, by their stable names.
-        vars.extend([
+    match member {
+        _ if replication <= 1 => vars.insert(0, env_field("DISTBELIEF_SHARD", pod_index)),
+        // Member m of shard k is pod k of set m: its peers' names differ
+        // only in the set, and the kubelet fills in the shard
+        // (`$(DISTBELIEF_SHARD)`, defined above it).
+        Some(m) => {
+            let members = (0..replication)
+                .map(|j| {
+                    format!(
+                        "{}-$(DISTBELIEF_SHARD).{}.{}.svc:{PS_PORT}",
+                        t.ps_set_name(j),
+                        t.ps_name(),
+                        t.namespace
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            vars.extend([
+                env_field("DISTBELIEF_SHARD", pod_index),
+                env("DISTBELIEF_MEMBER", m.to_string()),
+                env("DISTBELIEF_MEMBERS", members),
+                env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
+            ]);
+        }
+        // Pod k is member k mod R of shard k / R.
+        None => vars.extend([
             env_field("DISTBELIEF_POD_INDEX", pod_index),
             env("DISTBELIEF_SHARDS", t.shard_addresses()),
             env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
-        ]);
-    } else {
-        vars.insert(0, env_field("DISTBELIEF_SHARD", pod_index));
+        ]),
     }
+    vars
+}
+
+/// The StatefulSet of one member position (`Some(m)`: its pod k is member m
+/// of shard k), or of every shard process (`None`, the OneSet layout).
+fn shard_set(t: &Target, member: Option<u32>) -> StatefulSet {
+    let spec = &t.job.spec;
+    let replication = spec.parameter_servers.replication;
+    let vars = shard_env(t, member);
     let mut container = t.container("ps", vars, spec.parameter_servers.resources.clone());
     if let Some(m) = container.volume_mounts.as_mut() {
         m.push(mount("checkpoints", CHECKPOINT_DIR));
@@ -72,20 +127,37 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
     let mut pod_spec = t.pod_spec(container, "Always", None);
     t.mount_output(&mut pod_spec, true);
     if replication > 1 {
-        // Shard pods prefer nodes without another shard pod of the job. The
-        // preference is over all of them, not per shard (the StatefulSet's
-        // pods share one template, so no label tells a pod's shard at
-        // scheduling time): two members of one shard can still share a node
-        // when the nodes are few or full, and that node's loss takes the shard.
-        pod_spec.affinity = Some(spread(t.selector_labels("ps")));
+        pod_spec.affinity = Some(match member {
+            Some(_) => apart(t),
+            // One template for every member: no label tells a pod's shard
+            // at scheduling time, so shard pods only prefer nodes without
+            // another one of the job, and two members of a shard can share
+            // a node.
+            None => spread(t.selector_labels("ps")),
+        });
     }
+    let (mut labels, mut selector) = (t.labels("ps"), t.selector("ps"));
+    let name = match member {
+        Some(m) => {
+            labels.insert(LABEL_MEMBER.into(), m.to_string());
+            // The sets' pods must not overlap; a job without replication
+            // keeps the selector it always had (a selector cannot change).
+            if replication > 1
+                && let Some(l) = selector.match_labels.as_mut()
+            {
+                l.insert(LABEL_MEMBER.into(), m.to_string());
+            }
+            t.ps_set_name(m)
+        }
+        None => t.ps_name(),
+    };
+    let members = match member {
+        Some(_) => spec.parameter_servers.shards,
+        None => spec.parameter_servers.shards * replication,
+    };
     let mut sts_spec = StatefulSetSpec {
-        service_name: Some(ps.clone()),
-        replicas: Some(if spec.suspend {
-            0
-        } else {
-            (spec.parameter_servers.shards * replication) as i32
-        }),
+        service_name: Some(t.ps_name()),
+        replicas: Some(if spec.suspend { 0 } else { members as i32 }),
         // Shards do not depend on each other: start them all at once.
         pod_management_policy: Some("Parallel".into()),
         // A changed template (an operator upgrade, an edited template or
@@ -96,7 +168,7 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
             type_: Some("OnDelete".into()),
             rolling_update: None,
         }),
-        selector: t.selector("ps"),
+        selector,
         ..Default::default()
     };
     match t.checkpoint_storage {
@@ -138,7 +210,7 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
         }
     }
     let mut pod_meta = ObjectMeta {
-        labels: Some(t.labels("ps")),
+        labels: Some(labels),
         ..Default::default()
     };
     let ps_template = spec.parameter_servers.template.as_ref();
@@ -147,27 +219,43 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, StatefulSet, PodDisrupt
         metadata: Some(pod_meta),
         spec: Some(pod_spec),
     };
-    let stateful_set = StatefulSet {
-        metadata: t.metadata(&ps, "ps"),
+    StatefulSet {
+        metadata: t.metadata(&name, "ps"),
         spec: Some(sts_spec),
         status: None,
+    }
+}
+
+/// Members of one shard repel each other: a shard pod's index is its shard
+/// in every member set, so the scheduler keeps each pod off the failure
+/// domains that hold a job's shard pod with the same index.
+fn apart(t: &Target) -> Affinity {
+    let s = t.job.spec.parameter_servers.spread();
+    let term = PodAffinityTerm {
+        label_selector: Some(t.selector("ps")),
+        match_label_keys: Some(vec![POD_INDEX.into()]),
+        topology_key: s.topology_key,
+        ..Default::default()
     };
-    // One shard at a time may be drained: it comes back from its
-    // checkpoint, while a budget of zero would block node maintenance.
-    let budget = PodDisruptionBudget {
-        metadata: t.metadata(&ps, "ps"),
-        spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(t.selector("ps")),
-            // A shard pod that is not ready (crash-looping, restoring)
-            // serves nothing: evicting it must not wait for it to be ready,
-            // or one broken shard would block a node's drain.
-            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+    let anti = match s.when_unsatisfiable {
+        WhenUnsatisfiable::DoNotSchedule => PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![term]),
             ..Default::default()
-        }),
-        status: None,
+        },
+        WhenUnsatisfiable::ScheduleAnyway => PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: term,
+                },
+            ]),
+            ..Default::default()
+        },
     };
-    (service, stateful_set, budget)
+    Affinity {
+        pod_anti_affinity: Some(anti),
+        ..Default::default()
+    }
 }
 
 /// Prefers nodes that run no pod with these labels yet.

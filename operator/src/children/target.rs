@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use distbelief_api::{CheckpointStorage, DistBeliefJob, ValidationError, admission};
+use distbelief_api::{CheckpointStorage, DistBeliefJob, ShardLayout, ValidationError, admission};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
@@ -19,6 +19,8 @@ pub struct Target<'a> {
     pub image: String,
     /// Where shard checkpoints live, decided once per job.
     pub checkpoint_storage: CheckpointStorage,
+    /// How shard pods are laid out in StatefulSets, decided once per job.
+    pub shard_layout: ShardLayout,
     pub(super) cfg: &'a Config,
 }
 
@@ -61,10 +63,8 @@ pub fn target<'a>(
         });
     }
     let namespace = job.namespace().unwrap_or_default();
-    let ps = &job.spec.parameter_servers;
-    let addresses: usize = (0..ps.shards.saturating_mul(ps.replication))
-        .map(|i| format!("{name}-ps-{i}.{name}-ps.{namespace}.svc:{PS_PORT},").len())
-        .sum();
+    let layout = shard_layout(job);
+    let addresses = shard_addresses(job, &name, &namespace, layout).len();
     if addresses > admission::MAX_SHARD_ADDRESSES {
         errors.push(ValidationError {
             field: "spec.parameterServers.shards".into(),
@@ -95,8 +95,58 @@ pub fn target<'a>(
         name,
         namespace,
         checkpoint_storage,
+        shard_layout: layout,
         cfg,
     })
+}
+
+/// The layout the job started with, else the one it would start with now.
+fn shard_layout(job: &DistBeliefJob) -> ShardLayout {
+    let pinned = job.status.as_ref().and_then(|s| s.shard_layout);
+    pinned.unwrap_or_default()
+}
+
+/// The StatefulSet holding member `member` of every shard (MemberSets), or
+/// every member of every shard (OneSet, member 0).
+fn ps_set_name(job: &str, member: u32) -> String {
+    match member {
+        0 => format!("{job}-ps"),
+        m => format!("{job}-ps-m{m}"),
+    }
+}
+
+/// The pod of member `member` of shard `shard`.
+fn shard_pod_name(
+    job: &str,
+    layout: ShardLayout,
+    replication: u32,
+    shard: u32,
+    member: u32,
+) -> String {
+    match layout {
+        ShardLayout::MemberSets => format!("{}-{shard}", ps_set_name(job, member)),
+        ShardLayout::OneSet => format!("{job}-ps-{}", shard * replication + member),
+    }
+}
+
+/// Shard addresses in shard order (with replication, every member of
+/// shard 0, then of shard 1, ...): the StatefulSets' stable pod names under
+/// the shards' headless Service.
+fn shard_addresses(
+    job: &DistBeliefJob,
+    name: &str,
+    namespace: &str,
+    layout: ShardLayout,
+) -> String {
+    let ps = &job.spec.parameter_servers;
+    let r = ps.replication.max(1);
+    (0..ps.shards.saturating_mul(r))
+        .map(|i| {
+            let pod = shard_pod_name(name, layout, r, i / r, i % r);
+            format!("{pod}.{name}-ps.{namespace}.svc:{PS_PORT}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The image the job started with, else the one it would start with now.
@@ -183,21 +233,23 @@ impl Target<'_> {
         format!("{}-tracker", self.name)
     }
 
-    /// Shard addresses in shard order (with replication, every member of
-    /// shard 0, then of shard 1, ...): the StatefulSet's stable pod names
-    /// under its headless Service.
     pub(super) fn shard_addresses(&self) -> String {
-        let ps = &self.job.spec.parameter_servers;
-        (0..ps.shards * ps.replication)
-            .map(|i| {
-                format!(
-                    "{ps}-{i}.{ps}.{ns}.svc:{PS_PORT}",
-                    ps = self.ps_name(),
-                    ns = self.namespace
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(",")
+        shard_addresses(self.job, &self.name, &self.namespace, self.shard_layout)
+    }
+
+    /// The shards' StatefulSets: one per member position (MemberSets), or
+    /// the one (OneSet).
+    pub fn ps_set_names(&self) -> Vec<String> {
+        let sets = match self.shard_layout {
+            ShardLayout::MemberSets => self.job.spec.parameter_servers.replication.max(1),
+            ShardLayout::OneSet => 1,
+        };
+        (0..sets).map(|m| self.ps_set_name(m)).collect()
+    }
+
+    /// The StatefulSet of member position `member` (MemberSets).
+    pub fn ps_set_name(&self, member: u32) -> String {
+        ps_set_name(&self.name, member)
     }
 
     pub(super) fn partition_service_name(&self) -> String {

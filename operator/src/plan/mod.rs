@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use distbelief_api::{
     CheckpointStorage, CreationRefused, DistBeliefJob, DistBeliefJobStatus, Phase, Progress,
-    ReplicaState,
+    ReplicaState, ShardLayout, WhenUnsatisfiable,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -248,12 +248,13 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
     plan.apply_children = true;
     plan.status.start_time.get_or_insert(Time(now));
     plan.status.image.get_or_insert_with(|| t.image.clone());
+    plan.status.shard_layout.get_or_insert(t.shard_layout);
     plan.status.dashboard_url = Some(t.dashboard_url());
     if job.spec.suspend {
         suspend(&mut plan, t, &live, now);
         return plan;
     }
-    let Some(servers) = servers(&mut plan, job, &old, &live, now) else {
+    let Some(servers) = servers(&mut plan, t, &old, &live, now) else {
         cleanup(&mut plan, job, &live);
         return plan;
     };
@@ -492,6 +493,9 @@ fn data_condition(
         None => {}
     }
 }
+
+/// Condition: whether the scheduler has placed every shard pod.
+pub const SHARDS_SCHEDULED: &str = "ShardsScheduled";
 
 /// Condition and event reason of a pod the API server refused to create.
 pub const CREATION_REFUSED: &str = "PodCreationRefused";
@@ -747,11 +751,12 @@ struct Servers {
 /// and replaces a coordinator that failed.
 fn servers(
     plan: &mut Plan,
-    job: &DistBeliefJob,
+    t: &Target,
     old: &DistBeliefJobStatus,
     live: &[&Pod],
     now: Timestamp,
 ) -> Option<Servers> {
+    let job = t.job;
     let ps_pods: Vec<&Pod> = live
         .iter()
         .copied()
@@ -796,19 +801,115 @@ fn servers(
     let wanted = ps.shards * ps.replication;
     plan.shards_missing = (ps_pods.len() as u32) < wanted;
     let coordinator_ready = coordinator.is_some_and(|c| phase_of(c) == "Running" && is_ready(c));
+    shards_scheduled(plan, t, &ps_pods, now);
     // A shard serves while any member does: one member restarting (it
     // catches up before it serves) does not hold the job up.
+    let per_set = match t.shard_layout {
+        ShardLayout::MemberSets => 1,
+        ShardLayout::OneSet => ps.replication.max(1),
+    };
     let serving: std::collections::BTreeSet<u32> = ps_pods
         .iter()
         .filter(|p| is_ready(p))
         .filter_map(|p| p.name_any().rsplit('-').next()?.parse::<u32>().ok())
-        .map(|k| k / ps.replication.max(1))
+        .map(|k| k / per_set)
         .collect();
     Some(Servers {
         shards_ready,
         coordinator_ready,
         ready: serving.len() as u32 == ps.shards && coordinator_ready,
     })
+}
+
+/// ShardsScheduled: False, with a warning event, while the scheduler cannot
+/// place a shard pod, naming it and what the scheduler said.
+fn shards_scheduled(plan: &mut Plan, t: &Target, ps_pods: &[&Pod], now: Timestamp) {
+    let generation = t.job.metadata.generation;
+    let stuck: Vec<String> = ps_pods
+        .iter()
+        .filter_map(|p| Some(format!("{}: {}", p.name_any(), pods::unschedulable(p)?)))
+        .collect();
+    let Some(first) = stuck.first() else {
+        let known = plan
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == SHARDS_SCHEDULED);
+        if known {
+            let message = "every shard pod is scheduled".to_string();
+            let c = &mut plan.status.conditions;
+            set_condition(
+                c,
+                SHARDS_SCHEDULED,
+                true,
+                "Scheduled".into(),
+                message,
+                generation,
+                now,
+            );
+        }
+        return;
+    };
+    let spread = t.job.spec.parameter_servers.spread();
+    let mut message = format!(
+        "{} of the job's shard pods cannot be scheduled; {first}",
+        stuck.len()
+    );
+    let apart = t.shard_layout == ShardLayout::MemberSets
+        && t.job.spec.parameter_servers.replication > 1
+        && spread.when_unsatisfiable == WhenUnsatisfiable::DoNotSchedule;
+    if apart && message.contains("anti-affinity") {
+        message.push_str(&format!(
+            " (the members of a shard must run on nodes with different {} values: add such nodes, or create the job again with spec.parameterServers.spread.whenUnsatisfiable: ScheduleAnyway)",
+            spread.topology_key
+        ));
+    }
+    let at = (generation, now);
+    flag(
+        plan,
+        SHARDS_SCHEDULED,
+        false,
+        "ShardsUnschedulable",
+        "Unschedulable".into(),
+        message,
+        at,
+    );
+}
+
+/// Shard pods the scheduler never placed, built from an older template of
+/// their StatefulSet (`revisions`: each set's update revision), are deleted
+/// so that their set recreates them from the new one. Shard sets update
+/// `OnDelete` to keep running shards' state, but a pod that never ran has
+/// none: an edit that makes it schedulable (a spread, a node selector, a
+/// toleration) must reach it.
+pub fn recreate_unplaced_shards(
+    plan: &mut Plan,
+    pods: &[Pod],
+    revisions: &std::collections::HashMap<String, String>,
+) {
+    if !plan.apply_children {
+        return;
+    }
+    for p in pods.iter().filter(|p| role(p) == Some("ps")) {
+        let set = p
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "StatefulSet");
+        let wanted = set.and_then(|o| revisions.get(&o.name));
+        let built = p.labels().get("controller-revision-hash");
+        let placed = pods::unschedulable(p).is_none();
+        if placed || p.metadata.deletion_timestamp.is_some() || wanted.is_none() || built == wanted
+        {
+            continue;
+        }
+        let name = p.name_any();
+        plan.note(
+            false,
+            "UnplacedShardRecreated",
+            format!("shard pod {name} was never scheduled: recreated from the edited template"),
+        );
+        plan.delete_pods.push(name);
+    }
 }
 
 /// Decides every replica; Ok(whether one waits out its restart backoff), or

@@ -66,6 +66,22 @@ pub fn is_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The scheduler's message for a pod it cannot place, if it cannot.
+pub fn unschedulable(p: &Pod) -> Option<&str> {
+    let placed = p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let status = p.status.as_ref()?;
+    if placed || status.phase.as_deref().is_some_and(|ph| ph != "Pending") {
+        return None;
+    }
+    let conditions = status.conditions.as_ref()?;
+    let c = conditions.iter().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    })?;
+    Some(c.message.as_deref().unwrap_or("unschedulable"))
+}
+
 /// Restarts of the pod's distbelief container (named after its role): a
 /// sidecar a template adds restarts on its own account.
 pub fn restart_count(p: &Pod) -> u32 {

@@ -120,9 +120,10 @@ pub fn failed_replica(
     p
 }
 
-pub fn ready_ps_pod(job: &str, shard: u32) -> Pod {
+/// Ready pod `index` of the job's StatefulSet `set` (`ps`, `ps-m1`, ...).
+pub fn ready_set_pod(job: &str, set: &str, index: u32) -> Pod {
     let mut p = pod(
-        &format!("{job}-ps-{shard}"),
+        &format!("{job}-{set}-{index}"),
         json!({"distbelief.dev/job": job, "distbelief.dev/role": "ps"}),
         "Running",
     );
@@ -132,6 +133,10 @@ pub fn ready_ps_pod(job: &str, shard: u32) -> Pod {
     }))
     .expect("fixture status");
     p
+}
+
+pub fn ready_ps_pod(job: &str, shard: u32) -> Pod {
+    ready_set_pod(job, "ps", shard)
 }
 
 pub fn coordinator_pod(job: &str) -> Pod {
