@@ -257,15 +257,33 @@ pub struct Progress {
     /// Downpour: the ledger of the data shards the coordinator hands out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_shards: Option<DataShardsProgress>,
-    /// Each replica's progress.
+    /// Each replica's progress. Above [`MAX_LISTED_REPLICAS`] replicas, only
+    /// the silent ones, those in a backup race and the slowest are listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaProgress>,
+    /// Replicas left out of `replicas` to bound the status's size: they
+    /// train as the others do, and the live page and each replica's
+    /// metrics show them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replicas_omitted: u32,
+    /// Median examples/s over every replica that has reported, when some
+    /// are left out of `replicas`: what a replica's speed is compared with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub median_examples_per_second: Option<f64>,
     /// Each shard's version and checkpoint restore.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardProgress>,
     /// The trained model, once the job has succeeded and saved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<SavedModel>,
+}
+
+/// The most replicas `status.progress.replicas` lists: a few hundred bytes
+/// each, rewritten every few seconds, in an object etcd caps at 1.5 MiB.
+pub const MAX_LISTED_REPLICAS: usize = 128;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The coordinator's ledger of data shards: the training data handed to

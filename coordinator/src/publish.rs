@@ -2,10 +2,10 @@
 //! `kubernetes` writes into the job on Kubernetes.
 
 use distbelief_api::{
-    BackupRace, DataShardsProgress, Progress, ReplicaProgress, SandblasterProgress, ShardProgress,
-    StalenessSummary,
+    BackupRace, DataShardsProgress, MAX_LISTED_REPLICAS, Progress, ReplicaProgress,
+    SandblasterProgress, ShardProgress, StalenessSummary,
 };
-use distbelief_proto::v1::JobStatus;
+use distbelief_proto::v1::{JobStatus, ReplicaProgress as ReplicaStatus};
 
 /// Seconds without a report after which a replica's silence is published.
 pub const SILENT_AFTER_SECONDS: f64 = 10.0;
@@ -36,9 +36,8 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
         }),
         done: s.done,
         stop_reason: (!s.stop_reason.is_empty()).then(|| s.stop_reason.clone()),
-        replicas: s
-            .replicas
-            .iter()
+        replicas: listed(&s.replicas)
+            .into_iter()
             .map(|r| ReplicaProgress {
                 replica: r.replica,
                 steps: r.steps,
@@ -54,6 +53,10 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
                     .then_some(r.seconds_since_report as u64),
             })
             .collect(),
+        replicas_omitted: s.replicas.len().saturating_sub(MAX_LISTED_REPLICAS) as u32,
+        median_examples_per_second: (s.replicas.len() > MAX_LISTED_REPLICAS)
+            .then(|| median_speed(&s.replicas))
+            .flatten(),
         shards: shards.to_vec(),
         model: None,
         sandblaster: s.sandblaster.as_ref().map(sandblaster),
@@ -65,6 +68,35 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
             trained_again: d.trained_again,
         }),
     }
+}
+
+/// The replicas the status lists, in index order: every one, or above
+/// [`MAX_LISTED_REPLICAS`] those the operator acts on (silent, in a backup
+/// race) and then the slowest, the only ones that can be stragglers.
+fn listed(all: &[ReplicaStatus]) -> Vec<&ReplicaStatus> {
+    if all.len() <= MAX_LISTED_REPLICAS {
+        return all.iter().collect();
+    }
+    let watched =
+        |r: &ReplicaStatus| r.backup.is_some() || r.seconds_since_report >= SILENT_AFTER_SECONDS;
+    let mut order: Vec<&ReplicaStatus> = all.iter().collect();
+    order.sort_by(|a, b| {
+        watched(b)
+            .cmp(&watched(a))
+            .then(a.examples_per_second.total_cmp(&b.examples_per_second))
+    });
+    order.truncate(MAX_LISTED_REPLICAS);
+    order.sort_by_key(|r| r.replica);
+    order
+}
+
+fn median_speed(all: &[ReplicaStatus]) -> Option<f64> {
+    let speeds: Vec<f64> = all
+        .iter()
+        .map(|r| r.examples_per_second)
+        .filter(|s| s.is_finite())
+        .collect();
+    finite(distbelief_api::median(speeds))
 }
 
 fn sandblaster(s: &distbelief_proto::v1::SandblasterProgress) -> SandblasterProgress {
@@ -142,5 +174,42 @@ mod tests {
         assert_eq!(json["testAccuracy"], 0.86);
         assert_eq!(json["staleness"]["p99"], 9);
         assert!(json.get("trainLoss").is_none());
+    }
+
+    #[test]
+    fn a_large_job_lists_the_watched_and_slowest_replicas_and_the_median_of_all() {
+        let n = 4096;
+        let replicas: Vec<Rp> = (0..n)
+            .map(|r| Rp {
+                replica: r,
+                steps: 100,
+                examples_per_second: 1000.0 + f64::from(r),
+                incarnations: 1,
+                incarnation: 1,
+                ..Default::default()
+            })
+            .collect();
+        let mut status = JobStatus {
+            replicas,
+            ..Default::default()
+        };
+        // Replica 4000 is fast but silent: the operator must see it.
+        status.replicas[4000].seconds_since_report = 30.0;
+        let p = progress(&status, &[]);
+        assert_eq!(p.replicas.len(), MAX_LISTED_REPLICAS);
+        assert_eq!(p.replicas_omitted, n - MAX_LISTED_REPLICAS as u32);
+        let listed: Vec<u32> = p.replicas.iter().map(|r| r.replica).collect();
+        assert!(listed.contains(&4000), "the silent replica is listed");
+        // Then the slowest, in index order.
+        let slowest: Vec<u32> = (0..MAX_LISTED_REPLICAS as u32 - 1).collect();
+        assert_eq!(listed[..MAX_LISTED_REPLICAS - 1], slowest[..]);
+        assert_eq!(p.median_examples_per_second, Some(1000.0 + 2047.5));
+        let bytes = serde_json::to_vec(&p).expect("encodes").len();
+        assert!(bytes < 64 * 1024, "{bytes} bytes");
+        // A small job lists every replica and no median of its own.
+        status.replicas.truncate(8);
+        let small = progress(&status, &[]);
+        assert_eq!((small.replicas.len(), small.replicas_omitted), (8, 0));
+        assert_eq!(small.median_examples_per_second, None);
     }
 }

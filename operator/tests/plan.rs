@@ -113,6 +113,29 @@ fn backup_starts_for_a_replica_slow_for_the_whole_window_only() {
 }
 
 #[test]
+fn a_listed_replica_is_judged_against_the_median_of_every_replica() {
+    // Only the slowest replicas are listed; their own median (1500) would
+    // make none slow, the median of all (9000) makes replica 2 slow.
+    let mut status = common::running_status();
+    status["progress"] = json!({
+        "step": 5000, "examples": 640000, "examplesPerSecond": 30000.0, "epochs": 2.0, "trainSeconds": 20.0,
+        "replicas": [
+            {"replica": 2, "steps": 1000, "examplesPerSecond": 1000.0, "epoch": 1, "incarnations": 1, "incarnation": 1},
+            {"replica": 3, "steps": 1000, "examplesPerSecond": 2000.0, "epoch": 1, "incarnations": 1, "incarnation": 1},
+        ],
+        "replicasOmitted": 200,
+        "medianExamplesPerSecond": 9000.0,
+    });
+    status["replicas"][2]["slowSince"] = json!(ago(90).to_string());
+    let plan = decide(
+        &job(status, json!({})),
+        &common::running_pods("fm"),
+        Timestamp::now(),
+    );
+    assert_eq!(created(&plan), [("fm-replica-2-1".into(), "backup".into())]);
+}
+
+#[test]
 fn finish_when_the_coordinator_is_done_succeeds_and_cleans_up() {
     let mut status = common::running_status();
     status["progress"] = json!({
@@ -816,4 +839,31 @@ fn job_with(job: &DistBeliefJob, plan: &Plan) -> DistBeliefJob {
     let mut next = job.clone();
     next.status = Some(plan.status.clone());
     next
+}
+
+#[test]
+fn a_replica_whose_record_was_lost_starts_past_the_incarnation_the_coordinator_saw() {
+    // Replica 1 has no record (status written by an older operator, or
+    // lost), but the coordinator saw it as incarnation 3 (attempt 2).
+    let mut status = common::running_status();
+    status["replicas"] = json!([{"replica": 0, "attempt": 0}]);
+    status["progress"] = json!({"step": 10, "examples": 1280, "examplesPerSecond": 2.0, "epochs": 0.1, "trainSeconds": 5.0, "replicas": [
+        {"replica": 0, "steps": 5, "examplesPerSecond": 1.0, "epoch": 0, "incarnations": 1, "incarnation": 1},
+        {"replica": 1, "steps": 5, "examplesPerSecond": 1.0, "epoch": 0, "incarnations": 3, "incarnation": 3},
+    ]});
+    let job = job(status, json!({"replicas": {"count": 2}}));
+    let pods: Vec<Pod> = common::running_pods("fm")
+        .into_iter()
+        .filter(|p| {
+            p.labels()
+                .get("distbelief.dev/replica")
+                .is_none_or(|r| r == "0")
+        })
+        .collect();
+    let plan = decide(&job, &pods, Timestamp::now());
+    assert_eq!(
+        created(&plan),
+        [("fm-replica-1-3".to_string(), "start".to_string())],
+        "attempt 3 is incarnation 4, past the 3 the coordinator saw"
+    );
 }

@@ -8,12 +8,13 @@
 # the job scaled 3 -> 1 -> 3. No shard pod may be replaced and every pod of
 # the job keeps the image it started with (status.image); each re-added
 # replica starts past every attempt it had and trains; the chart goes back to
-# the suite's tag; the job ends Succeeded and its push logs show 0
+# the suite's tag; the shards' duplicate-push counter does not move across
+# the rescale; the job ends Succeeded and its push logs show 0
 # acknowledged pushes lost (a push taken for a duplicate of another process's
 # counts as lost) and 0 applied twice.
 ROUTINE=fashion-mnist-routine
 routine_ops() {
-  local name=$ROUTINE started shards_before shards_after images other sock steps1 steps2
+  local name=$ROUTINE started shards_before shards_after images other sock steps1 steps2 dup_before dup_after
   python3 - "$EXAMPLE" "$work/routine.yaml" "$name" <<'PY' || { echo "could not derive $name"; return 1; }
 import sys
 src, dst, name = sys.argv[1:]
@@ -66,6 +67,7 @@ PY
     chart_to "$IMAGE_TAG" || return 1
   fi
 
+  dup_before=$(shard_duplicates "$name") || { echo "$dup_before"; return 1; }
   "${KUBECTL[@]}" scale dbj -n "$JOB_NS" "$name" --replicas=1 >/dev/null || return 1
   log "$name: kubectl scale --replicas=1"
   # shellcheck disable=SC2317
@@ -90,6 +92,9 @@ PY
   }
   job_wait "$name" "$STEP_TIMEOUT" "replicas 1 and 2 back as new incarnations (2 and 3), both training" t_back || return 1
 
+  dup_after=$(shard_duplicates "$name") || { echo "$dup_after"; return 1; }
+  log "$name: the shards' distbelief_ps_duplicate_pushes_total: $dup_before before the rescale, $dup_after after"
+  [ "$dup_after" = "$dup_before" ] || { echo "the shards took $((dup_after - dup_before)) pushes for duplicates across the rescale"; return 1; }
   shards_after=$(pod_uids "$name" distbelief.dev/role=ps)
   [ "$shards_after" = "$shards_before" ] || { printf 'shard pods were replaced:\nbefore %s\nafter  %s\n' "$shards_before" "$shards_after"; return 1; }
   images=$("${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$name" \
@@ -111,6 +116,39 @@ PY
 pod_uids() {
   "${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$1,$2" \
     -o 'jsonpath={range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort | tr '\n' ' '
+}
+
+# shard_duplicates NAME: the sum of distbelief_ps_duplicate_pushes_total
+# over the job's shard pods, each read through kubectl port-forward.
+shard_duplicates() {
+  local p total=0 n port pf
+  for p in $(pods "$1" distbelief.dev/role=ps); do
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "${KUBECTL[@]}" port-forward -n "$JOB_NS" "$p" "$port:metrics" >/dev/null 2>&1 &
+    pf=$!
+    n=$(python3 - "$port" <<'PY'
+import sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/metrics"
+deadline = time.time() + 20
+while True:
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        break
+    except Exception as e:
+        if time.time() > deadline:
+            sys.exit(f"cannot fetch {url} through the port-forward: {e}")
+        time.sleep(0.5)
+values = [float(l.split()[-1]) for l in text.splitlines() if l.startswith("distbelief_ps_duplicate_pushes_total")]
+if not values:
+    sys.exit("no distbelief_ps_duplicate_pushes_total")
+print(int(sum(values)))
+PY
+    ) || { kill "$pf" 2>/dev/null; echo "$p: $n"; return 1; }
+    kill "$pf" 2>/dev/null
+    wait "$pf" 2>/dev/null
+    total=$((total + n))
+  done
+  echo "$total"
 }
 
 # chart_to TAG: helm upgrade of the release to the image TAG, with every

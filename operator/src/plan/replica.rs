@@ -183,6 +183,16 @@ impl Decision<'_> {
     }
 
     fn launch(&mut self, plan: &mut Plan, attempt: u32, c: Cause) {
+        // The coordinator's record outlives a lost or stale status: a
+        // process under an incarnation it has seen would be told to stop.
+        let seen = self
+            .s
+            .progress
+            .replicas
+            .iter()
+            .find(|p| p.replica == self.r);
+        let floor = seen.map_or(0, |p| u32::try_from(p.incarnation).unwrap_or(u32::MAX));
+        let attempt = attempt.max(floor);
         // A pod of an earlier job may still hold the name.
         let attempt = replica_pods(self.s.earlier.iter(), self.r)
             .filter_map(|p| label_u32(p, LABEL_ATTEMPT))
@@ -503,8 +513,12 @@ fn speeds(b: &distbelief_api::BackupRace) -> String {
     )
 }
 
-/// Median examples/s of the replicas that have reported; None below two.
+/// Median examples/s of the replicas that have reported (the coordinator's,
+/// when it lists only some); None below two.
 fn median_speed(progress: &Progress) -> Option<f64> {
+    if let Some(m) = progress.median_examples_per_second {
+        return (m > 0.0).then_some(m);
+    }
     let speeds: Vec<f64> = progress
         .replicas
         .iter()
