@@ -1837,7 +1837,7 @@ async fn kit_members_of_a_shard_repel_each_other_and_the_job_says_when_they_cann
     .await;
     let message = unplaced["message"].as_str().unwrap();
     assert!(
-        message.contains("sp-ps-m1-") && message.contains("ScheduleAnyway"),
+        message.contains("sp-ps-") && message.contains("ScheduleAnyway"),
         "{message}"
     );
     // One member of each shard (whichever came first) is bound to the node,
