@@ -257,7 +257,7 @@ pub struct Progress {
     /// Downpour: the ledger of the data shards the coordinator hands out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_shards: Option<DataShardsProgress>,
-    /// Each replica's progress. Above [`MAX_LISTED_REPLICAS`] replicas, only
+    /// Each replica's progress. Above 128 replicas (`MAX_LISTED_REPLICAS`), only
     /// the silent ones, those in a backup race and the slowest are listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<ReplicaProgress>,

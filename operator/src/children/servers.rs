@@ -1,5 +1,5 @@
-//! The long-lived server roles: the shards' StatefulSet with its Service and
-//! disruption budget, and the coordinator's pod with its Service.
+//! The long-lived server roles: the shards' StatefulSets with their Service
+//! and disruption budget, and the coordinator's pod with its Service.
 
 use distbelief_api::{CheckpointStorage, ShardLayout, WhenUnsatisfiable};
 use k8s_openapi::api::apps::v1::{
@@ -73,14 +73,14 @@ pub(super) fn parameter_servers(t: &Target) -> (Service, Vec<StatefulSet>, PodDi
 /// The shard process's settings: which shard and member it is, and where
 /// its chain's other members and keeper are.
 fn shard_env(t: &Target, member: Option<u32>) -> Vec<EnvVar> {
-    let pod_index = "metadata.labels['apps.kubernetes.io/pod-index']";
+    let pod_index = format!("metadata.labels['{POD_INDEX}']");
     let replication = t.job.spec.parameter_servers.replication;
     let mut vars = vec![
         env("DISTBELIEF_LISTEN", format!("0.0.0.0:{PS_PORT}")),
         env("DISTBELIEF_CHECKPOINT_DIR", CHECKPOINT_DIR),
     ];
     match member {
-        _ if replication <= 1 => vars.insert(0, env_field("DISTBELIEF_SHARD", pod_index)),
+        _ if replication <= 1 => vars.insert(0, env_field("DISTBELIEF_SHARD", &pod_index)),
         // Member m of shard k is pod k of set m: its peers' names differ
         // only in the set, and the kubelet fills in the shard
         // (`$(DISTBELIEF_SHARD)`, defined above it).
@@ -97,7 +97,7 @@ fn shard_env(t: &Target, member: Option<u32>) -> Vec<EnvVar> {
                 .collect::<Vec<_>>()
                 .join(",");
             vars.extend([
-                env_field("DISTBELIEF_SHARD", pod_index),
+                env_field("DISTBELIEF_SHARD", &pod_index),
                 env("DISTBELIEF_MEMBER", m.to_string()),
                 env("DISTBELIEF_MEMBERS", members),
                 env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
@@ -105,7 +105,7 @@ fn shard_env(t: &Target, member: Option<u32>) -> Vec<EnvVar> {
         }
         // Pod k is member k mod R of shard k / R.
         None => vars.extend([
-            env_field("DISTBELIEF_POD_INDEX", pod_index),
+            env_field("DISTBELIEF_POD_INDEX", &pod_index),
             env("DISTBELIEF_SHARDS", t.shard_addresses()),
             env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
         ]),

@@ -4,12 +4,13 @@
 
 mod pods;
 mod replica;
+mod shards;
 
 use std::time::Duration;
 
 use distbelief_api::{
     CheckpointStorage, CreationRefused, DistBeliefJob, DistBeliefJobStatus, Phase, Progress,
-    ReplicaState, ShardLayout, WhenUnsatisfiable,
+    ReplicaState, ShardLayout,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -19,6 +20,8 @@ use crate::children::{Cause, Target};
 use kube::ResourceExt;
 use pods::{is_ready, is_unit_head, phase_of, restart_count, role};
 use replica::{Outcome, Scene, count_cause};
+use shards::shards_scheduled;
+pub use shards::{SHARDS_SCHEDULED, recreate_unplaced_shards};
 
 /// A Kubernetes Event to publish: one per transition or action.
 #[derive(Debug, Clone, PartialEq)]
@@ -494,9 +497,6 @@ fn data_condition(
     }
 }
 
-/// Condition: whether the scheduler has placed every shard pod.
-pub const SHARDS_SCHEDULED: &str = "ShardsScheduled";
-
 /// Condition and event reason of a pod the API server refused to create.
 pub const CREATION_REFUSED: &str = "PodCreationRefused";
 
@@ -819,97 +819,6 @@ fn servers(
         coordinator_ready,
         ready: serving.len() as u32 == ps.shards && coordinator_ready,
     })
-}
-
-/// ShardsScheduled: False, with a warning event, while the scheduler cannot
-/// place a shard pod, naming it and what the scheduler said.
-fn shards_scheduled(plan: &mut Plan, t: &Target, ps_pods: &[&Pod], now: Timestamp) {
-    let generation = t.job.metadata.generation;
-    let stuck: Vec<String> = ps_pods
-        .iter()
-        .filter_map(|p| Some(format!("{}: {}", p.name_any(), pods::unschedulable(p)?)))
-        .collect();
-    let Some(first) = stuck.first() else {
-        let known = plan
-            .status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == SHARDS_SCHEDULED);
-        if known {
-            let message = "every shard pod is scheduled".to_string();
-            let c = &mut plan.status.conditions;
-            set_condition(
-                c,
-                SHARDS_SCHEDULED,
-                true,
-                "Scheduled".into(),
-                message,
-                generation,
-                now,
-            );
-        }
-        return;
-    };
-    let spread = t.job.spec.parameter_servers.spread();
-    let mut message = format!(
-        "{} of the job's shard pods cannot be scheduled; {first}",
-        stuck.len()
-    );
-    let apart = t.shard_layout == ShardLayout::MemberSets
-        && t.job.spec.parameter_servers.replication > 1
-        && spread.when_unsatisfiable == WhenUnsatisfiable::DoNotSchedule;
-    if apart && message.contains("anti-affinity") {
-        message.push_str(&format!(
-            " (the members of a shard must run on nodes with different {} values: add such nodes, or create the job again with spec.parameterServers.spread.whenUnsatisfiable: ScheduleAnyway)",
-            spread.topology_key
-        ));
-    }
-    let at = (generation, now);
-    flag(
-        plan,
-        SHARDS_SCHEDULED,
-        false,
-        "ShardsUnschedulable",
-        "Unschedulable".into(),
-        message,
-        at,
-    );
-}
-
-/// Shard pods the scheduler never placed, built from an older template of
-/// their StatefulSet (`revisions`: each set's update revision), are deleted
-/// so that their set recreates them from the new one. Shard sets update
-/// `OnDelete` to keep running shards' state, but a pod that never ran has
-/// none: an edit that makes it schedulable (a spread, a node selector, a
-/// toleration) must reach it.
-pub fn recreate_unplaced_shards(
-    plan: &mut Plan,
-    pods: &[Pod],
-    revisions: &std::collections::HashMap<String, String>,
-) {
-    if !plan.apply_children {
-        return;
-    }
-    for p in pods.iter().filter(|p| role(p) == Some("ps")) {
-        let set = p
-            .owner_references()
-            .iter()
-            .find(|o| o.kind == "StatefulSet");
-        let wanted = set.and_then(|o| revisions.get(&o.name));
-        let built = p.labels().get("controller-revision-hash");
-        let placed = pods::unschedulable(p).is_none();
-        if placed || p.metadata.deletion_timestamp.is_some() || wanted.is_none() || built == wanted
-        {
-            continue;
-        }
-        let name = p.name_any();
-        plan.note(
-            false,
-            "UnplacedShardRecreated",
-            format!("shard pod {name} was never scheduled: recreated from the edited template"),
-        );
-        plan.delete_pods.push(name);
-    }
 }
 
 /// Decides every replica; Ok(whether one waits out its restart backoff), or
