@@ -237,16 +237,6 @@ impl Target<'_> {
         shard_addresses(self.job, &self.name, &self.namespace, self.shard_layout)
     }
 
-    /// The shards' StatefulSets: one per member position (MemberSets), or
-    /// the one (OneSet).
-    pub fn ps_set_names(&self) -> Vec<String> {
-        let sets = match self.shard_layout {
-            ShardLayout::MemberSets => self.job.spec.parameter_servers.replication.max(1),
-            ShardLayout::OneSet => 1,
-        };
-        (0..sets).map(|m| self.ps_set_name(m)).collect()
-    }
-
     /// The StatefulSet of member position `member` (MemberSets).
     pub fn ps_set_name(&self, member: u32) -> String {
         ps_set_name(&self.name, member)
