@@ -2,6 +2,7 @@
 //! the spec and status types, their validation and defaults, and the flat
 //! parameter layout every role derives from the model.
 
+pub mod addresses;
 pub mod admission;
 mod crd;
 mod error;
@@ -19,7 +20,10 @@ pub use layout::{Layout, Partitioning, Tensor};
 pub use load::{load_job, parse_job};
 pub use spec::*;
 pub use status::*;
-pub use validate::{Job, MAX_HISTORY, MAX_PARTITIONS, MAX_PUSH_STEPS, is_glob, validate};
+pub use validate::{
+    Job, MAX_HISTORY, MAX_PARTITIONS, MAX_PUSH_STEPS, MAX_REPLICATION, MAX_SHARDS, is_glob,
+    validate,
+};
 
 /// Exit code of a replica that gave up waiting for its job's shards or
 /// coordinator (EX_UNAVAILABLE): the servers are late, the replica is not at

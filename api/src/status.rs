@@ -2,6 +2,8 @@
 //! server-side apply with its own field manager: the operator owns
 //! everything but `progress`, and the job's coordinator owns `progress`.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -104,6 +106,10 @@ pub struct DistBeliefJobStatus {
     /// starts and kept for its life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard_layout: Option<ShardLayout>,
+    /// What shaped the job's pods when it started, recorded then and kept:
+    /// the operator's version and a hash of each pod-shaping input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_revision: Option<PodRevision>,
     /// When the job's pods were first created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
@@ -153,6 +159,25 @@ pub enum ShardLayout {
     /// replication started by an operator that did not record its layout
     /// keeps it.
     OneSet,
+}
+
+/// What shaped a job's pods when it started.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRevision {
+    /// The version of the operator that built the job's first pods, so that
+    /// a later operator gives the job's pods what an image of that version
+    /// reads. A job started by an operator that recorded no revision keeps
+    /// getting the shard address list its image reads.
+    pub operator_version: String,
+    /// A hash of each input that shapes the job's pods, by name
+    /// (spec.nodeSelector, each role's resources and template, and the
+    /// operator's imagePullPolicy and default coordinator resources), when
+    /// the job started. An input whose hash differs now was edited: pods
+    /// created from then on use the edit, running pods keep theirs, and
+    /// the PodsAsStarted condition names it.
+    #[serde(default)]
+    pub inputs: BTreeMap<String, String>,
 }
 
 /// One replica's pods, as the operator tracks them.

@@ -181,6 +181,24 @@ pub struct PsArgs {
     pub coordinator: Option<String>,
 }
 
+/// Where the job's shard processes listen: a list, or on Kubernetes a
+/// pattern and a count.
+#[derive(Args)]
+pub struct ShardAddresses {
+    /// Shard addresses in shard order (with replication, every member of
+    /// shard 0, then of shard 1, ...), comma-separated host:port.
+    #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
+    pub shards: Vec<String>,
+    /// Instead of --shards: one address pattern per member position,
+    /// comma-separated, with {shard} for the shard's index. The operator
+    /// sets it; it wins over --shards when both are given.
+    #[arg(long, env = "DISTBELIEF_SHARD_PATTERN", requires = "shard_count")]
+    pub shard_pattern: Option<String>,
+    /// With --shard-pattern: the number of shards.
+    #[arg(long, env = "DISTBELIEF_SHARD_COUNT", requires = "shard_pattern")]
+    pub shard_count: Option<String>,
+}
+
 #[derive(Args)]
 pub struct WorkerArgs {
     #[command(flatten)]
@@ -194,9 +212,8 @@ pub struct WorkerArgs {
     /// (`replica-<r>[.p<partition>].log`), for `distbelief audit`.
     #[arg(long, env = "DISTBELIEF_AUDIT_DIR")]
     pub audit_dir: Option<PathBuf>,
-    /// Shard addresses in shard order, comma-separated host:port.
-    #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
-    pub shards: Vec<String>,
+    #[command(flatten)]
+    pub shards: ShardAddresses,
     /// Coordinator address, host:port.
     #[arg(long, env = "DISTBELIEF_COORDINATOR")]
     pub coordinator: String,
@@ -256,9 +273,8 @@ pub struct CoordinatorArgs {
     /// Address to serve gRPC on.
     #[arg(long, env = "DISTBELIEF_LISTEN", default_value = "0.0.0.0:7100")]
     pub listen: SocketAddr,
-    /// Shard addresses in shard order, comma-separated host:port.
-    #[arg(long, env = "DISTBELIEF_SHARDS", value_delimiter = ',')]
-    pub shards: Vec<String>,
+    #[command(flatten)]
+    pub shards: ShardAddresses,
     /// On Kubernetes: write progress into this DistBeliefJob's status.
     #[arg(long, env = "DISTBELIEF_PUBLISH_STATUS")]
     pub publish_status: Option<String>,

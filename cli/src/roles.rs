@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use distbelief_api::Job;
+use distbelief_api::addresses::ShardPattern;
 use distbelief_net::terminated;
 
-use crate::{AuditArgs, Common, CoordinatorArgs, OperatorArgs, PsArgs, WorkerArgs};
+use crate::{AuditArgs, Common, CoordinatorArgs, OperatorArgs, PsArgs, ShardAddresses, WorkerArgs};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -50,6 +51,26 @@ async fn start_metrics(
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
     tracing::info!(%bound, "metrics on http://{bound}/metrics");
     Ok(Some(bound))
+}
+
+/// The shard processes' addresses, from the pattern when there is one:
+/// it must describe this job's shards and members.
+fn shard_addresses(a: &ShardAddresses, job: &Job) -> anyhow::Result<Vec<String>> {
+    let (Some(pattern), Some(count)) = (&a.shard_pattern, &a.shard_count) else {
+        return Ok(a.shards.clone());
+    };
+    let p = ShardPattern::parse(pattern, count)
+        .map_err(|e| anyhow::anyhow!("--shard-pattern/--shard-count: {e}"))?;
+    if p.shards() as usize != job.shards() || p.replication() != job.replication() {
+        anyhow::bail!(
+            "--shard-pattern/--shard-count describe {} shards of {} members, but the job has {} of {}",
+            p.shards(),
+            p.replication(),
+            job.shards(),
+            job.replication()
+        );
+    }
+    Ok(p.expand())
 }
 
 fn load(c: &Common) -> anyhow::Result<Job> {
@@ -114,8 +135,8 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
-    let mut opts =
-        distbelief_worker::ReplicaOptions::new(a.replica, a.shards.clone(), a.coordinator.clone());
+    let shards = shard_addresses(&a.shards, &job)?;
+    let mut opts = distbelief_worker::ReplicaOptions::new(a.replica, shards, a.coordinator.clone());
     opts.rpc_timeout = Duration::from_millis(a.client.rpc_timeout_ms);
     if let Some(t) = a.threads {
         opts.threads = t.max(1);
@@ -201,7 +222,7 @@ pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
             // On Kubernetes data may arrive after the pod (a volume being
             // filled); locally a bad path should end the run at once.
             wait_for_data: publish.is_some(),
-            shards: a.shards.clone(),
+            shards: shard_addresses(&a.shards, &job)?,
             rpc_timeout: Duration::from_millis(a.client.rpc_timeout_ms),
             publish,
             output: a
@@ -296,4 +317,44 @@ pub fn audit(a: AuditArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(shards: u32, replication: u32) -> Job {
+        let yaml = format!(
+            "apiVersion: distbelief.dev/v1alpha1\nkind: DistBeliefJob\nmetadata: {{name: j}}\nspec:\n  model: {{inputSize: 4, output: {{units: 2}}}}\n  algorithm: {{downpour: {{learningRate: 0.1}}}}\n  parameterServers: {{shards: {shards}, replication: {replication}}}\n"
+        );
+        distbelief_api::parse_job("job.yaml", &yaml).expect("test job")
+    }
+
+    fn args(list: &str, pattern: Option<&str>, count: Option<&str>) -> ShardAddresses {
+        ShardAddresses {
+            shards: list
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            shard_pattern: pattern.map(String::from),
+            shard_count: count.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_pattern_wins_over_the_list_and_must_describe_the_job() {
+        let a = args("old:1,old:2", Some("p-{shard}:7,q-{shard}:7"), Some("1"));
+        assert_eq!(shard_addresses(&a, &job(1, 2)).unwrap(), ["p-0:7", "q-0:7"]);
+        let e = shard_addresses(&a, &job(2, 2)).unwrap_err().to_string();
+        assert!(
+            e.contains("1 shards of 2 members, but the job has 2 of 2"),
+            "{e}"
+        );
+        let bad = args("", Some("p:7"), Some("1"));
+        let e = shard_addresses(&bad, &job(1, 1)).unwrap_err().to_string();
+        assert!(e.starts_with("--shard-pattern/--shard-count:"), "{e}");
+        let list = args("a:1,b:2", None, None);
+        assert_eq!(shard_addresses(&list, &job(2, 1)).unwrap(), ["a:1", "b:2"]);
+    }
 }

@@ -13,6 +13,8 @@ mod kit;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use distbelief_api::admission::MAX_JOB_NAME;
+use distbelief_api::{MAX_REPLICATION, MAX_SHARDS};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
@@ -334,19 +336,15 @@ async fn kit_admission_rejects_each_bad_job_with_the_local_message() {
         let server = dry_run(&kit, &ns, &example_job(&name)).await.unwrap_err();
         assert!(server.contains(message), "{name}: {server}");
     }
-    // Shard processes whose address list cannot fit one environment
-    // variable, refused at admission; a large one that fits is taken.
-    let mut many = example_job("many-shards");
-    many["spec"]["parameterServers"]["shards"] = json!(2000);
-    let server = dry_run(&kit, &ns, &many).await.unwrap_err();
-    assert!(
-        server.contains(distbelief_api::admission::SHARD_ADDRESSES),
-        "{server}"
-    );
-    many["spec"]["parameterServers"]["shards"] = json!(512);
+    // The most shard processes the CRD admits, under the longest name: the
+    // operator gives their addresses as a pattern, so no list has to fit.
+    let longest = format!("many-shards-{}", "x".repeat(MAX_JOB_NAME - 12));
+    let mut many = example_job(&longest);
+    many["spec"]["parameterServers"]["shards"] = json!(MAX_SHARDS);
+    many["spec"]["parameterServers"]["replication"] = json!(MAX_REPLICATION);
     dry_run(&kit, &ns, &many)
         .await
-        .expect("512 shards fit one environment variable");
+        .expect("4096 shards of 3 members are admitted");
     // A null target is no target, on both paths.
     let mut job = example_job("null-target");
     job["spec"]["stop"]["targetTestAccuracy"] = Value::Null;

@@ -9,6 +9,7 @@
 //! its seeds and on mutations of them (`tests/smoke.rs`). `fuzz/` holds the
 //! libFuzzer wrappers for the long runs (`scripts/fuzz.sh`, docs/fuzzing.md).
 
+mod addresses;
 mod audit;
 mod chain;
 mod checkpoint;
@@ -22,6 +23,7 @@ pub mod seeds;
 mod table;
 mod tracker;
 
+pub use addresses::shard_pattern;
 pub use audit::audit_logs;
 pub use chain::chain_forward;
 pub use checkpoint::{catch_up, checkpoint};
@@ -53,4 +55,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("tracker_state", tracker_state),
     ("table_state", table_state),
     ("saved_model", saved_model),
+    ("shard_pattern", shard_pattern),
 ];

@@ -49,6 +49,17 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         add("job_file", name, text.as_bytes().to_vec());
     }
 
+    add(
+        "shard_pattern",
+        "members.txt",
+        b"j-ps-{shard}.j-ps.ns.svc:7000,j-ps-m1-{shard}.j-ps.ns.svc:7000\n4096".to_vec(),
+    );
+    add(
+        "shard_pattern",
+        "one.txt",
+        b"j-ps-{shard}.j-ps.ns.svc:7000\n2".to_vec(),
+    );
+
     let images = idx(&[3, 2, 2], &[0, 255, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]);
     let labels = idx(&[3], &[9, 0, 4]);
     let mut pair = (images.len() as u16).to_le_bytes().to_vec();

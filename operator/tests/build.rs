@@ -5,10 +5,16 @@ mod common;
 
 use std::collections::BTreeMap;
 
-use distbelief_api::{CheckpointStorage, ShardLayout, SpreadSpec, WhenUnsatisfiable};
+use distbelief_api::addresses::ShardPattern;
+use distbelief_api::admission::MAX_JOB_NAME;
+use distbelief_api::{
+    CheckpointStorage, MAX_REPLICATION, MAX_SHARDS, ShardLayout, SpreadSpec, WhenUnsatisfiable,
+};
 use distbelief_operator::children::{self, BuildError, Cause};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::PodAffinityTerm;
+use k8s_openapi::api::core::v1::{EnvVar, PodAffinityTerm};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 fn yaml<T: serde::Serialize>(docs: &[T]) -> String {
@@ -65,9 +71,12 @@ fn two_shards_four_replicas_build_the_exact_objects() {
     };
     assert_eq!(value("DISTBELIEF_REPLICA").as_deref(), Some("3"));
     assert_eq!(
-        value("DISTBELIEF_SHARDS").as_deref(),
-        Some("fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-1.fmnist-ps.ml.svc:7000")
+        value("DISTBELIEF_SHARD_PATTERN").as_deref(),
+        Some("fmnist-ps-{shard}.fmnist-ps.ml.svc:7000")
     );
+    assert_eq!(value("DISTBELIEF_SHARD_COUNT").as_deref(), Some("2"));
+    // The operator's own image reads the pattern: no list.
+    assert_eq!(value("DISTBELIEF_SHARDS"), None);
     assert_eq!(
         value("DISTBELIEF_COORDINATOR").as_deref(),
         Some("fmnist-coordinator.ml.svc:7100")
@@ -126,14 +135,124 @@ fn replicated_shards_run_one_set_per_member_position() {
         .env
         .as_ref()
         .unwrap();
-    let shards = renv.iter().find(|e| e.name == "DISTBELIEF_SHARDS").unwrap();
     assert_eq!(
-        shards.value.as_deref(),
-        Some(
-            "fmnist-ps-0.fmnist-ps.ml.svc:7000,fmnist-ps-m1-0.fmnist-ps.ml.svc:7000,\
-             fmnist-ps-1.fmnist-ps.ml.svc:7000,fmnist-ps-m1-1.fmnist-ps.ml.svc:7000"
-        )
+        shard_addresses(renv),
+        [
+            "fmnist-ps-0.fmnist-ps.ml.svc:7000",
+            "fmnist-ps-m1-0.fmnist-ps.ml.svc:7000",
+            "fmnist-ps-1.fmnist-ps.ml.svc:7000",
+            "fmnist-ps-m1-1.fmnist-ps.ml.svc:7000"
+        ]
     );
+}
+
+/// The shard addresses a process reads from `env`, as the binary does: the
+/// pattern when there is one, else the list.
+fn shard_addresses(env: &[EnvVar]) -> Vec<String> {
+    let value = |k: &str| {
+        env.iter()
+            .find(|e| e.name == k)
+            .and_then(|e| e.value.clone())
+    };
+    match (
+        value("DISTBELIEF_SHARD_PATTERN"),
+        value("DISTBELIEF_SHARD_COUNT"),
+    ) {
+        (Some(p), Some(n)) => ShardPattern::parse(&p, &n)
+            .expect("a pattern the binary reads")
+            .expand(),
+        _ => value("DISTBELIEF_SHARDS")
+            .map(|l| l.split(',').map(String::from).collect())
+            .unwrap_or_default(),
+    }
+}
+
+fn env_of(pod: &k8s_openapi::api::core::v1::PodSpec) -> &[EnvVar] {
+    pod.containers[0].env.as_deref().unwrap_or_default()
+}
+
+#[test]
+fn an_image_that_may_read_only_the_list_gets_it_while_it_fits() {
+    let cfg = common::config();
+    let list = |job: &distbelief_api::DistBeliefJob| {
+        let t = children::target(job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+        let replica = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
+        let env = env_of(replica.spec.as_ref().unwrap());
+        let listed = env.iter().find(|e| e.name == "DISTBELIEF_SHARDS");
+        let listed = listed.and_then(|e| e.value.clone());
+        // Whatever else it gets, the pattern names the same processes.
+        if let Some(l) = &listed {
+            assert_eq!(&shard_addresses(env).join(","), l);
+        }
+        listed
+    };
+    // The operator's own image, on a job it started: the pattern only.
+    let mut job = common::job("fmnist");
+    assert_eq!(list(&job), None);
+    let status = job.status.get_or_insert_default();
+    status.start_time = Some(Time(Timestamp::UNIX_EPOCH));
+    status.pod_revision = Some(distbelief_api::PodRevision::default());
+    assert_eq!(list(&job), None);
+    // Started by an operator that recorded no revision: its pinned image
+    // may read only the list.
+    job.status.as_mut().unwrap().pod_revision = None;
+    assert!(list(&job).is_some());
+    // An image the user names may be of any version.
+    let mut job = common::job("fmnist");
+    job.spec.image = Some("registry.example/distbelief:older".into());
+    assert!(list(&job).is_some());
+    // Unless the list cannot fit one environment variable: then only a
+    // newer image can run the job.
+    job.spec.parameter_servers.shards = 4096;
+    job.spec.parameter_servers.replication = 3;
+    assert_eq!(list(&job), None);
+}
+
+#[test]
+fn the_largest_job_the_crd_admits_builds_objects_etcd_takes() {
+    let mut job = common::job(&format!("many-shards-{}", "x".repeat(MAX_JOB_NAME - 12)));
+    job.spec.parameter_servers.shards = MAX_SHARDS;
+    job.spec.parameter_servers.replication = MAX_REPLICATION;
+    job.spec.replicas.count = 4096;
+    let cfg = common::config();
+    let t = children::target(&job, &cfg, CheckpointStorage::PersistentVolumeClaim)
+        .expect("the largest job is valid");
+    let c = children::children(&t).expect("children");
+    let replica = children::replica_pods(&t, 4095, 0, Cause::Start, None).remove(0);
+    let mut sizes: Vec<(String, usize)> = c
+        .ps_stateful_sets
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.name.clone().unwrap(),
+                serde_json::to_vec(s).unwrap().len(),
+            )
+        })
+        .collect();
+    let coordinator = c.coordinator_pod.as_ref().expect("a coordinator pod");
+    sizes.push((
+        "coordinator".into(),
+        serde_json::to_vec(coordinator).unwrap().len(),
+    ));
+    sizes.push((
+        "replica".into(),
+        serde_json::to_vec(&replica).unwrap().len(),
+    ));
+    // etcd takes requests up to 1.5 MiB; these must stay far below it, as
+    // every replica pod is one object.
+    eprintln!("object sizes of the largest job, bytes: {sizes:?}");
+    for (name, bytes) in &sizes {
+        assert!(*bytes < 16 * 1024, "{name}: {bytes} bytes");
+    }
+    // And the coordinator and replicas still reach every shard process.
+    let addresses = shard_addresses(env_of(coordinator.spec.as_ref().unwrap()));
+    assert_eq!(addresses.len(), 4096 * 3);
+    assert_eq!(
+        shard_addresses(env_of(replica.spec.as_ref().unwrap())),
+        addresses
+    );
+    let unique: std::collections::BTreeSet<&String> = addresses.iter().collect();
+    assert_eq!(unique.len(), addresses.len());
 }
 
 #[test]
@@ -416,10 +535,11 @@ fn each_validation_failure_is_reported_with_its_message() {
             "start with a letter",
         ),
         (
-            "too many shard processes for one environment variable",
+            "too many shard processes in one set for one environment variable",
             |j| {
                 j.spec.parameter_servers.shards = 2000;
                 j.spec.parameter_servers.replication = 2;
+                j.status.get_or_insert_default().shard_layout = Some(ShardLayout::OneSet);
             },
             "spec.parameterServers.shards",
             "128 KiB",

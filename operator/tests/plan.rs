@@ -867,3 +867,60 @@ fn a_replica_whose_record_was_lost_starts_past_the_incarnation_the_coordinator_s
         "attempt 3 is incarnation 4, past the 3 the coordinator saw"
     );
 }
+
+/// A job records what shaped its pods when it starts, and keeps it; an
+/// edited template is named in PodsAsStarted, and undoing the edit turns
+/// it True again. A job started before revisions were recorded gets none.
+#[test]
+fn an_edit_after_the_start_is_named_against_the_recorded_revision() {
+    use distbelief_operator::plan::PODS_AS_STARTED;
+    let condition = |plan: &Plan| {
+        let c = plan
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == PODS_AS_STARTED);
+        c.map(|c| (c.status.clone(), c.message.clone()))
+    };
+    let first = decide(&job(json!({}), json!({})), &[], Timestamp::now());
+    let recorded = first
+        .status
+        .pod_revision
+        .clone()
+        .expect("recorded at start");
+    assert_eq!(recorded.operator_version, env!("CARGO_PKG_VERSION"));
+    assert!(recorded.inputs.contains_key("spec.replicas.template"));
+    assert_eq!(condition(&first), None, "nothing edited, nothing to say");
+    let started = serde_json::to_value(&first.status).expect("status encodes");
+    let template =
+        json!({"replicas": {"count": 4, "template": {"spec": {"priorityClassName": "high"}}}});
+    let edited = decide(
+        &job(started.clone(), template),
+        &common::running_pods("fm"),
+        Timestamp::now(),
+    );
+    assert_eq!(edited.status.pod_revision.as_ref(), Some(&recorded), "kept");
+    let (on, message) = condition(&edited).expect("the edit is named");
+    assert_eq!(on, "False");
+    assert!(
+        message.starts_with("spec.replicas.template changed"),
+        "{message}"
+    );
+    assert!(!message.contains("spec.coordinator"), "{message}");
+    let undone = serde_json::to_value(&edited.status).expect("status encodes");
+    let undone = decide(
+        &job(undone, json!({})),
+        &common::running_pods("fm"),
+        Timestamp::now(),
+    );
+    assert_eq!(condition(&undone).map(|c| c.0).as_deref(), Some("True"));
+    // Started by an operator that recorded no revision: none is made up.
+    let mut older = started;
+    older.as_object_mut().expect("status").remove("podRevision");
+    let older = decide(
+        &job(older, json!({})),
+        &common::running_pods("fm"),
+        Timestamp::now(),
+    );
+    assert_eq!(older.status.pod_revision, None);
+}

@@ -304,9 +304,13 @@ fn replica_pod(
     let mut env = vec![
         pod::env("DISTBELIEF_REPLICA", replica.to_string()),
         pod::env("DISTBELIEF_INCARNATION", incarnation(attempt).to_string()),
-        pod::env("DISTBELIEF_SHARDS", t.shard_addresses()),
         pod::env("DISTBELIEF_COORDINATOR", t.coordinator_address()),
     ];
+    env.extend(
+        t.shard_address_vars()
+            .into_iter()
+            .map(|(k, v)| pod::env(k, v)),
+    );
     if let Some(of) = backup_of {
         env.push(pod::env(
             "DISTBELIEF_BACKUP_OF",

@@ -307,7 +307,6 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
     }
     let mut vars = vec![
         env("DISTBELIEF_LISTEN", format!("0.0.0.0:{COORDINATOR_PORT}")),
-        env("DISTBELIEF_SHARDS", t.shard_addresses()),
         env("DISTBELIEF_PUBLISH_STATUS", t.name.clone()),
         env("DISTBELIEF_STATE_CONFIGMAP", t.tracker_state_name()),
         env(
@@ -316,6 +315,7 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
         ),
         env_field("POD_NAMESPACE", "metadata.namespace"),
     ];
+    vars.extend(t.shard_address_vars().into_iter().map(|(k, v)| env(k, v)));
     let claim = t.job.spec.output.volume_claim_name.as_ref();
     if let Some(claim) = claim {
         vars.extend([

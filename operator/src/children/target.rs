@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use distbelief_api::addresses::{SHARD, ShardPattern};
 use distbelief_api::{CheckpointStorage, DistBeliefJob, ShardLayout, ValidationError, admission};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
@@ -64,7 +65,12 @@ pub fn target<'a>(
     }
     let namespace = job.namespace().unwrap_or_default();
     let layout = shard_layout(job);
-    let addresses = shard_addresses(job, &name, &namespace, layout).len();
+    // Only the one-set layout's shard pods need the list; such a job was
+    // admitted under the list's cap.
+    let addresses = match layout {
+        ShardLayout::OneSet => shard_addresses(job, &name, &namespace, layout).len(),
+        ShardLayout::MemberSets => 0,
+    };
     if addresses > admission::MAX_SHARD_ADDRESSES {
         errors.push(ValidationError {
             field: "spec.parameterServers.shards".into(),
@@ -147,6 +153,21 @@ fn shard_addresses(
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Every shard process's address as one pattern per member position
+/// (MemberSets only: the one-set layout numbers members across shards).
+fn shard_pattern(job: &DistBeliefJob, name: &str, namespace: &str) -> Option<ShardPattern> {
+    let ps = &job.spec.parameter_servers;
+    let members = (0..ps.replication.max(1))
+        .map(|m| {
+            format!(
+                "{}-{SHARD}.{name}-ps.{namespace}.svc:{PS_PORT}",
+                ps_set_name(name, m)
+            )
+        })
+        .collect();
+    ShardPattern::new(members, ps.shards).ok()
 }
 
 /// The image the job started with, else the one it would start with now.
@@ -237,6 +258,63 @@ impl Target<'_> {
         shard_addresses(self.job, &self.name, &self.namespace, self.shard_layout)
     }
 
+    /// A hash of each input that shapes the job's pods, by the name the
+    /// user edits it under ([`distbelief_api::PodRevision::inputs`]).
+    pub fn pod_inputs(&self) -> BTreeMap<String, String> {
+        let s = &self.job.spec;
+        let (ps, r, c) = (&s.parameter_servers, &s.replicas, &s.coordinator);
+        let inputs = [
+            ("spec.nodeSelector", json(&s.node_selector)),
+            ("spec.parameterServers.resources", json(&ps.resources)),
+            ("spec.parameterServers.template", json(&ps.template)),
+            ("spec.replicas.resources", json(&r.resources)),
+            ("spec.replicas.template", json(&r.template)),
+            ("spec.coordinator.resources", json(&c.resources)),
+            ("spec.coordinator.template", json(&c.template)),
+            (
+                "operator.imagePullPolicy",
+                json(&self.cfg.image_pull_policy),
+            ),
+            (
+                "operator.coordinator.resources",
+                json(&self.cfg.coordinator_resources),
+            ),
+        ];
+        inputs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), format!("{:016x}", fnv1a(v.as_bytes()))))
+            .collect()
+    }
+
+    /// How the coordinator and replicas learn the shard addresses: the
+    /// pattern and count, and the list as well while the job may run an
+    /// image that reads only the list (one set by spec.image, or pinned by
+    /// an operator that recorded no pod revision) and the list fits one
+    /// environment variable.
+    pub(super) fn shard_address_vars(&self) -> Vec<(&'static str, String)> {
+        let pattern = match self.shard_layout {
+            ShardLayout::MemberSets => shard_pattern(self.job, &self.name, &self.namespace),
+            ShardLayout::OneSet => None,
+        };
+        let Some(pattern) = pattern else {
+            return vec![("DISTBELIEF_SHARDS", self.shard_addresses())];
+        };
+        let mut vars = vec![
+            ("DISTBELIEF_SHARD_PATTERN", pattern.pattern()),
+            ("DISTBELIEF_SHARD_COUNT", pattern.shards().to_string()),
+        ];
+        let status = self.job.status.as_ref();
+        let started_before_revisions =
+            status.is_some_and(|s| s.start_time.is_some() && s.pod_revision.is_none());
+        if self.job.spec.image.is_some() || started_before_revisions {
+            let list = self.shard_addresses();
+            if list.len() <= admission::MAX_SHARD_ADDRESSES {
+                vars.push(("DISTBELIEF_SHARDS", list));
+            }
+        }
+        vars
+    }
+
     /// The StatefulSet of member position `member` (MemberSets).
     pub fn ps_set_name(&self, member: u32) -> String {
         ps_set_name(&self.name, member)
@@ -253,4 +331,16 @@ impl Target<'_> {
             self.namespace
         )
     }
+}
+
+fn json(v: &impl serde::Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+/// FNV-1a, 64 bits: a hash that stays the same across builds and Rust
+/// versions, as a hash kept in status must (std's `DefaultHasher` need not).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }

@@ -4,6 +4,7 @@
 
 mod pods;
 mod replica;
+mod revision;
 mod shards;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ use crate::children::{Cause, Target};
 use kube::ResourceExt;
 use pods::{is_ready, is_unit_head, phase_of, restart_count, role};
 use replica::{Outcome, Scene, count_cause};
+pub use revision::PODS_AS_STARTED;
 use shards::shards_scheduled;
 pub use shards::{SHARDS_SCHEDULED, recreate_unplaced_shards};
 
@@ -249,6 +251,7 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         return plan;
     }
     plan.apply_children = true;
+    revision::pod_revision(&mut plan, t, generation, now);
     plan.status.start_time.get_or_insert(Time(now));
     plan.status.image.get_or_insert_with(|| t.image.clone());
     plan.status.shard_layout.get_or_insert(t.shard_layout);
