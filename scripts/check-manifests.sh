@@ -228,6 +228,19 @@ refuses_leaderless() {
   fi
 }
 check "helm template refuses replicaCount=2 without leader election" refuses_leaderless
+# values.schema.json: a misspelt key or a wrong type is refused, naming it.
+refuses_value() { # refuses_value WHAT-THE-ERROR-NAMES --set ...
+  local names=$1 out
+  shift
+  if out=$(render "$@" 2>&1); then
+    echo "rendered without error: $*"
+    return 1
+  fi
+  grep -q -- "$names" <<<"$out" || { echo "the error does not name $names: $out"; return 1; }
+}
+check "values.schema.json refuses a misspelt key (imagee.tag)" refuses_value imagee --set imagee.tag=x
+check "values.schema.json refuses a wrong type (replicaCount=many)" refuses_value replicaCount --set replicaCount=many
+check "values.schema.json refuses an unknown pull policy" refuses_value pullPolicy --set image.pullPolicy=Sometimes
 
 # The Grafana dashboard: off by default; on, one ConfigMap with the sidecar's
 # label whose dashboard is the committed JSON, every panel with a query, and
@@ -256,6 +269,14 @@ else:
     empty = [p["title"] for p in panels if not all(t.get("expr") for t in p.get("targets", [])) or not p.get("targets")]
     if not panels or empty:
         errors.append(f"panels without a query: {empty}")
+    # Two jobs of one name in two namespaces must never merge: every query
+    # that picks a job also picks its namespace, and keeps it when summing.
+    for p in panels:
+        for t in p.get("targets", []):
+            e = t.get("expr", "")
+            if "$job" in e and ('namespace=~"$namespace"' not in e or
+                                any(not g.startswith("namespace") for g in __import__("re").findall(r"by \(([^)]*)\)", e))):
+                errors.append(f"{p['title']}: {e} does not keep the namespace")
 pm = [d for d in yaml.safe_load_all(open(on)) if d and d["kind"] == "PodMonitor"]
 if not pm or "distbelief.dev/job" not in pm[0]["spec"].get("podTargetLabels", []):
     errors.append("the PodMonitor does not put distbelief.dev/job on the series")

@@ -11,15 +11,23 @@ pub struct Heartbeat {
     start: Instant,
     last_ms: Arc<AtomicU64>,
     limit: Duration,
+    /// What a missed beat means, for `/healthz`.
+    silence: &'static str,
 }
 
 impl Heartbeat {
     /// A heartbeat that counts as beaten now.
     pub fn new(limit: Duration) -> Self {
+        Self::meaning(limit, "main loop has not made progress")
+    }
+
+    /// One whose silence means `silence` (what `/healthz` says).
+    pub fn meaning(limit: Duration, silence: &'static str) -> Self {
         Heartbeat {
             start: Instant::now(),
             last_ms: Arc::new(AtomicU64::new(0)),
             limit,
+            silence,
         }
     }
 
@@ -49,7 +57,8 @@ impl Heartbeat {
         let silent = self.silent_at(now);
         (silent > self.limit).then(|| {
             format!(
-                "main loop has not made progress for {:.0} s (limit {} s)",
+                "{} for {:.0} s (limit {} s)",
+                self.silence,
                 silent.as_secs_f64(),
                 self.limit.as_secs()
             )
@@ -84,5 +93,14 @@ mod tests {
             h.stuck_at(later(1)).is_none(),
             "a clone beats the same heart"
         );
+    }
+
+    #[test]
+    fn a_heartbeat_says_what_its_silence_means() {
+        let h = Heartbeat::meaning(Duration::from_secs(60), "the API server has not answered");
+        let why = h
+            .stuck_at(h.start + Duration::from_secs(61))
+            .expect("stuck");
+        assert_eq!(why, "the API server has not answered for 61 s (limit 60 s)");
     }
 }

@@ -20,6 +20,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use crate::Config;
+use crate::health;
 use crate::lease::{self, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Context, Error, Stores};
@@ -71,21 +72,27 @@ where
 /// the lease is lost.
 pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(), RunError> {
     let metrics = Metrics::new()?;
-    if let Some(addr) = opts.metrics_addr {
-        let bound =
-            distbelief_net::serve_metrics(addr, metrics.registry.clone(), None, Default::default())
-                .await
-                .map_err(|source| RunError::Serve { addr, source })?;
-        tracing::info!("metrics on http://{bound}/metrics");
-    }
     let ar = reconcile::job_resource();
     let jobs: Api<DynamicObject> = match &opts.namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
+    let heart = health::heartbeat();
+    if let Some(addr) = opts.metrics_addr {
+        let bound = distbelief_net::serve_metrics(
+            addr,
+            metrics.registry.clone(),
+            Some(heart.clone()),
+            Default::default(),
+        )
+        .await
+        .map_err(|source| RunError::Serve { addr, source })?;
+        tracing::info!("metrics on http://{bound}/metrics");
+    }
     jobs.list(&kube::api::ListParams::default().limit(1))
         .await
         .map_err(RunError::NoCrd)?;
+    let probe = tokio::spawn(health::probe(jobs.clone(), heart));
 
     let (lost_tx, lost_rx) = tokio::sync::watch::channel(false);
     let mut release = None;
@@ -203,6 +210,7 @@ pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(),
             "reconciles still running {LOST_LEADERSHIP_GRACE:?} after leadership was lost; cut off"
         ),
     }
+    probe.abort();
     if *lost_rx.borrow() {
         return Err(RunError::LeadershipLost);
     }

@@ -4,6 +4,7 @@
 
 pub mod children;
 pub mod controller;
+pub mod health;
 pub mod lease;
 pub mod memory;
 pub mod metrics;

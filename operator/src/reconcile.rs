@@ -290,6 +290,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         // Progress writes trigger a reconcile every few seconds; unchanged
         // children are not sent again unless something is missing.
         if !ctx.memory.applied_within(&uid, hash, REAPPLY_EVERY) || plan.shards_missing {
+            newer_spec(ctx, &namespace, &name, obj.metadata.generation).await?;
             match apply_children(ctx, &namespace, &c).await {
                 Ok(()) => {
                     ctx.memory.applied(&uid, hash);
@@ -634,6 +635,26 @@ async fn finish(
                 .map(|_| ()),
         )?;
         ctx.metrics.forget(namespace, name);
+    }
+    Ok(())
+}
+
+/// [`Error::Stale`] when the API server holds a newer spec than the cached
+/// job. Children are applied before the guarded status write, and built
+/// from an older spec they would undo an edit until the next reconcile.
+/// Generations, not resourceVersions, are compared: the coordinator's
+/// progress writes move the latter every few seconds.
+async fn newer_spec(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    cached: Option<i64>,
+) -> Result<(), Error> {
+    let jobs: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), namespace, &job_resource());
+    let live = jobs.get(name).await?.metadata.generation;
+    if live > cached {
+        return Err(Error::Stale);
     }
     Ok(())
 }

@@ -58,6 +58,8 @@ struct Mock {
     refuse_replica_pods: bool,
     /// The spec of the job's StatefulSet `<job>-ps` in the cache.
     set_spec: Value,
+    /// The job's generation on the API server, when newer than the cache's.
+    live_generation: Option<i64>,
 }
 
 async fn run_with(
@@ -108,6 +110,7 @@ async fn run_with(
                     "message": QUOTA_MESSAGE,
                 }),
                 "DELETE" => json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
+                "GET" => json!({"metadata": {"generation": mock.live_generation}}),
                 _ => {
                     let mut echo = body;
                     let name = call
@@ -221,8 +224,14 @@ fn path(kind: &str, name: &str) -> String {
     format!("{base}/{name}")
 }
 
-/// The server-side applies of the long-lived children, in order.
+/// The read that proves the cached spec current, then the server-side
+/// applies of the long-lived children, in order.
 fn children_applied(job: &str) -> Vec<String> {
+    let read = format!("GET {}", path("job", job));
+    std::iter::once(read).chain(children_applies(job)).collect()
+}
+
+fn children_applies(job: &str) -> Vec<String> {
     [
         ("configmaps", format!("{job}-job")),
         ("configmaps", format!("{job}-tracker")),
@@ -884,6 +893,22 @@ async fn a_plan_from_a_stale_job_is_not_written_and_publishes_nothing() {
         "the write is guarded by the version it was planned from"
     );
     assert!(events(&calls).is_empty(), "no event for a plan not written");
+}
+
+/// The cache can lag an edit: children built from the older spec would
+/// undo it until the next reconcile. The job is read first, and a newer
+/// generation voids the plan before anything is applied or written.
+#[tokio::test]
+async fn a_plan_from_an_older_spec_applies_no_children() {
+    let mock = Mock {
+        live_generation: Some(2),
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(job_with_status("fm", Value::Null), vec![], mock).await;
+    let action = result.expect("a newer spec is not an error");
+    assert_ne!(action, Action::await_change(), "planned again soon");
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert_eq!(lines, [format!("GET {}", path("job", "fm"))]);
 }
 
 #[tokio::test]

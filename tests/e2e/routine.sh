@@ -7,7 +7,9 @@
 # upgraded to another image tag (kit: the same image under a second tag) and
 # the job scaled 3 -> 1 -> 3. No shard pod may be replaced and every pod of
 # the job keeps the image it started with (status.image); each re-added
-# replica starts past every attempt it had and trains; the chart goes back to
+# replica starts past every attempt it had and trains; before the upgrade, an
+# edit that a looser CRD admits and the operator refuses (refused_edit) leaves
+# the job running; the chart goes back to
 # the suite's tag; the shards' duplicate-push counter does not move across
 # the rescale; the job ends Succeeded and its push logs show 0
 # acknowledged pushes lost (a push taken for a duplicate of another process's
@@ -55,6 +57,8 @@ PY
       [ "$(jp "dbj/$name" '{.status.progress.replicas[?(@.replica==2)].incarnation}')" = 2 ]
   }
   job_wait "$name" "$STEP_TIMEOUT" "replica 2 back as attempt 1 (incarnation 2)" t_replaced || return 1
+
+  refused_edit "$name" || return 1
 
   if [ "$mode" = kit ]; then
     other=$IMAGE_TAG-upgraded
@@ -112,9 +116,78 @@ PY
   "${KUBECTL[@]}" delete dbj -n "$JOB_NS" "$name" --wait=false >/dev/null || return 1
 }
 
-# pod_uids NAME SELECTOR: the uids of the job's pods matching it, sorted.
+# refused_edit NAME: a CRD that admits what the operator refuses, as during a
+# rollout where the CRD and the operator come from different versions (here
+# the live CRD without its rule on spec.stop.targetTestAccuracy). The edit
+# is stored; the operator refuses it with SpecAccepted=False and one
+# EditRefused event, and the job trains on: phase Running, the same pods,
+# steps still growing. Undoing the edit turns SpecAccepted True; the CRD is
+# then put back as it was, and refuses the edit again.
+refused_edit() {
+  local name=$1 crd=distbeliefjobs.distbelief.dev saved=$work/crd-saved.json uids_before uids_after steps end out
+  "${KUBECTL[@]}" get crd "$crd" -o json >"$saved" || return 1
+  python3 - "$saved" <<'PY' | "${KUBECTL[@]}" replace -f - >/dev/null || { echo "could not loosen the CRD"; return 1; }
+import json, sys
+c = json.load(open(sys.argv[1]))
+spec = c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+rules = spec["x-kubernetes-validations"]
+kept = [r for r in rules if "targetTestAccuracy" not in r["rule"]]
+if len(kept) != len(rules) - 1:
+    sys.exit("expected one rule on spec.stop.targetTestAccuracy")
+spec["x-kubernetes-validations"] = kept
+json.dump(c, sys.stdout)
+PY
+  log "$name: the CRD without its rule on spec.stop.targetTestAccuracy"
+  uids_before=$(pod_uids "$name" "")
+  # The API server serves a changed CRD after a moment: retry the edit.
+  end=$(until_time 60)
+  until out=$("${KUBECTL[@]}" patch dbj -n "$JOB_NS" "$name" --type merge -p '{"spec":{"stop":{"targetTestAccuracy":1.5}}}' 2>&1); do
+    [ "$SECONDS" -lt "$end" ] || { echo "the loosened CRD still refuses the edit: $out"; return 1; }
+    sleep 2
+  done
+  log "$name: spec.stop.targetTestAccuracy edited to 1.5 (admitted)"
+  # shellcheck disable=SC2317
+  t_refused() {
+    [ "$(jp "dbj/$name" '{.status.conditions[?(@.type=="SpecAccepted")].status}')" = False ]
+  }
+  job_wait "$name" 60 "SpecAccepted=False" t_refused || return 1
+  log "$name: SpecAccepted: $(jp "dbj/$name" '{.status.conditions[?(@.type=="SpecAccepted")].message}')"
+  [ "$(jp "dbj/$name" '{.status.phase}')" = Running ] || { echo "phase $(jp "dbj/$name" '{.status.phase}') after the refused edit"; return 1; }
+  steps=$(jp "dbj/$name" '{.status.progress.step}')
+  # shellcheck disable=SC2317
+  t_trains_on() { [ "$(jp "dbj/$name" '{.status.progress.step}')" -gt "$steps" ] 2>/dev/null; }
+  job_wait "$name" 60 "training past step $steps with the edit refused" t_trains_on || return 1
+  out=$("${KUBECTL[@]}" get events -n "$JOB_NS" --field-selector "involvedObject.name=$name,reason=EditRefused" -o name 2>/dev/null | wc -l)
+  [ "$out" = 1 ] || { echo "$out EditRefused events, expected 1"; return 1; }
+  uids_after=$(pod_uids "$name" "")
+  [ "$uids_after" = "$uids_before" ] || { printf 'pods changed under the refused edit:
+before %s
+after  %s
+' "$uids_before" "$uids_after"; return 1; }
+  "${KUBECTL[@]}" patch dbj -n "$JOB_NS" "$name" --type merge -p '{"spec":{"stop":{"targetTestAccuracy":0.999}}}' >/dev/null || return 1
+  # shellcheck disable=SC2317
+  t_accepted() {
+    [ "$(jp "dbj/$name" '{.status.conditions[?(@.type=="SpecAccepted")].status}')" = True ]
+  }
+  job_wait "$name" 60 "SpecAccepted=True after the edit is undone" t_accepted || return 1
+  python3 - "$saved" <<'PY' | "${KUBECTL[@]}" replace -f - >/dev/null || { echo "could not put the CRD back"; return 1; }
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["metadata"].pop("resourceVersion", None)
+json.dump(c, sys.stdout)
+PY
+  end=$(until_time 60)
+  while out=$("${KUBECTL[@]}" patch dbj -n "$JOB_NS" "$name" --dry-run=server --type merge -p '{"spec":{"stop":{"targetTestAccuracy":1.5}}}' 2>&1); do
+    [ "$SECONDS" -lt "$end" ] || { echo "the restored CRD still admits the edit"; return 1; }
+    sleep 2
+  done
+  case "$out" in *"must be in (0, 1]"*) ;; *) echo "the restored CRD refuses the edit for another reason: $out"; return 1 ;; esac
+  log "$name: refused edit: the job trained on (same $(wc -w <<<"$uids_before") pods, 1 EditRefused event); the CRD is back and refuses it"
+}
+
+# pod_uids NAME [SELECTOR]: the uids of the job's pods matching it, sorted.
 pod_uids() {
-  "${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$1,$2" \
+  "${KUBECTL[@]}" get pods -n "$JOB_NS" -l "distbelief.dev/job=$1${2:+,$2}" \
     -o 'jsonpath={range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort | tr '\n' ' '
 }
 

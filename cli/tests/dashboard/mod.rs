@@ -130,7 +130,7 @@ fn finite_series(answer: &Value) -> usize {
 }
 
 /// Every (panel title, query) of the dashboard, with its variables set as
-/// Grafana sets them for "All" jobs.
+/// Grafana sets them for "All" namespaces and jobs.
 fn panel_queries() -> Vec<(String, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../charts/distbelief/files/grafana-dashboard.json");
@@ -143,6 +143,7 @@ fn panel_queries() -> Vec<(String, String)> {
                 .as_str()
                 .expect("a query")
                 .replace("$__rate_interval", RATE_INTERVAL)
+                .replace("$namespace", ".*")
                 .replace("$job", ".*");
             out.push((p["title"].as_str().unwrap_or("?").to_string(), expr));
         }
