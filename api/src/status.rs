@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -162,7 +163,7 @@ pub enum ShardLayout {
 }
 
 /// What shaped a job's pods when it started.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodRevision {
     /// The version of the operator that built the job's first pods, so that
@@ -170,14 +171,23 @@ pub struct PodRevision {
     /// reads. A job started by an operator that recorded no revision keeps
     /// getting the shard address list its image reads.
     pub operator_version: String,
-    /// A hash of each input that shapes the job's pods, by name
-    /// (spec.nodeSelector, each role's resources and template, and the
-    /// operator's imagePullPolicy and default coordinator resources), when
-    /// the job started. An input whose hash differs now was edited: pods
-    /// created from then on use the edit, running pods keep theirs, and
-    /// the PodsAsStarted condition names it.
+    /// A hash of each spec field that shapes the job's pods, by name
+    /// (spec.nodeSelector, each role's resources and template), when the
+    /// job started. A field whose hash differs now was edited: pods created
+    /// from then on use the edit, running pods keep theirs, and the
+    /// PodsAsStarted condition names it.
     #[serde(default)]
     pub inputs: BTreeMap<String, String>,
+    /// The operator's imagePullPolicy when the job started. Every later pod
+    /// of the job uses it, whatever the operator's is now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// The operator's default coordinator resources (the chart's
+    /// coordinator.resources) when the job started. A later coordinator pod
+    /// of a job that sets no spec.coordinator.resources uses them, whatever
+    /// the operator's are now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_resources: Option<ResourceRequirements>,
 }
 
 /// One replica's pods, as the operator tracks them.

@@ -755,3 +755,36 @@ fn pod_templates_are_laid_over_every_role_by_the_merge_rule() {
         assert_eq!(limits["memory"].0, "1Gi");
     }
 }
+
+/// A `helm upgrade` that changes the operator's pull policy or default
+/// coordinator resources changes no running job: its later pods take what
+/// status.podRevision recorded when it started.
+#[test]
+fn a_job_keeps_the_operator_settings_it_started_with() {
+    let started = common::config();
+    let mut job = common::job("fmnist");
+    let t = children::target(&job, &started, CheckpointStorage::EmptyDir).expect("valid job");
+    let revision = t.pod_revision_now();
+    assert_eq!(revision.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    job.status.get_or_insert_default().pod_revision = Some(revision);
+    let upgraded = distbelief_operator::Config {
+        image_pull_policy: "Always".into(),
+        coordinator_resources: Some(
+            serde_json::from_value(serde_json::json!({"limits": {"memory": "8Gi"}})).unwrap(),
+        ),
+        ..common::config()
+    };
+    let coordinator = |job: &distbelief_api::DistBeliefJob| {
+        let t = children::target(job, &upgraded, CheckpointStorage::EmptyDir).expect("valid job");
+        let c = children::children(&t).expect("children");
+        let pod = c.coordinator_pod.expect("a coordinator pod");
+        let main = pod.spec.unwrap().containers.remove(0);
+        (main.image_pull_policy, main.resources)
+    };
+    assert_eq!(coordinator(&job), (Some("IfNotPresent".into()), None));
+    // A job started before revisions were recorded takes the operator's.
+    job.status.as_mut().unwrap().pod_revision = None;
+    let (policy, resources) = coordinator(&job);
+    assert_eq!(policy.as_deref(), Some("Always"));
+    assert!(resources.is_some());
+}

@@ -163,7 +163,7 @@ impl Target<'_> {
         Container {
             name: role.into(),
             image: Some(self.image.clone()),
-            image_pull_policy: Some(self.cfg.image_pull_policy.clone()),
+            image_pull_policy: Some(self.image_pull_policy()),
             args: Some(vec![if role == "replica" { "worker" } else { role }.into()]),
             env: Some(env_list),
             ports: Some(ports),

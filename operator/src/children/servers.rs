@@ -328,7 +328,7 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
     let resources = c
         .resources
         .clone()
-        .or_else(|| t.cfg.coordinator_resources.clone());
+        .or_else(|| t.default_coordinator_resources());
     let mut container = t.container("coordinator", vars, resources);
     // Replicas start once the coordinator answers: it loads the test set first.
     container.readiness_probe = Some(tcp_ready("grpc"));

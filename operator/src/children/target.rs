@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 
 use distbelief_api::addresses::{SHARD, ShardPattern};
-use distbelief_api::{CheckpointStorage, DistBeliefJob, ShardLayout, ValidationError, admission};
+use distbelief_api::{
+    CheckpointStorage, DistBeliefJob, PodRevision, ShardLayout, ValidationError, admission,
+};
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
@@ -258,8 +261,38 @@ impl Target<'_> {
         shard_addresses(self.job, &self.name, &self.namespace, self.shard_layout)
     }
 
-    /// A hash of each input that shapes the job's pods, by the name the
-    /// user edits it under ([`distbelief_api::PodRevision::inputs`]).
+    /// What shapes the job's pods now, as a revision to record when it
+    /// starts: this operator's version and settings, and the spec's inputs.
+    pub fn pod_revision_now(&self) -> PodRevision {
+        PodRevision {
+            operator_version: env!("CARGO_PKG_VERSION").into(),
+            inputs: self.pod_inputs(),
+            image_pull_policy: Some(self.cfg.image_pull_policy.clone()),
+            coordinator_resources: self.cfg.coordinator_resources.clone(),
+        }
+    }
+
+    /// The imagePullPolicy the job started with, else the operator's.
+    pub(super) fn image_pull_policy(&self) -> String {
+        let recorded = self.recorded().and_then(|r| r.image_pull_policy.clone());
+        recorded.unwrap_or_else(|| self.cfg.image_pull_policy.clone())
+    }
+
+    /// The default coordinator resources the job started with, else the
+    /// operator's.
+    pub(super) fn default_coordinator_resources(&self) -> Option<ResourceRequirements> {
+        match self.recorded() {
+            Some(r) => r.coordinator_resources.clone(),
+            None => self.cfg.coordinator_resources.clone(),
+        }
+    }
+
+    fn recorded(&self) -> Option<&PodRevision> {
+        self.job.status.as_ref()?.pod_revision.as_ref()
+    }
+
+    /// A hash of each spec field that shapes the job's pods, by the name the
+    /// user edits it under ([`PodRevision::inputs`]).
     pub fn pod_inputs(&self) -> BTreeMap<String, String> {
         let s = &self.job.spec;
         let (ps, r, c) = (&s.parameter_servers, &s.replicas, &s.coordinator);
@@ -271,14 +304,6 @@ impl Target<'_> {
             ("spec.replicas.template", json(&r.template)),
             ("spec.coordinator.resources", json(&c.resources)),
             ("spec.coordinator.template", json(&c.template)),
-            (
-                "operator.imagePullPolicy",
-                json(&self.cfg.image_pull_policy),
-            ),
-            (
-                "operator.coordinator.resources",
-                json(&self.cfg.coordinator_resources),
-            ),
         ];
         inputs
             .into_iter()

@@ -2,7 +2,6 @@
 //! of those inputs were edited since. Edits reach only pods created later
 //! (docs/kubernetes.md), so the user is told which ones.
 
-use distbelief_api::PodRevision;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Plan, set_condition};
@@ -15,13 +14,10 @@ pub const PODS_AS_STARTED: &str = "PodsAsStarted";
 /// differ from it since. A job started by an operator that recorded none
 /// gets none: its pods keep what its image reads (the address list).
 pub(super) fn pod_revision(plan: &mut Plan, t: &Target, generation: Option<i64>, now: Timestamp) {
-    let inputs = t.pod_inputs();
-    if plan.status.start_time.is_none() {
-        plan.status.pod_revision.get_or_insert_with(|| PodRevision {
-            operator_version: env!("CARGO_PKG_VERSION").into(),
-            inputs: inputs.clone(),
-        });
+    if plan.status.start_time.is_none() && plan.status.pod_revision.is_none() {
+        plan.status.pod_revision = Some(t.pod_revision_now());
     }
+    let inputs = t.pod_inputs();
     let Some(recorded) = &plan.status.pod_revision else {
         return;
     };
