@@ -305,9 +305,15 @@ pub struct Progress {
     /// are left out of `replicas`: what a replica's speed is compared with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub median_examples_per_second: Option<f64>,
-    /// Each shard's version and checkpoint restore.
+    /// Each shard's version and checkpoint restore. Above 128 shards
+    /// (`MAX_LISTED_SHARDS`), only those that came back from a checkpoint
+    /// and then the least updated are listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<ShardProgress>,
+    /// Shards left out of `shards` to bound the status's size: the live
+    /// page and each shard's metrics show them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shards_omitted: u32,
     /// The trained model, once the job has succeeded and saved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<SavedModel>,
@@ -316,6 +322,8 @@ pub struct Progress {
 /// The most replicas `status.progress.replicas` lists: a few hundred bytes
 /// each, rewritten every few seconds, in an object etcd caps at 1.5 MiB.
 pub const MAX_LISTED_REPLICAS: usize = 128;
+/// The most shards `status.progress.shards` lists, for the same reason.
+pub const MAX_LISTED_SHARDS: usize = 128;
 
 fn is_zero(n: &u32) -> bool {
     *n == 0

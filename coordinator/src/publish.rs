@@ -2,8 +2,8 @@
 //! `kubernetes` writes into the job on Kubernetes.
 
 use distbelief_api::{
-    BackupRace, DataShardsProgress, MAX_LISTED_REPLICAS, Progress, ReplicaProgress,
-    SandblasterProgress, ShardProgress, StalenessSummary,
+    BackupRace, DataShardsProgress, MAX_LISTED_REPLICAS, MAX_LISTED_SHARDS, Progress,
+    ReplicaProgress, SandblasterProgress, ShardProgress, StalenessSummary,
 };
 use distbelief_proto::v1::{JobStatus, ReplicaProgress as ReplicaStatus};
 
@@ -57,7 +57,8 @@ pub fn progress(s: &JobStatus, shards: &[ShardProgress]) -> Progress {
         median_examples_per_second: (s.replicas.len() > MAX_LISTED_REPLICAS)
             .then(|| median_speed(&s.replicas))
             .flatten(),
-        shards: shards.to_vec(),
+        shards: listed_shards(shards),
+        shards_omitted: shards.len().saturating_sub(MAX_LISTED_SHARDS) as u32,
         model: None,
         sandblaster: s.sandblaster.as_ref().map(sandblaster),
         data_shards: s.data_shards.map(|d| DataShardsProgress {
@@ -87,6 +88,24 @@ fn listed(all: &[ReplicaStatus]) -> Vec<&ReplicaStatus> {
     });
     order.truncate(MAX_LISTED_REPLICAS);
     order.sort_by_key(|r| r.replica);
+    order
+}
+
+/// The shards the status lists, in index order: every one, or above
+/// [`MAX_LISTED_SHARDS`] those that came back from a checkpoint, then the
+/// least updated.
+fn listed_shards(all: &[ShardProgress]) -> Vec<ShardProgress> {
+    let mut order = all.to_vec();
+    if order.len() > MAX_LISTED_SHARDS {
+        let restored = |s: &ShardProgress| s.restored_version.is_some() || s.shard_epoch > 0;
+        order.sort_by(|a, b| {
+            restored(b)
+                .cmp(&restored(a))
+                .then(a.version.cmp(&b.version))
+        });
+        order.truncate(MAX_LISTED_SHARDS);
+        order.sort_by_key(|s| s.shard);
+    }
     order
 }
 
@@ -211,5 +230,60 @@ mod tests {
         let small = progress(&status, &[]);
         assert_eq!((small.replicas.len(), small.replicas_omitted), (8, 0));
         assert_eq!(small.median_examples_per_second, None);
+    }
+
+    /// The largest job the CRD admits, 4,096 shards and 4,096 replicas,
+    /// with every counter at its widest: the progress the coordinator
+    /// rewrites every few seconds stays far under etcd's 1.5 MiB limit.
+    #[test]
+    fn the_largest_job_s_progress_stays_far_under_etcd_s_limit() {
+        let status = JobStatus {
+            replicas: (0..4096)
+                .map(|r| Rp {
+                    replica: r,
+                    steps: u64::MAX,
+                    examples_per_second: 1e12 + f64::from(r),
+                    incarnations: u32::MAX,
+                    incarnation: u64::MAX,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let shards: Vec<ShardProgress> = (0..4096)
+            .map(|shard| ShardProgress {
+                shard,
+                version: u64::MAX,
+                restored_version: Some(u64::MAX),
+                shard_epoch: u64::MAX,
+            })
+            .collect();
+        let bytes = serde_json::to_vec(&progress(&status, &shards))
+            .expect("encodes")
+            .len();
+        eprintln!("progress of 4,096 shards and 4,096 replicas: {bytes} bytes");
+        assert!(bytes < 64 * 1024, "{bytes} bytes");
+    }
+
+    #[test]
+    fn a_large_job_lists_its_restored_then_least_updated_shards() {
+        let mut shards: Vec<ShardProgress> = (0..4096)
+            .map(|shard| ShardProgress {
+                shard,
+                version: 10_000 + u64::from(shard),
+                restored_version: None,
+                shard_epoch: 0,
+            })
+            .collect();
+        shards[3000].restored_version = Some(5);
+        let p = progress(&JobStatus::default(), &shards);
+        assert_eq!(p.shards.len(), MAX_LISTED_SHARDS);
+        assert_eq!(p.shards_omitted, 4096 - MAX_LISTED_SHARDS as u32);
+        let listed: Vec<u32> = p.shards.iter().map(|s| s.shard).collect();
+        let mut expected: Vec<u32> = (0..MAX_LISTED_SHARDS as u32 - 1).collect();
+        expected.push(3000);
+        assert_eq!(listed, expected);
+        let small = progress(&JobStatus::default(), &shards[..8]);
+        assert_eq!((small.shards.len(), small.shards_omitted), (8, 0));
     }
 }
