@@ -90,10 +90,11 @@ PY
 
 # Asserts on a render: EXPECT is a comma-separated list of facts to check.
 #   rbac=exact|exact+np   the ClusterRole holds exactly the verbs the operator
-#                         uses (+ networkpolicies patch)
+#                         uses (+ networkpolicies get, create, patch)
 #   rbac=namespaced       watchNamespace=ml: a Role and RoleBinding in ml hold
 #                         them, the ClusterRole only the StorageClass read
 #   np=true|false         DISTBELIEF_NETWORK_POLICY and the operator's NetworkPolicy
+#   metricsfrom=PAIRS     DISTBELIEF_METRICS_NAMESPACE_SELECTOR
 #   crd=plain|keep|none   the CRD as in files/crd.yaml, with the keep annotation, or absent
 #   jobimage=IMAGE        DISTBELIEF_IMAGE
 assert_render() {
@@ -117,14 +118,14 @@ RULES = {
     ("distbelief.dev", "distbeliefjobs"): {"get", "list", "watch", "delete"},
     ("distbelief.dev", "distbeliefjobs/status"): {"patch"},
     ("distbelief.dev", "distbeliefjobs/finalizers"): {"update"},
-    ("", "pods"): {"list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"create", "patch"},
-    ("", "configmaps"): {"create", "patch", "get"},
-    ("", "serviceaccounts"): {"create", "patch"},
-    ("apps", "statefulsets"): {"list", "watch", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"create", "patch", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"create", "patch"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch"},
+    ("", "pods"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"get", "create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "serviceaccounts"): {"get", "create", "patch"},
+    ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     # The StatefulSet controller's FailedCreate events, while shard pods are missing.
     ("", "events"): {"list"},
@@ -150,8 +151,8 @@ if "rbac" in expect:
     # the watched namespace with the job rules, a ClusterRole with only the
     # cluster-scoped read.
     want = dict(RULES)
-    if expect["rbac"] == "exact+np":
-        want[("networking.k8s.io", "networkpolicies")] = {"create", "patch"}
+    if expect["rbac"] == "exact+np" or expect.get("np") == "true":
+        want[("networking.k8s.io", "networkpolicies")] = {"get", "create", "patch"}
     roles = by_kind.get("Role", [])
     if expect["rbac"] == "namespaced":
         exactly("ClusterRole", verbs(one("ClusterRole")), CLUSTER_RULES)
@@ -179,6 +180,8 @@ if "np" in expect:
     want_np = 1 if expect["np"] == "true" else 0
     if len(by_kind.get("NetworkPolicy", [])) != want_np:
         errors.append(f"{len(by_kind.get('NetworkPolicy', []))} NetworkPolicy objects, expected {want_np}")
+if "metricsfrom" in expect and env.get("DISTBELIEF_METRICS_NAMESPACE_SELECTOR") != expect["metricsfrom"]:
+    errors.append(f"DISTBELIEF_METRICS_NAMESPACE_SELECTOR={env.get('DISTBELIEF_METRICS_NAMESPACE_SELECTOR')!r}, expected {expect['metricsfrom']!r}")
 if "jobimage" in expect and env.get("DISTBELIEF_IMAGE") != expect["jobimage"]:
     errors.append(f"DISTBELIEF_IMAGE={env.get('DISTBELIEF_IMAGE')!r}, expected {expect['jobimage']!r}")
 if "crd" in expect:
@@ -211,15 +214,16 @@ check "helm template (default values)" render_to "$tmp/default.yaml"
 check "helm template ($ALL_ON)" render_to "$tmp/all-on.yaml" --set "$ALL_ON"
 check "helm template (crds.keep=false, jobImage, watchNamespace, 3 replicas)" render_to "$tmp/variant.yaml" \
   --set crds.keep=false,jobImage=example.org/distbelief:9.9,watchNamespace=ml,replicaCount=3
-check "helm template (crds.install=false, leader election off)" render_to "$tmp/no-crd.yaml" \
-  --set crds.install=false,leaderElection.enabled=false
-check "default render: exact RBAC, no network policy, CRD kept on uninstall, job image = operator image" \
-  assert_render "$tmp/default.yaml" rbac=exact,np=false,crd=keep,jobimage=distbelief:0.1.0
+check "helm template (crds.install=false, leader election off, network policy off)" render_to "$tmp/no-crd.yaml" \
+  --set crds.install=false,leaderElection.enabled=false,networkPolicy.enabled=false
+check "default render: exact RBAC with networkpolicies, network policy on, metrics from the monitoring namespace, CRD kept on uninstall, job image = operator image" \
+  assert_render "$tmp/default.yaml" rbac=exact+np,np=true,metricsfrom=kubernetes.io/metadata.name=monitoring,crd=keep,jobimage=distbelief:0.1.0
 check "all-options render: RBAC + networkpolicies patch, --network-policy on, operator NetworkPolicy" \
   assert_render "$tmp/all-on.yaml" rbac=exact+np,np=true,crd=keep
 check "crds.keep=false/watchNamespace render: CRD without the keep annotation; jobImage passed on; namespaced RBAC" \
-  assert_render "$tmp/variant.yaml" crd=plain,jobimage=example.org/distbelief:9.9,rbac=namespaced
-check "crds.install=false render: no CRD" assert_render "$tmp/no-crd.yaml" crd=none
+  assert_render "$tmp/variant.yaml" crd=plain,jobimage=example.org/distbelief:9.9,rbac=namespaced,np=true
+check "crds.install=false/networkPolicy.enabled=false render: no CRD, no network policy" \
+  assert_render "$tmp/no-crd.yaml" crd=none,np=false
 # Two operators without a leader would both reconcile every job: the chart refuses.
 refuses_leaderless() {
   if render --set replicaCount=2,leaderElection.enabled=false >/dev/null; then

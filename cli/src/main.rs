@@ -257,6 +257,20 @@ pub struct WorkerArgs {
     pub partition_patience: u64,
 }
 
+/// `key=value` pairs, comma-separated; blanks are skipped.
+fn parse_labels(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!("{p:?} is not key=value")),
+        })
+        .collect()
+}
+
 fn parse_slowdown(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(f) if (1.0..=100.0).contains(&f) => Ok(f),
@@ -334,9 +348,20 @@ pub struct OperatorArgs {
     /// The operator pod's namespace, where its Lease lives.
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
-    /// Give each job a NetworkPolicy that admits only its own pods to its shards and coordinator.
+    /// Give each job a NetworkPolicy under which only its own pods reach its
+    /// pods' serving ports, and only --metrics-namespace-selector their metrics.
     #[arg(long, env = "DISTBELIEF_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
     pub network_policy: bool,
+    /// With --network-policy: labels of the namespaces whose pods may reach
+    /// job pods' metrics port (the live page, /metrics), as `key=value`
+    /// pairs, comma-separated; empty is every namespace.
+    #[arg(
+        long,
+        env = "DISTBELIEF_METRICS_NAMESPACE_SELECTOR",
+        default_value = "kubernetes.io/metadata.name=monitoring",
+        value_parser = parse_labels
+    )]
+    pub metrics_namespace_selector: std::collections::BTreeMap<String, String>,
     /// Watch only this namespace. Default: all.
     #[arg(long, env = "DISTBELIEF_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,

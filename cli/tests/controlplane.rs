@@ -9,6 +9,7 @@
 
 mod dashboard;
 mod kit;
+mod ownership;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -22,9 +22,12 @@ pub struct Config {
     /// Image of job pods unless a job names its own.
     pub image: String,
     pub image_pull_policy: String,
-    /// Create a NetworkPolicy per job that admits only the job's own pods to
-    /// its shards and coordinator.
+    /// Create a NetworkPolicy per job under which only the job's own pods
+    /// reach its serving ports, and only `metrics_namespaces` its metrics.
     pub network_policy: bool,
+    /// Labels of the namespaces that may reach the job pods' metrics port
+    /// (Prometheus's); empty is every namespace.
+    pub metrics_namespaces: std::collections::BTreeMap<String, String>,
     pub backoff: Backoff,
     /// The coordinator's container resources when a job sets none.
     pub coordinator_resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
@@ -36,6 +39,8 @@ impl Default for Config {
             image: "distbelief:latest".into(),
             image_pull_policy: "IfNotPresent".into(),
             network_policy: false,
+            metrics_namespaces: [("kubernetes.io/metadata.name".into(), "monitoring".into())]
+                .into(),
             backoff: Backoff {
                 initial: Duration::from_secs(10),
                 max: Duration::from_secs(300),

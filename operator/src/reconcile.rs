@@ -45,7 +45,10 @@ pub enum Error {
     /// every pod for missing.
     #[error("the {0} cache is not filled yet")]
     NotSynced(&'static str),
-    #[error("the API server refused to create pod {pod} ({reason}): {message}")]
+    /// A child's name is taken by an object this job does not control.
+    #[error("{0}")]
+    NotOwned(String),
+    #[error("could not create pod {pod} ({reason}): {message}")]
     Refused {
         pod: String,
         reason: String,
@@ -63,6 +66,7 @@ impl Error {
             Error::Encode(_) => "encode",
             Error::NotSynced(_) => "cache",
             Error::Refused { .. } => "refused",
+            Error::NotOwned(_) => "not_owned",
         }
     }
 }
@@ -291,17 +295,24 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         // children are not sent again unless something is missing.
         if !ctx.memory.applied_within(&uid, hash, REAPPLY_EVERY) || plan.shards_missing {
             newer_spec(ctx, &namespace, &name, obj.metadata.generation).await?;
-            match apply_children(ctx, &namespace, &c).await {
+            match apply_children(ctx, &namespace, &uid, &c).await {
                 Ok(()) => {
                     ctx.memory.applied(&uid, hash);
                     plan::children_applied(&mut plan, None, job.metadata.generation, now);
                 }
-                Err((object, kube::Error::Api(e))) => {
-                    let refused = (object.as_str(), e.reason.as_str(), e.message.as_str());
+                Err((object, Refused::Api(e))) => {
+                    let message =
+                        format!("the API server refused to apply {object}: {}", e.message);
+                    let refused = ("ApplyFailed", e.reason.as_str(), message);
                     plan::children_applied(&mut plan, Some(refused), job.metadata.generation, now);
-                    apply_refused = Some(kube::Error::Api(e));
+                    apply_refused = Some(kube::Error::Api(e).into());
                 }
-                Err((_, e)) => return Err(e.into()),
+                Err((_, Refused::NotOwned(message))) => {
+                    let refused = ("NotOwned", "NotOwned", message.clone());
+                    plan::children_applied(&mut plan, Some(refused), job.metadata.generation, now);
+                    apply_refused = Some(Error::NotOwned(message));
+                }
+                Err((_, Refused::Other(e))) => return Err(e.into()),
             }
         }
         if plan.shards_missing {
@@ -319,16 +330,9 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 .iter()
                 .any(|d| Some(d) == p.metadata.name.as_ref())
         {
-            match apply(ctx, &namespace, p).await {
+            match apply_own(ctx, &namespace, &uid, p).await {
                 Ok(created) => ctx.memory.created(&uid, created),
-                Err(kube::Error::Api(e)) => {
-                    coordinator_refused = Some(Refusal {
-                        pod: p.clone(),
-                        reason: e.reason,
-                        message: e.message,
-                    })
-                }
-                Err(e) => return Err(e.into()),
+                Err(r) => coordinator_refused = Some(r.of_pod(p)?),
             }
         }
     }
@@ -343,7 +347,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     .await?;
     // The status says so; the retry backs off with the job's errors.
     if let Some(e) = apply_refused {
-        return Err(e.into());
+        return Err(e);
     }
     if let Some(r) = coordinator_refused {
         return Err(Error::Refused {
@@ -430,29 +434,31 @@ fn is_default_class(c: &StorageClass) -> bool {
     })
 }
 
-/// Applies the long-lived children in order; the first the API server
-/// refuses ends it, with that object's kind and name.
+/// Applies the long-lived children in order; the first refused (by the
+/// API server, or because its name is another object's) ends it, with that
+/// object's kind and name.
 async fn apply_children(
     ctx: &Context,
     namespace: &str,
+    uid: &str,
     c: &children::Children,
-) -> Result<(), (String, kube::Error)> {
-    apply_named(ctx, namespace, &c.config_map).await?;
-    apply_named(ctx, namespace, &c.tracker_state).await?;
-    apply_named(ctx, namespace, &c.service_account).await?;
-    apply_named(ctx, namespace, &c.role).await?;
-    apply_named(ctx, namespace, &c.role_binding).await?;
-    apply_named(ctx, namespace, &c.ps_service).await?;
+) -> Result<(), (String, Refused)> {
+    apply_named(ctx, namespace, uid, &c.config_map).await?;
+    apply_named(ctx, namespace, uid, &c.tracker_state).await?;
+    apply_named(ctx, namespace, uid, &c.service_account).await?;
+    apply_named(ctx, namespace, uid, &c.role).await?;
+    apply_named(ctx, namespace, uid, &c.role_binding).await?;
+    apply_named(ctx, namespace, uid, &c.ps_service).await?;
     for set in &c.ps_stateful_sets {
-        apply_named(ctx, namespace, set).await?;
+        apply_named(ctx, namespace, uid, set).await?;
     }
-    apply_named(ctx, namespace, &c.ps_disruption_budget).await?;
-    apply_named(ctx, namespace, &c.coordinator_service).await?;
+    apply_named(ctx, namespace, uid, &c.ps_disruption_budget).await?;
+    apply_named(ctx, namespace, uid, &c.coordinator_service).await?;
     if let Some(svc) = &c.partition_service {
-        apply_named(ctx, namespace, svc).await?;
+        apply_named(ctx, namespace, uid, svc).await?;
     }
     if let Some(np) = &c.network_policy {
-        apply_named(ctx, namespace, np).await?;
+        apply_named(ctx, namespace, uid, np).await?;
     }
     Ok(())
 }
@@ -460,12 +466,84 @@ async fn apply_children(
 async fn apply_named<K: Child>(
     ctx: &Context,
     namespace: &str,
+    uid: &str,
     obj: &K,
-) -> Result<(), (String, kube::Error)> {
-    match apply(ctx, namespace, obj).await {
+) -> Result<(), (String, Refused)> {
+    match apply_own(ctx, namespace, uid, obj).await {
         Ok(_) => Ok(()),
         Err(e) => Err((format!("{} {}", K::kind(&()), obj.name_any()), e)),
     }
+}
+
+/// Why a child was not applied.
+enum Refused {
+    /// The API server refused it.
+    Api(Box<kube::core::Status>),
+    /// Its name is taken by an object the job does not control: the
+    /// message says which and what to do.
+    NotOwned(String),
+    Other(kube::Error),
+}
+
+impl Refused {
+    /// The refusal of pod `p` as the plan records it; an error that is no
+    /// refusal (the API server unreachable) stays an error.
+    fn of_pod(self, p: &Pod) -> Result<Refusal, Error> {
+        let (reason, message) = match self {
+            Refused::Api(e) => (e.reason, e.message),
+            Refused::NotOwned(message) => ("NotOwned".to_string(), message),
+            Refused::Other(e) => return Err(e.into()),
+        };
+        Ok(Refusal {
+            pod: p.clone(),
+            reason,
+            message,
+        })
+    }
+}
+
+impl From<kube::Error> for Refused {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => Refused::Api(s),
+            e => Refused::Other(e),
+        }
+    }
+}
+
+/// Applies `obj` only if no object of its name exists that the job with
+/// `uid` does not control: a job is never a way to take over, change or
+/// (through garbage collection) delete an object someone else made, such
+/// as the namespace's NetworkPolicy or a Service of the same name.
+async fn apply_own<K: Child>(
+    ctx: &Context,
+    namespace: &str,
+    uid: &str,
+    obj: &K,
+) -> Result<K, Refused> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = obj.name_any();
+    if let Some(found) = api.get_opt(&name).await? {
+        let controller = found
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true));
+        let holder = match controller {
+            Some(o) if o.uid == uid => None,
+            Some(o) => Some(format!(
+                "it is controlled by {} {} (uid {})",
+                o.kind, o.name, o.uid
+            )),
+            None => Some("it has no controller".to_string()),
+        };
+        if let Some(holder) = holder {
+            return Err(Refused::NotOwned(format!(
+                "{} {name} already exists and is not this job's ({holder}): the operator leaves it as it is. Give the job another name, or delete that object; an earlier job's goes once its deletion finishes",
+                K::kind(&())
+            )));
+        }
+    }
+    Ok(apply(ctx, namespace, obj).await?)
 }
 
 /// The shards' StatefulSets of the job with this uid, from the cache.
@@ -564,14 +642,9 @@ async fn finish(
     let uid = obj.uid().unwrap_or_default();
     let mut refusals = Vec::new();
     for p in &plan.create_pods {
-        match apply(ctx, namespace, p).await {
+        match apply_own(ctx, namespace, &uid, p).await {
             Ok(created) => ctx.memory.created(&uid, created),
-            Err(kube::Error::Api(e)) => refusals.push(Refusal {
-                pod: p.clone(),
-                reason: e.reason,
-                message: e.message,
-            }),
-            Err(e) => return Err(e.into()),
+            Err(r) => refusals.push(r.of_pod(p)?),
         }
     }
     if !refusals.is_empty() {

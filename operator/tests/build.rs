@@ -788,3 +788,82 @@ fn a_job_keeps_the_operator_settings_it_started_with() {
     assert_eq!(policy.as_deref(), Some("Always"));
     assert!(resources.is_some());
 }
+
+/// The job's NetworkPolicy selects the pods of every role (shards of each
+/// member set, coordinator, replicas and their partitions) and admits just
+/// the flows docs/kubernetes.md lists: the job's own pods to the serving
+/// ports, the metrics namespaces to the metrics port.
+#[test]
+fn the_network_policy_selects_every_role_and_admits_only_the_listed_flows() {
+    let mut job = common::job("fmnist");
+    job.spec.parameter_servers.replication = 2;
+    job.spec.replicas.partitions = 2;
+    let mut cfg = common::config();
+    cfg.network_policy = true;
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let np = c.network_policy.expect("network policy configured");
+    assert_eq!(np.metadata.name.as_deref(), Some("fmnist-distbelief"));
+    let spec = np.spec.expect("spec");
+    let wanted = spec
+        .pod_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone());
+    let wanted = wanted.expect("match labels");
+    assert!(
+        spec.pod_selector
+            .as_ref()
+            .unwrap()
+            .match_expressions
+            .is_none()
+    );
+    let selected =
+        |labels: &BTreeMap<String, String>| wanted.iter().all(|(k, v)| labels.get(k) == Some(v));
+    let mut roles = Vec::new();
+    for set in &c.ps_stateful_sets {
+        roles.push(("ps", pod_labels(set, 0)));
+    }
+    roles.push((
+        "coordinator",
+        c.coordinator_pod.unwrap().metadata.labels.unwrap(),
+    ));
+    for p in children::replica_pods(&t, 0, 0, Cause::Start, None) {
+        roles.push(("replica", p.metadata.labels.unwrap()));
+    }
+    assert_eq!(
+        roles.len(),
+        2 + 1 + 2,
+        "2 member sets, the coordinator, 2 partitions"
+    );
+    for (role, labels) in &roles {
+        assert!(selected(labels), "{role} pod not selected: {labels:?}");
+    }
+    let flows: Vec<(String, Vec<i32>)> = spec
+        .ingress
+        .unwrap()
+        .into_iter()
+        .map(|rule| {
+            let peers = serde_json::to_string(&rule.from).unwrap();
+            let ports = rule.ports.unwrap().into_iter().map(|p| match p.port {
+                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n)) => n,
+                other => panic!("port {other:?}"),
+            });
+            (peers, ports.collect())
+        })
+        .collect();
+    assert_eq!(
+        flows,
+        [
+            (
+                r#"[{"podSelector":{"matchLabels":{"distbelief.dev/job":"fmnist"}}}]"#.to_string(),
+                vec![7000, 7100, 7200]
+            ),
+            (
+                r#"[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#
+                    .to_string(),
+                vec![9090]
+            ),
+        ]
+    );
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+}

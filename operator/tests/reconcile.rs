@@ -60,6 +60,9 @@ struct Mock {
     set_spec: Value,
     /// The job's generation on the API server, when newer than the cache's.
     live_generation: Option<i64>,
+    /// Paths of objects that exist under a child's name and that another
+    /// object controls; every other child is absent until applied.
+    taken: Vec<String>,
 }
 
 async fn run_with(
@@ -92,10 +95,14 @@ async fn run_with(
                     .path
                     .starts_with(&format!("/api/v1/namespaces/{NS}/pods/"))
                 && call.path.contains("-replica-");
+            let job_path = call.path.starts_with("/apis/distbelief.dev/");
+            let absent = call.method == "GET" && !job_path && !mock.taken.contains(&call.path);
             let code = if conflict {
                 409
             } else if refused {
                 403
+            } else if absent {
+                404
             } else {
                 200
             };
@@ -110,7 +117,15 @@ async fn run_with(
                     "message": QUOTA_MESSAGE,
                 }),
                 "DELETE" => json!({"apiVersion": "v1", "kind": "Status", "status": "Success"}),
-                "GET" => json!({"metadata": {"generation": mock.live_generation}}),
+                "GET" if absent => json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "NotFound", "code": 404, "message": "not found",
+                }),
+                "GET" if job_path => json!({"metadata": {"generation": mock.live_generation}}),
+                "GET" => json!({"metadata": {
+                    "name": call.path.rsplit('/').next(), "namespace": NS,
+                    "ownerReferences": [common::owner("DistBeliefJob", "someone-else", "0b9d1f2e-9999-4c3a-9e55-000000000009")],
+                }}),
                 _ => {
                     let mut echo = body;
                     let name = call
@@ -224,14 +239,22 @@ fn path(kind: &str, name: &str) -> String {
     format!("{base}/{name}")
 }
 
-/// The read that proves the cached spec current, then the server-side
-/// applies of the long-lived children, in order.
+/// The read that proves the cached spec current, then for each long-lived
+/// child in order the read that shows its name free or the job's, and its
+/// server-side apply.
 fn children_applied(job: &str) -> Vec<String> {
     let read = format!("GET {}", path("job", job));
     std::iter::once(read).chain(children_applies(job)).collect()
 }
 
 fn children_applies(job: &str) -> Vec<String> {
+    children_paths(job)
+        .into_iter()
+        .flat_map(|p| [format!("GET {p}"), format!("PATCH {p}")])
+        .collect()
+}
+
+fn children_paths(job: &str) -> Vec<String> {
     [
         ("configmaps", format!("{job}-job")),
         ("configmaps", format!("{job}-tracker")),
@@ -245,7 +268,7 @@ fn children_applies(job: &str) -> Vec<String> {
         ("pods", format!("{job}-coordinator")),
     ]
     .into_iter()
-    .map(|(k, n)| format!("PATCH {}", path(k, &n)))
+    .map(|(k, n)| path(k, &n))
     .collect()
 }
 
@@ -298,7 +321,7 @@ async fn creates_the_children_of_a_new_job() {
     }
     let sts = calls
         .iter()
-        .find(|c| c.path.contains("/statefulsets/"))
+        .find(|c| c.method == "PATCH" && c.path.contains("/statefulsets/"))
         .unwrap();
     assert_eq!(sts.body["spec"]["replicas"], 2);
     assert_eq!(
@@ -730,7 +753,7 @@ async fn suspend_removes_pods_but_keeps_the_shards_state() {
     result.expect("reconciled");
     let sts = calls
         .iter()
-        .find(|c| c.path == path("statefulsets", "fm-ps"))
+        .find(|c| c.method == "PATCH" && c.path == path("statefulsets", "fm-ps"))
         .expect("StatefulSet applied");
     assert_eq!(
         sts.body["spec"]["replicas"], 0,
@@ -911,6 +934,42 @@ async fn a_plan_from_an_older_spec_applies_no_children() {
     assert_eq!(lines, [format!("GET {}", path("job", "fm"))]);
 }
 
+/// A job named so that one of its children's names is another object's
+/// (here the namespace's Service `fm-coordinator`) never takes that object
+/// over: it is not patched, and the job says which object and why.
+#[tokio::test]
+async fn a_child_name_taken_by_another_object_is_left_alone_and_reported() {
+    let taken = path("services", "fm-coordinator");
+    let mock = Mock {
+        taken: vec![taken.clone()],
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(job_with_status("fm", Value::Null), vec![], mock).await;
+    let e = result.expect_err("retried with the job's backoff");
+    assert!(matches!(e, reconcile::Error::NotOwned(_)), "{e}");
+    assert!(
+        calls
+            .iter()
+            .all(|c| !(c.path == taken && c.method != "GET")),
+        "the other object is only read"
+    );
+    let status = &status_call(&calls).body["status"];
+    let c = condition(status, "ChildrenApplied");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("NotOwned"))
+    );
+    let message = c["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("Service fm-coordinator already exists and is not this job's (it is controlled by DistBeliefJob someone-else"),
+        "{message}"
+    );
+    assert_eq!(
+        events(&calls).iter().filter(|e| *e == "NotOwned").count(),
+        1
+    );
+}
+
 #[tokio::test]
 async fn progress_alone_does_not_reapply_unchanged_children() {
     let mock = Mock::default();
@@ -1023,7 +1082,7 @@ async fn without_durable_storage_the_job_says_so() {
     result.expect("reconciled");
     let sts = calls
         .iter()
-        .find(|c| c.path == path("statefulsets", "fm-ps"))
+        .find(|c| c.method == "PATCH" && c.path == path("statefulsets", "fm-ps"))
         .unwrap();
     assert!(sts.body["spec"]["volumeClaimTemplates"].is_null());
     let status = &status_call(&calls).body["status"];
@@ -1127,7 +1186,7 @@ async fn a_job_recreated_under_its_name_counts_none_of_the_old_jobs_terminating_
     );
     for c in calls
         .iter()
-        .filter(|c| c.path.starts_with(&path("pods", "fm-replica-")))
+        .filter(|c| c.method == "PATCH" && c.path.starts_with(&path("pods", "fm-replica-")))
     {
         assert_eq!(
             c.body["metadata"]["labels"]["distbelief.dev/cause"],
@@ -1336,7 +1395,7 @@ async fn a_field_this_operator_does_not_know_is_dropped_with_a_warning() {
     );
     let config = calls
         .iter()
-        .find(|c| c.path.ends_with("/configmaps/fm-job"))
+        .find(|c| c.method == "PATCH" && c.path.ends_with("/configmaps/fm-job"))
         .expect("the job file applied");
     let file = config.body["data"]["job.yaml"].as_str().expect("job.yaml");
     assert!(
@@ -1370,7 +1429,7 @@ async fn a_replicated_job_started_in_one_set_keeps_its_layout_and_image() {
     assert_eq!(status["image"], "distbelief:old", "{status}");
     let sets: Vec<&Call> = calls
         .iter()
-        .filter(|c| c.path.contains("/statefulsets/"))
+        .filter(|c| c.method == "PATCH" && c.path.contains("/statefulsets/"))
         .collect();
     assert_eq!(sets.len(), 1, "one set, as it started");
     assert_eq!(sets[0].body["spec"]["replicas"], 4);

@@ -74,3 +74,15 @@ app.kubernetes.io/component: operator
 {{- define "distbelief.jobImage" -}}
 {{- default (include "distbelief.image" .) .Values.jobImage -}}
 {{- end -}}
+
+{{/*
+A label map as `key=value` pairs, comma-separated, in key order: how the
+operator's --metrics-namespace-selector reads it. An empty map gives "".
+*/}}
+{{- define "distbelief.labelPairs" -}}
+{{- $pairs := list }}
+{{- range $k, $v := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end -}}

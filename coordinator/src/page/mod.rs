@@ -86,8 +86,24 @@ pub(crate) fn facts(job: &Job) -> JobFacts {
         } else {
             stop.target_test_accuracy
         },
-        spec: serde_json::to_value(&job.spec).unwrap_or_default(),
+        spec: shown_spec(&job.spec),
     }
+}
+
+/// The spec as the page shows it: without the roles' pod templates, whose
+/// env values, volumes and annotations are where people put credentials,
+/// and which say nothing about how the run goes. The page is open to
+/// anyone who reaches the coordinator's HTTP port.
+fn shown_spec(spec: &distbelief_api::DistBeliefJobSpec) -> serde_json::Value {
+    let mut v = serde_json::to_value(spec).unwrap_or_default();
+    for role in ["parameterServers", "replicas", "coordinator"] {
+        if let Some(r) = v.get_mut(role).and_then(|r| r.as_object_mut())
+            && r.remove("template").is_some()
+        {
+            r.insert("template".into(), "(set; not shown)".into());
+        }
+    }
+    v
 }
 
 fn sample(shared: &Shared) -> Sample {
@@ -184,6 +200,24 @@ mod tests {
         let page = snapshot(r#"{"job":"</script><script>alert(1)</script>"}"#);
         assert!(page.contains("window.SNAPSHOT = {\"job\":\"\\u003c/script>"));
         assert_eq!(page.matches("</script>").count(), 2, "{page}");
+    }
+
+    #[test]
+    fn the_page_shows_no_pod_template_of_any_role() {
+        let template =
+            "template: {spec: {containers: [{name: x, env: [{name: TOKEN, value: hunter2}]}]}}";
+        let yaml = format!(
+            "apiVersion: distbelief.dev/v1alpha1\nkind: DistBeliefJob\nmetadata: {{name: j}}\nspec:\n  model: {{inputSize: 4, output: {{units: 2}}}}\n  algorithm: {{downpour: {{learningRate: 0.1}}}}\n  parameterServers: {{shards: 1, {template}}}\n  replicas: {{count: 1, {template}}}\n  coordinator: {{{template}}}\n"
+        );
+        let job = distbelief_api::parse_job("job.yaml", &yaml).expect("job");
+        let shown = facts(&job).spec;
+        let text = shown.to_string();
+        assert!(
+            !text.contains("hunter2") && !text.contains("TOKEN"),
+            "{text}"
+        );
+        assert_eq!(shown["replicas"]["template"], "(set; not shown)");
+        assert_eq!(shown["replicas"]["count"], 1, "the rest is shown");
     }
 
     #[test]

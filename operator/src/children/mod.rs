@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde_json::json;
@@ -204,40 +204,46 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
     })
 }
 
-/// Only the job's own pods reach its shards and coordinator; anyone may
-/// scrape metrics.
+/// Every pod of the job, whatever its role, takes connections on its
+/// serving ports (shards, coordinator, partitions) from the job's own pods
+/// only, and on its metrics port (the live page, `/metrics`, `/healthz`)
+/// only from the namespaces the operator was told Prometheus runs in.
+/// Kubernetes always lets a pod's node in, so the kubelet's probes and
+/// `kubectl port-forward` still work.
 fn network_policy(t: &Target) -> NetworkPolicy {
     let job = BTreeMap::from([(LABEL_JOB.to_string(), t.name.clone())]);
     let port = |p: u16| NetworkPolicyPort {
         port: Some(IntOrString::Int(p.into())),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    let labels = |m: BTreeMap<String, String>| LabelSelector {
+        match_labels: (!m.is_empty()).then_some(m),
         ..Default::default()
     };
     NetworkPolicy {
-        metadata: t.metadata(&t.name, "network"),
+        metadata: t.metadata(&t.network_policy_name(), "network"),
         spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(job.clone()),
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: LABEL_ROLE.into(),
-                    operator: "In".into(),
-                    values: Some(vec!["ps".into(), "coordinator".into()]),
-                }]),
-            }),
+            pod_selector: Some(labels(job.clone())),
             policy_types: Some(vec!["Ingress".into()]),
             ingress: Some(vec![
                 NetworkPolicyIngressRule {
                     from: Some(vec![NetworkPolicyPeer {
-                        pod_selector: Some(LabelSelector {
-                            match_labels: Some(job),
-                            ..Default::default()
-                        }),
+                        pod_selector: Some(labels(job)),
                         ..Default::default()
                     }]),
-                    ports: Some(vec![port(PS_PORT), port(COORDINATOR_PORT)]),
+                    ports: Some(vec![
+                        port(PS_PORT),
+                        port(COORDINATOR_PORT),
+                        port(PARTITION_PORT),
+                    ]),
                 },
-                // Prometheus scrapes from wherever it runs.
+                // An empty selector is every namespace.
                 NetworkPolicyIngressRule {
-                    from: None,
+                    from: Some(vec![NetworkPolicyPeer {
+                        namespace_selector: Some(labels(t.cfg.metrics_namespaces.clone())),
+                        ..Default::default()
+                    }]),
                     ports: Some(vec![port(METRICS_PORT)]),
                 },
             ]),

@@ -345,6 +345,12 @@ impl Target<'_> {
         ps_set_name(&self.name, member)
     }
 
+    /// Not the job's bare name: that is what a namespace's own policies are
+    /// often called.
+    pub(super) fn network_policy_name(&self) -> String {
+        format!("{}-distbelief", self.name)
+    }
+
     pub(super) fn partition_service_name(&self) -> String {
         format!("{}-partitions", self.name)
     }

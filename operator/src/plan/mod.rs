@@ -414,9 +414,10 @@ pub const CHILDREN_APPLIED: &str = "ChildrenApplied";
 /// Records whether the job's children could be applied: False, with the
 /// object and the API server's reason, and a warning event when that is
 /// new; True again once they could. A job never refused has no condition.
+/// `refused`: the event's reason, the refusal's reason and the message.
 pub fn children_applied(
     plan: &mut Plan,
-    refused: Option<(&str, &str, &str)>,
+    refused: Option<(&'static str, &str, String)>,
     generation: Option<i64>,
     now: Timestamp,
 ) {
@@ -426,18 +427,9 @@ pub fn children_applied(
         .iter()
         .any(|c| c.type_ == CHILDREN_APPLIED && c.status == "False");
     match refused {
-        Some((object, reason, message)) => {
-            let message = format!("the API server refused to apply {object}: {message}");
+        Some((event, reason, message)) => {
             let (reason, at) = (reason_of(reason), (generation, now));
-            flag(
-                plan,
-                CHILDREN_APPLIED,
-                false,
-                "ApplyFailed",
-                reason,
-                message,
-                at,
-            );
+            flag(plan, CHILDREN_APPLIED, false, event, reason, message, at);
         }
         None if was_false => set_condition(
             &mut plan.status.conditions,
@@ -564,7 +556,7 @@ pub fn refused(
         |d| format!("asking again in {}s", d.as_secs()),
     );
     let message = format!(
-        "the API server refused to create pod {} ({}): {}; {retry}, using no restart budget",
+        "could not create pod {} ({}): {}; {retry}, using no restart budget",
         names.join(", "),
         reason_of(&first.reason),
         first.message
