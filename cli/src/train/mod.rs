@@ -518,6 +518,7 @@ impl Runtime {
         if let Some(s) = self.status() {
             last_status = Some(s);
         }
+        let frozen_at_end = self.frozen();
         self.stop_all();
         let (outcome, error) = match result {
             Ok(o) => (o, None),
@@ -549,6 +550,7 @@ impl Runtime {
         let mut summary = Summary::new(&self.job, &status, run);
         summary.unresponsive_killed = self.unresponsive_killed.total();
         summary.unresponsive_killed_by_role = self.unresponsive_killed;
+        summary.frozen_at_end = frozen_at_end;
         summary.coordinator_restarts = self.coordinator_restarts;
         summary.progress_regressions = self.progress_regressions;
         summary.chaos = self.chaos.as_ref().map(|c| c.done.clone());

@@ -96,13 +96,16 @@ pub struct Summary {
     pub unresponsive_killed: u32,
     /// The same, by role: each is also one of that role's restarts.
     pub unresponsive_killed_by_role: Unresponsive,
+    /// Processes --chaos froze that were still frozen when the run ended,
+    /// by role: the run finished before their liveness probe ran out.
+    pub frozen_at_end: Unresponsive,
     /// What --chaos broke.
     pub chaos: Option<ChaosSummary>,
     /// What the push audit found (--audit, --chaos).
     pub audit: Option<Verdict>,
 }
 
-/// Processes killed for silence, by role.
+/// A count of processes by role.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Unresponsive {
     pub coordinator: u32,
@@ -281,6 +284,7 @@ impl Summary {
             }),
             unresponsive_killed: 0,
             unresponsive_killed_by_role: Unresponsive::default(),
+            frozen_at_end: Unresponsive::default(),
             chaos: None,
             audit: None,
         }

@@ -102,6 +102,17 @@ impl Runtime {
         Ok(())
     }
 
+    /// Processes still frozen, by role: freezes that the run's end cut
+    /// short before the liveness probe killed them.
+    pub(super) fn frozen(&self) -> super::summary::Unresponsive {
+        let count = |ps: &[Proc]| ps.iter().filter(|p| p.frozen).count() as u32;
+        super::summary::Unresponsive {
+            coordinator: u32::from(self.coordinator.frozen),
+            shard: count(&self.shards),
+            replica: count(&self.replicas),
+        }
+    }
+
     /// Replicas with a live process (for a partitioned replica, any partition).
     pub(super) fn live_replicas(&self) -> usize {
         let live: std::collections::BTreeSet<u32> = self
