@@ -111,6 +111,37 @@ pub struct DistBeliefJobSpec {
     /// For testing how the job copes: faults to inject. Default: none.
     #[serde(default, skip_serializing_if = "FaultSpec::is_empty")]
     pub faults: FaultSpec,
+    /// Who may speak to the job's processes. Default: mutual TLS on every
+    /// link, with a CA and certificates of the job's own.
+    #[serde(default, skip_serializing_if = "SecuritySpec::is_default")]
+    pub security: SecuritySpec,
+}
+
+/// How the job's processes know each other (docs/security.md).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecuritySpec {
+    /// Mutual TLS on every link of the job: each process holds a certificate
+    /// of the job's own CA that names its role (minted by the operator into
+    /// the Secret `<job>-distbelief-tls`, or by `distbelief train` in the run
+    /// directory), and every server refuses calls its caller's role may not
+    /// make. false runs every link in plaintext, open to anything that can
+    /// reach the pods' ports. Fixed when the job starts: the operator
+    /// records it in status.podRevision. Default: true.
+    #[serde(default = "yes")]
+    pub mutual_tls: bool,
+}
+
+impl Default for SecuritySpec {
+    fn default() -> Self {
+        SecuritySpec { mutual_tls: true }
+    }
+}
+
+impl SecuritySpec {
+    fn is_default(&self) -> bool {
+        *self == SecuritySpec::default()
+    }
 }
 
 /// Faults injected on purpose, to see stragglers handled and to compare

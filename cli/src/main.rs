@@ -133,6 +133,15 @@ pub struct Common {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
     #[arg(long, env = "DISTBELIEF_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// A directory with this process's credentials: the job's CA (ca.crt),
+    /// its certificate (tls.crt) and key (tls.key). Every link then speaks
+    /// mutual TLS. The operator and `distbelief train` give it.
+    #[arg(long, env = "DISTBELIEF_TLS_DIR", conflicts_with = "plaintext")]
+    pub tls_dir: Option<std::path::PathBuf>,
+    /// Speak plaintext on every link, open to anything that reaches this
+    /// process's ports: for a job with spec.security.mutualTls false.
+    #[arg(long, env = "DISTBELIEF_PLAINTEXT", default_value_t = false)]
+    pub plaintext: bool,
 }
 
 /// Flags of the roles that call others.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use distbelief_api::Job;
 use distbelief_api::addresses::ShardPattern;
+use distbelief_net::identity::{self, Peer, Tls};
 use distbelief_net::terminated;
 
 use crate::{AuditArgs, Common, CoordinatorArgs, OperatorArgs, PsArgs, ShardAddresses, WorkerArgs};
@@ -77,6 +78,47 @@ fn load(c: &Common) -> anyhow::Result<Job> {
     Ok(distbelief_api::load_job(&c.job)?)
 }
 
+/// Takes on the identity in `--tls-dir`, which must be a certificate of
+/// this job for this process (`fits`, `role` to name it), or, with
+/// `--plaintext` only, none at all.
+fn take_identity(
+    c: &Common,
+    job: &Job,
+    role: &str,
+    fits: impl Fn(&Peer) -> bool,
+) -> anyhow::Result<()> {
+    let Some(dir) = &c.tls_dir else {
+        if !c.plaintext {
+            anyhow::bail!(
+                "no credentials: give --tls-dir (DISTBELIEF_TLS_DIR), a directory with the job's ca.crt and this process's tls.crt and tls.key, as the operator and `distbelief train` do; or --plaintext for a job with spec.security.mutualTls false"
+            );
+        }
+        tracing::warn!(
+            "plaintext: mutual TLS is off, and every port of this process is open to anything that reaches it"
+        );
+        return Ok(());
+    };
+    let tls = Tls::load(dir)?;
+    if tls.me.job != job.name {
+        anyhow::bail!(
+            "{}: the certificate is {}, not a process of job {}",
+            dir.display(),
+            tls.me,
+            job.name
+        );
+    }
+    if !fits(&tls.me.peer) {
+        anyhow::bail!(
+            "{}: the certificate is {}, not {role}",
+            dir.display(),
+            tls.me
+        );
+    }
+    tracing::info!(identity = %tls.me, "mutual TLS");
+    identity::install(tls)?;
+    Ok(())
+}
+
 async fn bind(addr: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(addr)
         .await
@@ -99,6 +141,12 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
         (None, Some(shard)) => (shard, a.member, a.members.clone()),
         (None, None) => anyhow::bail!("give --shard (or --pod-index)"),
     };
+    take_identity(
+        &a.common,
+        &job,
+        &format!("shard {shard}"),
+        |p| matches!(p, Peer::Shard(s) if s.is_none_or(|s| s == shard)),
+    )?;
     let member = match (r, member, a.coordinator.clone()) {
         (1, _, _) => None,
         (r, Some(member), Some(coordinator)) if members.len() == r => {
@@ -135,6 +183,11 @@ pub fn ps(a: PsArgs) -> anyhow::Result<ExitCode> {
 
 pub fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
+    let me = Peer::Replica {
+        index: a.replica,
+        partition: a.partition,
+    };
+    take_identity(&a.common, &job, &me.to_string(), |p| *p == me)?;
     let shards = shard_addresses(&a.shards, &job)?;
     let mut opts = distbelief_worker::ReplicaOptions::new(a.replica, shards, a.coordinator.clone());
     opts.rpc_timeout = Duration::from_millis(a.client.rpc_timeout_ms);
@@ -195,6 +248,9 @@ const TERMINATION_GRACE: Duration = Duration::from_secs(15);
 
 pub fn coordinator(a: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let job = load(&a.common)?;
+    take_identity(&a.common, &job, "the coordinator", |p| {
+        *p == Peer::Coordinator
+    })?;
     runtime()?.block_on(async {
         let publish = match &a.publish_status {
             Some(name) => Some(distbelief_coordinator::kubernetes::Target {

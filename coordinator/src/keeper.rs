@@ -45,7 +45,7 @@ impl ChainKeeper {
                 shard
                     .iter()
                     .map(|a| {
-                        distbelief_net::channel(a, PROBE_DEADLINE)
+                        distbelief_net::channel(distbelief_net::Serves::Shards, a, PROBE_DEADLINE)
                             .map(ParameterServerClient::new)
                             .map_err(|e| format!("bad shard address {a}: {e}"))
                     })

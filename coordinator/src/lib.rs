@@ -2,6 +2,7 @@
 //! evaluates the model on the test set from a fetched parameter snapshot,
 //! and applies the stopping rule.
 
+mod access;
 pub mod chains;
 pub mod data_shards;
 mod evaluate;
@@ -206,6 +207,8 @@ impl Service {
 #[tonic::async_trait]
 impl Coordinator for Service {
     async fn report(&self, req: Request<ProgressReport>) -> Result<Response<ReportReply>, Status> {
+        let r = req.get_ref();
+        access::replica(&req, "report progress", r.replica, Some(r.partition))?;
         let now = self.shared.now();
         let (reply, limit) = {
             let mut t = self.shared.tracker();
@@ -221,7 +224,8 @@ impl Coordinator for Service {
         Ok(Response::new(reply))
     }
 
-    async fn status(&self, _req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
+    async fn status(&self, req: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
+        access::anyone(&req)?;
         let now = self.shared.now();
         Ok(Response::new(self.shared.shown(now)))
     }
@@ -230,6 +234,7 @@ impl Coordinator for Service {
         &self,
         req: Request<PortionRequest>,
     ) -> Result<Response<PortionWork>, Status> {
+        access::replica(&req, "ask for portions", req.get_ref().replica, None)?;
         Ok(Response::new(self.portions()?.next(req.get_ref()).await))
     }
 
@@ -237,6 +242,7 @@ impl Coordinator for Service {
         &self,
         req: Request<PortionCommit>,
     ) -> Result<Response<CommitReply>, Status> {
+        access::replica(&req, "commit portions", req.get_ref().replica, None)?;
         Ok(Response::new(self.portions()?.commit(req.get_ref())))
     }
 
@@ -244,6 +250,7 @@ impl Coordinator for Service {
         &self,
         req: Request<GrantPushed>,
     ) -> Result<Response<PushedReply>, Status> {
+        access::replica(&req, "report pushed portions", req.get_ref().replica, None)?;
         self.portions()?.pushed(req.get_ref());
         Ok(Response::new(PushedReply {}))
     }
@@ -252,6 +259,8 @@ impl Coordinator for Service {
         &self,
         req: Request<DataShardRequest>,
     ) -> Result<Response<DataShardReply>, Status> {
+        let r = req.get_ref();
+        access::replica(&req, "ask for data shards", r.replica, Some(r.partition))?;
         let now = self.shared.now();
         let reply = self.shared.tracker().next_data_shard(req.get_ref(), now);
         reply
@@ -260,6 +269,7 @@ impl Coordinator for Service {
     }
 
     async fn chain(&self, req: Request<ChainRequest>) -> Result<Response<ChainConfig>, Status> {
+        access::shard(&req, req.get_ref().shard)?;
         let keeper =
             self.shared.chains.as_ref().ok_or_else(|| {
                 Status::failed_precondition("this job's shards are not replicated")
@@ -543,7 +553,7 @@ pub async fn serve(
         (stop, task)
     });
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = distbelief_net::server().add_service(CoordinatorServer::new(Service { shared }));
+    let router = distbelief_net::server()?.add_service(CoordinatorServer::new(Service { shared }));
     let result = distbelief_net::serve_until(shutdown, |stop| {
         router.serve_with_incoming_shutdown(incoming, stop)
     })

@@ -2,7 +2,9 @@
 //! up, how calls are retried, and the Prometheus `/metrics` endpoint.
 
 mod heartbeat;
+pub mod identity;
 pub use heartbeat::Heartbeat;
+pub use identity::Serves;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -32,27 +34,39 @@ pub const MAX_MESSAGE: usize = (4 << 20) + 64 * 1024;
 /// Default deadline of one RPC.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A gRPC server builder with the project's transport settings.
-pub fn server() -> Server {
-    Server::builder()
+/// A gRPC server builder with the project's transport settings, speaking
+/// mutual TLS when this process has an identity ([`identity::install`]).
+pub fn server() -> Result<Server, tonic::transport::Error> {
+    let server = Server::builder()
         .initial_stream_window_size(SERVER_STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(FRAME_SIZE)
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    match identity::installed() {
+        Some(tls) => server.tls_config(tls.server()),
+        None => Ok(server),
+    }
 }
 
-/// A lazily connected channel to `addr` (`host:port`). Every call on it has
-/// `timeout` as its deadline; a broken connection is re-established on the
-/// next call.
-pub fn channel(addr: &str, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
-    let uri = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    Ok(Endpoint::from_shared(uri)?
+/// A lazily connected channel to `addr` (`host:port`), a server of `role`.
+/// Every call on it has `timeout` as its deadline; a broken connection is
+/// re-established on the next call. With an identity installed it speaks
+/// mutual TLS, and accepts only a server holding `role`'s certificate.
+pub fn channel(
+    role: Serves,
+    addr: &str,
+    timeout: Duration,
+) -> Result<Channel, tonic::transport::Error> {
+    let tls = identity::installed();
+    let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls.client(role))?;
+    }
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(3))
         .timeout(timeout)
         .tcp_nodelay(true)

@@ -57,11 +57,12 @@ pub fn ps_client(
     addr: &str,
     timeout: Duration,
 ) -> Result<ParameterServerClient<Channel>, ClientError> {
-    let channel =
-        distbelief_net::channel(addr, timeout).map_err(|source| ClientError::Address {
+    let channel = distbelief_net::channel(distbelief_net::Serves::Shards, addr, timeout).map_err(
+        |source| ClientError::Address {
             addr: addr.to_string(),
             source,
-        })?;
+        },
+    )?;
     Ok(ParameterServerClient::new(channel)
         .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
         .max_encoding_message_size(distbelief_net::MAX_MESSAGE))

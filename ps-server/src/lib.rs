@@ -1,6 +1,7 @@
 //! Serves a parameter-server shard over gRPC: pushes, fetches and exchanges,
 //! periodic checkpoints, Prometheus metrics and a liveness heartbeat.
 
+mod access;
 mod chained;
 mod error;
 mod metrics;
@@ -142,7 +143,7 @@ pub async fn serve_state(
     let keeping_up = chain.clone().map(|c| tokio::spawn(c.keep_up()));
     let svc = ShardService::new(state.clone(), metrics.clone(), push_log, chain);
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = distbelief_net::server().add_service(
+    let router = distbelief_net::server()?.add_service(
         ParameterServerServer::new(svc)
             .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
             .max_encoding_message_size(distbelief_net::MAX_MESSAGE),

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distbelief_net::Serves;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
@@ -96,8 +97,8 @@ pub struct MemberOptions {
 
 impl Membership {
     pub fn new(shard: u32, opts: &MemberOptions) -> Result<Self, String> {
-        let channel = |addr: &str| {
-            distbelief_net::channel(addr, Duration::from_secs(5))
+        let channel = |role, addr: &str| {
+            distbelief_net::channel(role, addr, Duration::from_secs(5))
                 .map_err(|e| format!("bad address {addr}: {e}"))
         };
         if opts.member as usize >= opts.members.len() {
@@ -113,7 +114,7 @@ impl Membership {
             .map(|a| {
                 Ok((
                     a.clone(),
-                    ParameterServerClient::new(channel(a)?)
+                    ParameterServerClient::new(channel(Serves::Shards, a)?)
                         .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
                         .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
                 ))
@@ -123,7 +124,7 @@ impl Membership {
             shard,
             me: opts.member,
             peers,
-            coordinator: CoordinatorClient::new(channel(&opts.coordinator)?),
+            coordinator: CoordinatorClient::new(channel(Serves::Coordinator, &opts.coordinator)?),
             chain: Mutex::new(None),
             head_since: Mutex::new(0),
             forwarders: Mutex::new(HashMap::new()),

@@ -21,6 +21,7 @@ use distbelief_ps::lineage::Stamp;
 use distbelief_ps::shard::{Payload, PushAssembly, PushHeader, PushId, PushOutcome, Shard};
 use distbelief_ps::{PsError, audit};
 
+use crate::access::{self, Call};
 use crate::error::status;
 use crate::metrics::PsMetrics;
 use crate::replication::Membership;
@@ -31,6 +32,9 @@ type FetchStream = Pin<Box<dyn Stream<Item = Result<ParameterChunk, Status>> + S
 pub(crate) type Replicated = Pin<Box<dyn Future<Output = Result<(), Status>> + Send>>;
 
 pub struct ShardService {
+    /// The shard's index, which never changes: who may call is checked
+    /// against it without the shard's lock.
+    index: u32,
     pub(crate) state: Arc<RwLock<Shard>>,
     pub(crate) metrics: PsMetrics,
     /// Reused push buffers, so that a steady stream of pushes allocates nothing.
@@ -68,11 +72,12 @@ impl ShardService {
         push_log: Option<audit::Appender>,
         chain: Option<Arc<Membership>>,
     ) -> Self {
-        let (stamp, info) = {
+        let (stamp, info, index) = {
             let s = state.read().unwrap_or_else(|p| p.into_inner());
-            (s.stamp(), describe(&s, &metrics))
+            (s.stamp(), describe(&s, &metrics), s.index)
         };
         ShardService {
+            index,
             versions: tokio::sync::watch::Sender::new(stamp.version),
             last_info: Mutex::new(info),
             chain,
@@ -144,8 +149,12 @@ impl ShardService {
 
     /// Assembles one pushed gradient from its chunks and applies it, on
     /// every member of the chain before it returns.
-    async fn receive(&self, stream: Streaming<GradientChunk>) -> Result<PushReply, Status> {
-        let (reply, replicated) = self.apply(stream).await?;
+    async fn receive(
+        &self,
+        stream: Streaming<GradientChunk>,
+        pusher: Option<u32>,
+    ) -> Result<PushReply, Status> {
+        let (reply, replicated) = self.apply(stream, pusher).await?;
         if let Some(replicated) = replicated {
             replicated.await?;
         }
@@ -154,9 +163,11 @@ impl ShardService {
 
     /// Assembles one pushed gradient from its chunks and applies it here;
     /// on a head, also returns what is left: the other members applying it.
+    /// With `pusher`, every chunk must be that replica's.
     async fn apply(
         &self,
         mut stream: Streaming<GradientChunk>,
+        pusher: Option<u32>,
     ) -> Result<(PushReply, Option<Replicated>), Status> {
         let permit = tokio::time::timeout(ASSEMBLY_DEADLINE, self.assembling.acquire())
             .await
@@ -178,6 +189,9 @@ impl ShardService {
         // A pusher that stalls mid-stream must not hold the assembly slot forever.
         let receive = async {
             while let Some(chunk) = stream.message().await.map_err(|s| self.unreadable(s))? {
+                if let Some(me) = pusher {
+                    distbelief_net::identity::speaks_for_index(me, chunk.replica)?;
+                }
                 if let Err(e) = assemble(&mut assembly, &chunk) {
                     return Err(self.refuse_unassembled(e));
                 }
@@ -509,6 +523,7 @@ impl ParameterServer for ShardService {
     type FetchStream = FetchStream;
 
     async fn fetch(&self, req: Request<FetchRequest>) -> Result<Response<FetchStream>, Status> {
+        access::check(&req, Call::Fetch, self.index)?;
         let (index, version) = {
             let s = self.read();
             (s.index, s.version)
@@ -538,6 +553,7 @@ impl ParameterServer for ShardService {
     }
 
     async fn fetch_rows(&self, req: Request<RowsRequest>) -> Result<Response<RowsReply>, Status> {
+        access::check(&req, Call::FetchRows, self.index)?;
         if let Some(m) = &self.chain
             && !m.in_chain()
         {
@@ -560,6 +576,7 @@ impl ParameterServer for ShardService {
         &self,
         req: Request<ExportRequest>,
     ) -> Result<Response<ExportReply>, Status> {
+        access::check(&req, Call::ExportRows, self.index)?;
         if let Some(m) = &self.chain
             && !m.in_chain()
         {
@@ -575,7 +592,10 @@ impl ParameterServer for ShardService {
         &self,
         req: Request<Streaming<GradientChunk>>,
     ) -> Result<Response<PushReply>, Status> {
-        self.receive(req.into_inner()).await.map(Response::new)
+        let caller = access::check(&req, Call::Push, self.index)?;
+        self.receive(req.into_inner(), access::pusher(&caller))
+            .await
+            .map(Response::new)
     }
 
     type ExchangeStream = FetchStream;
@@ -584,7 +604,10 @@ impl ParameterServer for ShardService {
         &self,
         req: Request<Streaming<GradientChunk>>,
     ) -> Result<Response<FetchStream>, Status> {
-        let (reply, replicated) = self.apply(req.into_inner()).await?;
+        let caller = access::check(&req, Call::Push, self.index)?;
+        let (reply, replicated) = self
+            .apply(req.into_inner(), access::pusher(&caller))
+            .await?;
         let mut version = reply.version;
         if reply.waiting {
             // A synchronous push is answered with the step it joined.
@@ -613,7 +636,8 @@ impl ParameterServer for ShardService {
     /// holds it longer, the figures are those of the last answer (a health
     /// check must see a busy shard as alive; the liveness heartbeat is what
     /// notices one stuck for good).
-    async fn info(&self, _req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {
+    async fn info(&self, req: Request<InfoRequest>) -> Result<Response<ShardInfo>, Status> {
+        access::check(&req, Call::Info, self.index)?;
         let (state, metrics) = (self.state.clone(), self.metrics.clone());
         let read = tokio::task::spawn_blocking(move || {
             describe(&state.read().unwrap_or_else(|p| p.into_inner()), &metrics)
@@ -641,6 +665,7 @@ impl ParameterServer for ShardService {
         &self,
         req: Request<CatchUpRequest>,
     ) -> Result<Response<CatchUpReply>, Status> {
+        access::check(&req, Call::CatchUp, self.index)?;
         self.catch_up(req.into_inner().member).await?;
         Ok(Response::new(CatchUpReply {}))
     }
@@ -649,11 +674,13 @@ impl ParameterServer for ShardService {
         &self,
         req: Request<Streaming<StateBytes>>,
     ) -> Result<Response<InstallReply>, Status> {
+        access::check(&req, Call::Install, self.index)?;
         ShardService::install(self, req.into_inner()).await?;
         Ok(Response::new(InstallReply {}))
     }
 
     async fn run(&self, req: Request<VectorCommands>) -> Result<Response<VectorReply>, Status> {
+        access::check(&req, Call::Run, self.index)?;
         let req = req.into_inner();
         let commands = distbelief_proto::command::commands(&req.commands)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;

@@ -75,10 +75,19 @@ async fn a_backup_starts_at_its_straggler_races_it_and_the_faster_is_kept() {
     let job = distbelief_api::parse_job("backup-race", JOB).expect("valid job");
     let cluster = start(&job, true, None).await;
     let coordinator = cluster.coordinator.clone().expect("coordinator");
-    let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5)).expect("channel");
+    let channel = distbelief_net::channel(
+        distbelief_net::Serves::Coordinator,
+        &coordinator,
+        Duration::from_secs(5),
+    )
+    .expect("channel");
     let mut client = CoordinatorClient::new(channel);
-    let shard_channel =
-        distbelief_net::channel(&cluster.shards[0], Duration::from_secs(5)).expect("channel");
+    let shard_channel = distbelief_net::channel(
+        distbelief_net::Serves::Shards,
+        &cluster.shards[0],
+        Duration::from_secs(5),
+    )
+    .expect("channel");
     let mut shard = ParameterServerClient::new(shard_channel);
 
     let straggler = replica(&job, &cluster.shards, &coordinator, 1, None);

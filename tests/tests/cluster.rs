@@ -37,7 +37,12 @@ async fn two_shards_two_replicas_learn_a_fashion_mnist_subset() {
             distbelief_worker::run_replica(job, opts, &prometheus::Registry::new()).await
         }));
     }
-    let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5)).expect("channel");
+    let channel = distbelief_net::channel(
+        distbelief_net::Serves::Coordinator,
+        &coordinator,
+        Duration::from_secs(5),
+    )
+    .expect("channel");
     let mut client = CoordinatorClient::new(channel);
     let deadline = Instant::now() + Duration::from_secs(150);
     let status = loop {

@@ -188,7 +188,12 @@ impl Members {
 
     /// Waits until the chain lists exactly `n` members; returns them.
     async fn chain_of(&self, n: usize) -> (u64, Vec<u32>) {
-        let channel = distbelief_net::channel(&self.coordinator, Duration::from_secs(2)).unwrap();
+        let channel = distbelief_net::channel(
+            distbelief_net::Serves::Coordinator,
+            &self.coordinator,
+            Duration::from_secs(2),
+        )
+        .unwrap();
         let mut c = CoordinatorClient::new(channel);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -209,8 +214,12 @@ impl Members {
     }
 
     fn raw(&self, member: u32) -> ParameterServerClient<tonic::transport::Channel> {
-        let channel =
-            distbelief_net::channel(&self.addrs[member as usize], Duration::from_secs(5)).unwrap();
+        let channel = distbelief_net::channel(
+            distbelief_net::Serves::Shards,
+            &self.addrs[member as usize],
+            Duration::from_secs(5),
+        )
+        .unwrap();
         ParameterServerClient::new(channel)
     }
 

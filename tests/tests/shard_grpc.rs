@@ -67,7 +67,12 @@ async fn bad_pushes_are_refused_and_change_nothing() {
     assert_eq!(version, Some(Stamp::new(0, 0)));
     assert_eq!(initial, job.layout.initial_values(0..n, job.downpour.seed));
 
-    let channel = distbelief_net::channel(&addr, Duration::from_secs(10)).expect("channel");
+    let channel = distbelief_net::channel(
+        distbelief_net::Serves::Shards,
+        &addr,
+        Duration::from_secs(10),
+    )
+    .expect("channel");
     let mut raw = ParameterServerClient::new(channel).max_encoding_message_size(64 << 20);
     let push = |chunks: Vec<GradientChunk>| {
         let mut raw = raw.clone();

@@ -92,7 +92,12 @@ async fn a_sparse_job_measures_the_staleness_of_every_batch_s_rows() {
             (summary, registry.gather())
         }));
     }
-    let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5)).expect("channel");
+    let channel = distbelief_net::channel(
+        distbelief_net::Serves::Coordinator,
+        &coordinator,
+        Duration::from_secs(5),
+    )
+    .expect("channel");
     let mut client = CoordinatorClient::new(channel);
     let deadline = Instant::now() + Duration::from_secs(900);
     let status = loop {

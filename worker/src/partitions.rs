@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distbelief_model::exchange::{Exchange, ExchangeError, Mailbox, Refusal, Tag};
+use distbelief_net::identity::Peer;
 use distbelief_proto::codec::{chunk_ranges, encode_f32};
 use distbelief_proto::v1::partition_client::PartitionClient;
 use distbelief_proto::v1::partition_server::{Partition, PartitionServer};
@@ -45,7 +46,23 @@ impl Partition for Service {
         &self,
         request: Request<BoundaryChunk>,
     ) -> Result<Response<DeliverReply>, Status> {
+        // Only the replica's other partitions, each as itself.
+        let caller = distbelief_net::identity::require(
+            &request,
+            "deliver boundary values",
+            |p| matches!(p, Peer::Replica { index, .. } if *index == self.replica),
+        )?;
         let c = request.into_inner();
+        if let Some(Peer::Replica {
+            partition: Some(p), ..
+        }) = caller.map(|c| c.peer)
+            && p != c.from
+        {
+            return Err(Status::permission_denied(format!(
+                "partition {p} may not deliver values as partition {}",
+                c.from
+            )));
+        }
         if c.replica != self.replica || c.incarnation != self.incarnation {
             return Err(Status::failed_precondition(format!(
                 "this is replica {} incarnation {}; the chunk is for replica {} incarnation {}",
@@ -101,11 +118,13 @@ pub async fn serve(
         parts: opts.peers.len(),
     };
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = distbelief_net::server().add_service(
-        PartitionServer::new(service)
-            .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
-            .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
-    );
+    let router = distbelief_net::server()
+        .map_err(|e| WorkerError::PartitionSetup(format!("partition service TLS: {e}")))?
+        .add_service(
+            PartitionServer::new(service)
+                .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+                .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
+        );
     Ok(tokio::spawn(async move {
         if let Err(e) = router.serve_with_incoming(incoming).await {
             tracing::error!("partition service stopped: {e}");
@@ -149,12 +168,12 @@ impl GrpcExchange {
                 if q == me {
                     return Ok(None);
                 }
-                let channel = distbelief_net::channel(addr, rpc_timeout).map_err(|source| {
-                    WorkerError::PartitionAddress {
-                        addr: addr.clone(),
-                        source,
-                    }
-                })?;
+                let channel =
+                    distbelief_net::channel(distbelief_net::Serves::Partitions, addr, rpc_timeout)
+                        .map_err(|source| WorkerError::PartitionAddress {
+                            addr: addr.clone(),
+                            source,
+                        })?;
                 Ok(Some(
                     PartitionClient::new(channel)
                         .max_decoding_message_size(distbelief_net::MAX_MESSAGE)

@@ -221,13 +221,15 @@ pub async fn run_replica(
     let metrics = WorkerMetrics::register(registry)
         .map_err(|e| WorkerError::Compute(format!("metrics registration failed: {e}")))?;
     let mut clients = shard_clients(&job, &opts.shards, opts.rpc_timeout)?;
-    let channel =
-        distbelief_net::channel(&opts.coordinator, opts.rpc_timeout).map_err(|source| {
-            WorkerError::CoordinatorAddress {
-                addr: opts.coordinator.clone(),
-                source,
-            }
-        })?;
+    let channel = distbelief_net::channel(
+        distbelief_net::Serves::Coordinator,
+        &opts.coordinator,
+        opts.rpc_timeout,
+    )
+    .map_err(|source| WorkerError::CoordinatorAddress {
+        addr: opts.coordinator.clone(),
+        source,
+    })?;
     let mut coordinator = Coordinator {
         client: CoordinatorClient::new(channel),
         addr: opts.coordinator.clone(),

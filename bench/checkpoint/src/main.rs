@@ -135,6 +135,7 @@ fn run(
     let mut cmd = Command::new(exe);
     cmd.args([
         "ps",
+        "--plaintext",
         "--shard",
         "0",
         "--listen",

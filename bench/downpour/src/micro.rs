@@ -74,6 +74,7 @@ pub fn fetch_push(
     let child = Command::new(exe)
         .args([
             "ps",
+            "--plaintext",
             "--job",
             &job_file.display().to_string(),
             "--shard",

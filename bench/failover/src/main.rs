@@ -106,6 +106,8 @@ fn main() -> anyhow::Result<()> {
         &exe,
         vec![
             "coordinator".into(),
+            // The bench's own process calls the coordinator and the members.
+            "--plaintext".into(),
             "--job".into(),
             jobf.clone(),
             "--listen".into(),
@@ -120,6 +122,7 @@ fn main() -> anyhow::Result<()> {
             &exe,
             vec![
                 "ps".into(),
+                "--plaintext".into(),
                 "--job".into(),
                 jobf.clone(),
                 "--shard".into(),
@@ -139,7 +142,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let (failovers, catch_ups) = rt.block_on(async {
-        let channel = distbelief_net::channel(&coordinator, Duration::from_secs(5))?;
+        let channel = distbelief_net::channel(
+            distbelief_net::Serves::Coordinator,
+            &coordinator,
+            Duration::from_secs(5),
+        )?;
         let mut keeper = CoordinatorClient::new(channel);
         let mut chain = async move |n: usize| -> anyhow::Result<Vec<u32>> {
             let deadline = Instant::now() + Duration::from_secs(120);

@@ -70,7 +70,7 @@ impl Record {
 pub async fn shards_highest(addrs: &[String]) -> anyhow::Result<u64> {
     let mut highest = 0;
     for addr in addrs {
-        let channel = distbelief_net::channel(addr, INFO_DEADLINE)
+        let channel = distbelief_net::channel(distbelief_net::Serves::Shards, addr, INFO_DEADLINE)
             .with_context(|| format!("bad shard address {addr}"))?;
         let info = ParameterServerClient::new(channel)
             .info(InfoRequest {})

@@ -5,6 +5,7 @@
 
 pub(crate) mod audit;
 pub mod chaos;
+mod credentials;
 mod incarnations;
 mod plot;
 mod procs;
@@ -20,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use distbelief_api::Job;
+use distbelief_net::identity::Peer;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::{JobStatus, StatusRequest};
 
@@ -140,6 +142,7 @@ impl Runtime {
             .display()
             .to_string();
         let ports = Ports::default();
+        let credentials = credentials::Credentials::new(out, &job)?;
         let mut next_metrics = args.metrics_port;
         let mut metrics_addr = || -> anyhow::Result<String> {
             let port = if next_metrics == 0 {
@@ -189,6 +192,7 @@ impl Runtime {
             if let Some(dir) = &audit {
                 a.extend(["--audit-dir".into(), dir.display().to_string()]);
             }
+            a.extend(credentials.flags(Peer::Shard(Some(i as u32)))?);
             let p = Proc::new(Role::Shard, i as u32, a, &logs);
             if members == 1 {
                 shards.push(p);
@@ -224,6 +228,7 @@ impl Runtime {
             "--state-file".into(),
             tracker_state.display().to_string(),
         ]);
+        a.extend(credentials.flags(Peer::Coordinator)?);
         let coordinator = Proc::new(Role::Coordinator, 0, a, &logs);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = args.threads.unwrap_or((cores / job.replicas()).max(1));
@@ -251,6 +256,10 @@ impl Runtime {
             }
             if job.partitions() == 1 {
                 a.extend(common(metrics_addr()?));
+                a.extend(credentials.flags(Peer::Replica {
+                    index: r as u32,
+                    partition: None,
+                })?);
                 replicas.push(Proc::new(Role::Replica, r as u32, a, &logs));
                 continue;
             }
@@ -260,6 +269,10 @@ impl Runtime {
             for (p, listen) in peers.iter().enumerate() {
                 let mut a = a.clone();
                 a.extend(common(metrics_addr()?));
+                a.extend(credentials.flags(Peer::Replica {
+                    index: r as u32,
+                    partition: Some(p as u32),
+                })?);
                 a.extend([
                     "--partition".into(),
                     p.to_string(),
@@ -284,10 +297,15 @@ impl Runtime {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
+        credentials.observe()?;
         let status_client = {
             let _guard = rt.enter();
             let addr = format!("127.0.0.1:{coordinator_port}");
-            CoordinatorClient::new(distbelief_net::channel(&addr, Duration::from_secs(2))?)
+            CoordinatorClient::new(distbelief_net::channel(
+                distbelief_net::Serves::Coordinator,
+                &addr,
+                Duration::from_secs(2),
+            )?)
         };
         let mut me = Runtime {
             job: job.clone(),
