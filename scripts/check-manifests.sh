@@ -122,6 +122,8 @@ RULES = {
     ("", "services"): {"get", "create", "patch"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "serviceaccounts"): {"get", "create", "patch"},
+    # Each job's certificates: created once, never changed.
+    ("", "secrets"): {"get", "create"},
     ("apps", "statefulsets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"get", "create", "patch", "delete"},
     ("rbac.authorization.k8s.io", "roles"): {"get", "create", "patch"},

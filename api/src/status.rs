@@ -188,6 +188,11 @@ pub struct PodRevision {
     /// the operator's are now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinator_resources: Option<ResourceRequirements>,
+    /// Whether the job's pods speak mutual TLS (spec.security.mutualTls
+    /// when it started). Every later pod does as the first ones did; a job
+    /// whose revision does not say started in plaintext and stays so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mutual_tls: Option<bool>,
 }
 
 /// One replica's pods, as the operator tracks them.

@@ -8,13 +8,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distbelief_api::{CheckpointStorage, DistBeliefJob, DistBeliefJobStatus, ShardLayout};
+use distbelief_net::identity::Authority;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
@@ -48,6 +51,9 @@ pub enum Error {
     /// A child's name is taken by an object this job does not control.
     #[error("{0}")]
     NotOwned(String),
+    /// The job's certificates could not be minted or read from its Secret.
+    #[error("credentials: {0}")]
+    Credentials(String),
     #[error("could not create pod {pod} ({reason}): {message}")]
     Refused {
         pod: String,
@@ -67,6 +73,7 @@ impl Error {
             Error::NotSynced(_) => "cache",
             Error::Refused { .. } => "refused",
             Error::NotOwned(_) => "not_owned",
+            Error::Credentials(_) => "credentials",
         }
     }
 }
@@ -223,7 +230,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 }
                 s => plan::invalid(s, generation, "MalformedSpec", message, now),
             };
-            finish(obj, ctx, &namespace, &name, &mut plan, None).await?;
+            finish(obj, ctx, &namespace, &name, &mut plan, None, None).await?;
             return Ok(Action::await_change());
         }
     };
@@ -245,7 +252,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 }
                 s => plan::invalid(s, generation, "InvalidSpec", message, now),
             };
-            finish(obj, ctx, &namespace, &name, &mut plan, None).await?;
+            finish(obj, ctx, &namespace, &name, &mut plan, None, None).await?;
             return Ok(Action::await_change());
         }
         Err(e) => return Err(e.into()),
@@ -295,7 +302,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         // children are not sent again unless something is missing.
         if !ctx.memory.applied_within(&uid, hash, REAPPLY_EVERY) || plan.shards_missing {
             newer_spec(ctx, &namespace, &name, obj.metadata.generation).await?;
-            match apply_children(ctx, &namespace, &uid, &c).await {
+            match apply_children(ctx, &namespace, &uid, &target, &c).await {
                 Ok(()) => {
                     ctx.memory.applied(&uid, hash);
                     plan::children_applied(&mut plan, None, job.metadata.generation, now);
@@ -311,6 +318,12 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                     let refused = ("NotOwned", "NotOwned", message.clone());
                     plan::children_applied(&mut plan, Some(refused), job.metadata.generation, now);
                     apply_refused = Some(Error::NotOwned(message));
+                }
+                Err((object, Refused::Credentials(e))) => {
+                    let message = format!("{object}: {e}");
+                    let refused = ("CredentialsFailed", "Credentials", message.clone());
+                    plan::children_applied(&mut plan, Some(refused), job.metadata.generation, now);
+                    apply_refused = Some(Error::Credentials(message));
                 }
                 Err((_, Refused::Other(e))) => return Err(e.into()),
             }
@@ -343,6 +356,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         &name,
         &mut plan,
         coordinator_refused.clone(),
+        Some(&target),
     )
     .await?;
     // The status says so; the retry backs off with the job's errors.
@@ -441,8 +455,13 @@ async fn apply_children(
     ctx: &Context,
     namespace: &str,
     uid: &str,
+    t: &children::Target<'_>,
     c: &children::Children,
 ) -> Result<(), (String, Refused)> {
+    // The shards and the coordinator mount the job's Secret.
+    if t.mutual_tls() {
+        job_authority(ctx, namespace, uid, t).await?;
+    }
     apply_named(ctx, namespace, uid, &c.config_map).await?;
     apply_named(ctx, namespace, uid, &c.tracker_state).await?;
     apply_named(ctx, namespace, uid, &c.service_account).await?;
@@ -482,6 +501,8 @@ enum Refused {
     /// Its name is taken by an object the job does not control: the
     /// message says which and what to do.
     NotOwned(String),
+    /// The job's credentials could not be minted or read.
+    Credentials(String),
     Other(kube::Error),
 }
 
@@ -492,6 +513,7 @@ impl Refused {
         let (reason, message) = match self {
             Refused::Api(e) => (e.reason, e.message),
             Refused::NotOwned(message) => ("NotOwned".to_string(), message),
+            Refused::Credentials(message) => ("Credentials".to_string(), message),
             Refused::Other(e) => return Err(e.into()),
         };
         Ok(Refusal {
@@ -522,28 +544,89 @@ async fn apply_own<K: Child>(
     obj: &K,
 ) -> Result<K, Refused> {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
-    let name = obj.name_any();
-    if let Some(found) = api.get_opt(&name).await? {
-        let controller = found
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true));
-        let holder = match controller {
-            Some(o) if o.uid == uid => None,
-            Some(o) => Some(format!(
-                "it is controlled by {} {} (uid {})",
-                o.kind, o.name, o.uid
-            )),
-            None => Some("it has no controller".to_string()),
-        };
-        if let Some(holder) = holder {
-            return Err(Refused::NotOwned(format!(
-                "{} {name} already exists and is not this job's ({holder}): the operator leaves it as it is. Give the job another name, or delete that object; an earlier job's goes once its deletion finishes",
-                K::kind(&())
-            )));
-        }
+    if let Some(found) = api.get_opt(&obj.name_any()).await? {
+        not_owned(&found, uid)?;
     }
     Ok(apply(ctx, namespace, obj).await?)
+}
+
+/// Refuses an object the job with `uid` does not control.
+fn not_owned<K: Child>(found: &K, uid: &str) -> Result<(), Refused> {
+    let controller = found
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    let holder = match controller {
+        Some(o) if o.uid == uid => return Ok(()),
+        Some(o) => format!("it is controlled by {} {} (uid {})", o.kind, o.name, o.uid),
+        None => "it has no controller".to_string(),
+    };
+    Err(Refused::NotOwned(format!(
+        "{} {} already exists and is not this job's ({holder}): the operator leaves it as it is. Give the job another name, or delete that object; an earlier job's goes once its deletion finishes",
+        K::kind(&()),
+        found.name_any()
+    )))
+}
+
+/// The Secret `name` of the job with `uid`, created from `build` if there
+/// is none. Never updated: its certificates are what the running pods hold.
+async fn secret_of(
+    ctx: &Context,
+    namespace: &str,
+    uid: &str,
+    name: &str,
+    build: impl FnOnce() -> Result<Secret, String>,
+) -> Result<Secret, (String, Refused)> {
+    let what = || format!("Secret {name}");
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    if let Some(found) = api.get_opt(name).await.map_err(|e| (what(), e.into()))? {
+        not_owned(&found, uid).map_err(|r| (what(), r))?;
+        return Ok(found);
+    }
+    let secret = build().map_err(|e| (what(), Refused::Credentials(e)))?;
+    api.create(&PostParams::default(), &secret)
+        .await
+        .map_err(|e| (what(), e.into()))
+}
+
+/// The job's CA, minted with the coordinator's and shards' certificates
+/// when the job has none yet.
+async fn job_authority(
+    ctx: &Context,
+    namespace: &str,
+    uid: &str,
+    t: &children::Target<'_>,
+) -> Result<Authority, (String, Refused)> {
+    let name = t.tls_secret_name();
+    let secret = secret_of(ctx, namespace, uid, &name, || {
+        let ca = Authority::new(namespace, &t.name)?;
+        t.tls_secret(&ca)
+    })
+    .await?;
+    children::authority(t, &secret).map_err(|e| (format!("Secret {name}"), Refused::Credentials(e)))
+}
+
+/// Before replica pods are created: each one's Secret of certificates.
+async fn replica_credentials(
+    ctx: &Context,
+    namespace: &str,
+    uid: &str,
+    t: &children::Target<'_>,
+    pods: &[Pod],
+) -> Result<(), (String, Refused)> {
+    let replicas: BTreeSet<u32> = pods
+        .iter()
+        .filter_map(|p| p.labels().get(children::LABEL_REPLICA)?.parse().ok())
+        .collect();
+    if replicas.is_empty() || !t.mutual_tls() {
+        return Ok(());
+    }
+    let ca = job_authority(ctx, namespace, uid, t).await?;
+    for r in replicas {
+        let name = t.replica_secret_name(r);
+        secret_of(ctx, namespace, uid, &name, || t.replica_secret(&ca, r)).await?;
+    }
+    Ok(())
 }
 
 /// The shards' StatefulSets of the job with this uid, from the cache.
@@ -619,6 +702,7 @@ async fn finish(
     name: &str,
     plan: &mut Plan,
     coordinator_refused: Option<Refusal>,
+    target: Option<&children::Target<'_>>,
 ) -> Result<(), Error> {
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &job_resource());
@@ -641,6 +725,28 @@ async fn finish(
     // name (a second backup of one straggler), nor tear anything down.
     let uid = obj.uid().unwrap_or_default();
     let mut refusals = Vec::new();
+    if let Some(t) = target {
+        match replica_credentials(ctx, namespace, &uid, t, &plan.create_pods).await {
+            Ok(()) => {}
+            Err((object, r)) => {
+                // Every pod waits, refused with the reason, and is retried
+                // with the job's backoff.
+                let message = match r {
+                    Refused::Other(e) => return Err(e.into()),
+                    Refused::Api(s) => s.message,
+                    Refused::NotOwned(m) | Refused::Credentials(m) => m,
+                };
+                for p in &plan.create_pods {
+                    refusals.push(Refusal {
+                        pod: p.clone(),
+                        reason: "Credentials".into(),
+                        message: format!("{object}: {message}"),
+                    });
+                }
+                plan.create_pods.clear();
+            }
+        }
+    }
     for p in &plan.create_pods {
         match apply_own(ctx, namespace, &uid, p).await {
             Ok(created) => ctx.memory.created(&uid, created),

@@ -224,7 +224,7 @@ fn job_with_status(name: &str, status: Value) -> Value {
 
 fn path(kind: &str, name: &str) -> String {
     let base = match kind {
-        "pods" | "services" | "configmaps" | "serviceaccounts" => {
+        "pods" | "services" | "configmaps" | "serviceaccounts" | "secrets" => {
             format!("/api/v1/namespaces/{NS}/{kind}")
         }
         "statefulsets" => format!("/apis/apps/v1/namespaces/{NS}/{kind}"),
@@ -239,12 +239,19 @@ fn path(kind: &str, name: &str) -> String {
     format!("{base}/{name}")
 }
 
-/// The read that proves the cached spec current, then for each long-lived
-/// child in order the read that shows its name free or the job's, and its
-/// server-side apply.
+/// The read that proves the cached spec current, the job's credentials
+/// minted into a Secret of its own, then for each long-lived child in order
+/// the read that shows its name free or the job's, and its server-side apply.
 fn children_applied(job: &str) -> Vec<String> {
-    let read = format!("GET {}", path("job", job));
-    std::iter::once(read).chain(children_applies(job)).collect()
+    let secrets = path("secrets", "");
+    [
+        format!("GET {}", path("job", job)),
+        format!("GET {}", path("secrets", &format!("{job}-distbelief-tls"))),
+        format!("POST {}", secrets.trim_end_matches('/')),
+    ]
+    .into_iter()
+    .chain(children_applies(job))
+    .collect()
 }
 
 fn children_applies(job: &str) -> Vec<String> {
@@ -319,6 +326,35 @@ async fn creates_the_children_of_a_new_job() {
         );
         assert!(c.query.contains("force=true"), "{}", c.path);
     }
+    // The CA and the certificates of the coordinator and the shards, owned
+    // by the job and never changed.
+    let secret = calls
+        .iter()
+        .find(|c| c.method == "POST" && c.path.ends_with("/secrets"))
+        .unwrap();
+    assert_eq!(secret.body["metadata"]["name"], "fm-distbelief-tls");
+    assert_eq!(secret.body["immutable"], true);
+    assert_eq!(
+        secret.body["metadata"]["ownerReferences"][0]["kind"],
+        "DistBeliefJob"
+    );
+    let keys: Vec<&str> = secret.body["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "ca.crt",
+            "ca.key",
+            "coordinator.crt",
+            "coordinator.key",
+            "shard-all.crt",
+            "shard-all.key"
+        ]
+    );
     let sts = calls
         .iter()
         .find(|c| c.method == "PATCH" && c.path.contains("/statefulsets/"))
@@ -847,6 +883,19 @@ async fn replicas_start_once_shards_and_coordinator_are_ready() {
             .find(|e| e["name"] == "DISTBELIEF_INCARNATION")
             .expect("an assigned incarnation");
         assert_eq!(incarnation["value"], "1", "attempt 0 is incarnation 1");
+        // Its certificate first: the pod mounts it from a Secret of its own.
+        let secret = format!("fm-replica-{r}-tls");
+        let minted = calls.iter().position(|c| {
+            c.method == "POST"
+                && c.path.ends_with("/secrets")
+                && c.body["metadata"]["name"] == secret
+        });
+        let pod = calls
+            .iter()
+            .position(|c| std::ptr::eq(c, *created.get(r).unwrap()));
+        assert!(minted.is_some() && minted < pod, "{secret} before its pod");
+        let volumes = c.body["spec"]["volumes"].as_array().unwrap();
+        assert!(volumes.iter().any(|v| v["secret"]["secretName"] == secret));
     }
 }
 
@@ -939,7 +988,14 @@ async fn a_plan_from_an_older_spec_applies_no_children() {
 /// over: it is not patched, and the job says which object and why.
 #[tokio::test]
 async fn a_child_name_taken_by_another_object_is_left_alone_and_reported() {
-    let taken = path("services", "fm-coordinator");
+    child_name_taken("services", "fm-coordinator", "Service").await;
+    // The job's credentials too: a Secret of that name is never read into
+    // the job's pods as its CA, nor replaced.
+    child_name_taken("secrets", "fm-distbelief-tls", "Secret").await;
+}
+
+async fn child_name_taken(kind: &str, name: &str, shown: &str) {
+    let taken = path(kind, name);
     let mock = Mock {
         taken: vec![taken.clone()],
         ..Mock::default()
@@ -961,7 +1017,7 @@ async fn a_child_name_taken_by_another_object_is_left_alone_and_reported() {
     );
     let message = c["message"].as_str().unwrap_or("");
     assert!(
-        message.starts_with("Service fm-coordinator already exists and is not this job's (it is controlled by DistBeliefJob someone-else"),
+        message.starts_with(&format!("{shown} {name} already exists and is not this job's (it is controlled by DistBeliefJob someone-else")),
         "{message}"
     );
     assert_eq!(

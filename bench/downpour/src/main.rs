@@ -16,6 +16,8 @@
 //!   (m) TensorFlow ParameterServerStrategy's setup as its users run it:
 //!   (c) with learning rate 0.05 and nFetch = nPush = 1, a fetch and a push
 //!   every step
+//!   (n) (c) in plaintext (`spec.security.mutualTls: false`): what mutual
+//!   TLS on every link costs, beside (c), which runs with it
 
 mod micro;
 
@@ -55,7 +57,7 @@ struct Args {
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter. (k) and
     /// (l) run only with --baseline.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j", "m"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j", "m", "n"])]
     configs: Vec<String>,
     /// Another distbelief binary (an earlier build) that runs (k): the
     /// job as written, so that binary must accept it.
@@ -79,11 +81,18 @@ struct Setup {
     /// nFetch and nPush both, and the learning rate (the job's otherwise).
     every_step: bool,
     learning_rate: Option<f64>,
+    /// spec.security.mutualTls false.
+    plaintext: bool,
 }
 
 impl Setup {
     const fn without_local_steps(mut self) -> Setup {
         self.local_steps = false;
+        self
+    }
+
+    const fn in_plaintext(mut self) -> Setup {
+        self.plaintext = true;
         self
     }
 
@@ -118,6 +127,7 @@ const fn setup(
         baseline: false,
         every_step: false,
         learning_rate: None,
+        plaintext: false,
     }
 }
 
@@ -139,6 +149,7 @@ fn downpour(
         baseline,
         every_step,
         learning_rate,
+        plaintext,
         ..
     } = c;
     let text =
@@ -163,15 +174,19 @@ fn downpour(
     if let Some(s) = eval_interval {
         doc["spec"]["stop"]["evalIntervalSeconds"] = s.into();
     }
+    if plaintext {
+        doc["spec"]["security"]["mutualTls"] = false.into();
+    }
     let downpour = &mut doc["spec"]["algorithm"]["downpour"];
     let batch = downpour["batchSize"].as_u64().unwrap_or(128) * u64::from(batch_factor);
     downpour["batchSize"] = batch.into();
     let name = format!(
-        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}{}",
+        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}{}{}",
         n_push.map_or(String::new(), |n| format!("-p{n}")),
         if local_steps { "" } else { "-nolocal" },
         if baseline { "-baseline" } else { "" },
-        if every_step { "-tf-peer" } else { "" }
+        if every_step { "-tf-peer" } else { "" },
+        if plaintext { "-plaintext" } else { "" }
     );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
@@ -226,6 +241,7 @@ fn main() -> anyhow::Result<()> {
             setup("k_2x2_baseline", (2, 2, 1), None, 1).by_baseline(),
             setup("l_2x2_no_local_steps", (2, 2, 1), None, 1).without_local_steps(),
             setup("m_2x2_tf_peer", (2, 2, 1), None, 1).like_tf_peer(),
+            setup("n_2x2_plaintext", (2, 2, 1), None, 1).in_plaintext(),
         ]
         .into_iter()
         .filter(|s| {
@@ -380,6 +396,12 @@ fn main() -> anyhow::Result<()> {
         }
         // A fetch and a push every step against the example's exchanges:
         // what an exchange costs, in examples/s.
+        if let (Some(c), Some(n)) = (eps_of.get("c_2x2"), eps_of.get("n_2x2_plaintext")) {
+            ratios.insert(
+                "mutual_tls_vs_plaintext".into(),
+                json!({ "examples_per_second": c / n }),
+            );
+        }
         if let (Some(m), Some(c)) = (eps_of.get("m_2x2_tf_peer"), eps_of.get("c_2x2")) {
             ratios.insert(
                 "tf_peer_vs_c".into(),

@@ -8,6 +8,8 @@
 //!   (x) (b) with a DCN-v2 cross layer under the MLP (`model.cross`)
 //!   (i) (b) with DLRM's dot interaction (`model.dotInteraction`)
 //!   (x) and (i) compare with the wide and deep model of (b) at equal examples
+//!   (p) (b) in plaintext (`spec.security.mutualTls: false`): what mutual
+//!   TLS on every link costs, beside (b), which runs with it
 //!
 //! `--configs examples` runs the shipped sparse examples instead (see
 //! `examples.rs`), and `--configs table` a shard table's rows per second
@@ -59,11 +61,11 @@ struct Args {
     #[arg(long, default_value_t = 4_000_000)]
     examples: u64,
     /// The configurations to run, by letter (`x`: (b) with a cross layer,
-    /// `i`: (b) with the dot interaction);
+    /// `i`: (b) with the dot interaction, `p`: (b) in plaintext);
     /// `examples` runs the shipped
     /// sparse examples as they ship instead, `table` the table core alone,
     /// `stream` streamed input against the whole file in memory.
-    #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d"])]
+    #[arg(long, value_delimiter = ',', default_values = ["a", "b", "c", "d", "p"])]
     configs: Vec<String>,
     /// `stream`: also train on the streamed layouts copied under this
     /// object store URL (`s3://bucket/prefix`), reached as jobs reach
@@ -187,6 +189,12 @@ fn main() -> anyhow::Result<()> {
         let (summary, _) = distributed(&exe, &doc, "ctr-i", &work)?;
         report["i_dot_interaction"] =
             figures(&summary, &doc, large.planted["planted_test_auc"].as_f64());
+    }
+    if run("p") {
+        let mut doc = job_for(&base, &large, &args, None)?;
+        doc["spec"]["security"]["mutualTls"] = false.into();
+        let (summary, _) = distributed(&exe, &doc, "ctr-p", &work)?;
+        report["p_plaintext"] = figures(&summary, &doc, large.planted["planted_test_auc"].as_f64());
     }
     report["comparisons"] = comparisons(&report);
     finish(&report, args.out.as_deref())
@@ -436,5 +444,6 @@ fn comparisons(r: &Value) -> Value {
         "i_minus_b_test_auc": diff(g("i_dot_interaction", "test_auc"), g("b_distributed", "test_auc")),
         "i_over_b_examples_per_second": ratio(g("i_dot_interaction", "examples_per_second"), g("b_distributed", "examples_per_second")),
         "b_shard_bytes_per_row": r["b_distributed"]["shard_memory"]["bytes_per_row"],
+        "b_mutual_tls_over_p_plaintext_examples_per_second": ratio(g("b_distributed", "examples_per_second"), g("p_plaintext", "examples_per_second")),
     })
 }

@@ -142,7 +142,7 @@ impl Runtime {
             .display()
             .to_string();
         let ports = Ports::default();
-        let credentials = credentials::Credentials::new(out, &job)?;
+        let credentials = credentials::Credentials::new(out, job)?;
         let mut next_metrics = args.metrics_port;
         let mut metrics_addr = || -> anyhow::Result<String> {
             let port = if next_metrics == 0 {

@@ -17,11 +17,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde_json::json;
 
+mod credentials;
 mod pod;
 mod servers;
 mod target;
 mod template;
 
+pub use credentials::{TLS_DIR, authority};
 pub use target::{Target, target};
 
 pub const PS_PORT: u16 = 7000;
@@ -349,6 +351,11 @@ fn replica_pod(
     // can count failures against the budget and back off.
     let mut spec = t.pod_spec(container, "Never", None);
     t.mount_output(&mut spec, true);
+    let me = distbelief_net::identity::Peer::Replica {
+        index: replica,
+        partition,
+    };
+    t.identify(&mut spec, t.replica_secret_name(replica), me);
     if partition.is_some() {
         // hostname + subdomain: the partition service's DNS name for this pod.
         spec.hostname = Some(name);

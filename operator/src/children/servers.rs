@@ -16,6 +16,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use distbelief_net::identity::Peer;
+
 use super::pod::{env, env_field, mount, tcp_ready};
 use super::template;
 use super::{
@@ -126,6 +128,7 @@ fn shard_set(t: &Target, member: Option<u32>) -> StatefulSet {
     container.readiness_probe = Some(tcp_ready("grpc"));
     let mut pod_spec = t.pod_spec(container, "Always", None);
     t.mount_output(&mut pod_spec, true);
+    t.identify(&mut pod_spec, t.tls_secret_name(), Peer::Shard(None));
     if replication > 1 {
         pod_spec.affinity = Some(match member {
             Some(_) => apart(t),
@@ -334,6 +337,7 @@ pub(super) fn coordinator(t: &Target) -> (Service, Option<Pod>) {
     container.readiness_probe = Some(tcp_ready("grpc"));
     let mut pod_spec: PodSpec = t.pod_spec(container, "OnFailure", Some(coordinator.clone()));
     t.mount_output(&mut pod_spec, false);
+    t.identify(&mut pod_spec, t.tls_secret_name(), Peer::Coordinator);
     let mut metadata = t.metadata(&coordinator, "coordinator");
     template::lay_over(
         &mut metadata,

@@ -269,6 +269,7 @@ impl Target<'_> {
             inputs: self.pod_inputs(),
             image_pull_policy: Some(self.cfg.image_pull_policy.clone()),
             coordinator_resources: self.cfg.coordinator_resources.clone(),
+            mutual_tls: Some(self.job.spec.security.mutual_tls),
         }
     }
 
