@@ -4,6 +4,7 @@ mod data;
 mod data_movielens;
 mod data_parquet;
 mod eval;
+mod probe;
 mod roles;
 mod train;
 
@@ -42,6 +43,10 @@ enum Command {
     Eval(EvalArgs),
     /// Check a job's push logs: acknowledged pushes lost or applied twice.
     Audit(AuditArgs),
+    /// Call every RPC of a job's servers as an outsider (in plaintext, and
+    /// with --ca over TLS without a certificate and with another CA's):
+    /// fails if any call is answered.
+    Probe(probe::ProbeArgs),
     /// Make data sets.
     #[command(subcommand)]
     Data(DataCommand),
@@ -434,6 +439,7 @@ fn main() -> ExitCode {
         Command::Crd => roles::crd(),
         Command::Eval(a) => eval::run(a),
         Command::Audit(a) => roles::audit(a),
+        Command::Probe(a) => probe::run(a),
         Command::Data(DataCommand::SynthCtr(a)) => data::synth_ctr(a),
         Command::Data(DataCommand::Copy(a)) => data::copy(a),
         Command::Data(DataCommand::Movielens(a)) => data_movielens::movielens(a),

@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 
 mod error;
 mod export;
+pub mod probe;
 
 pub use error::ClientError;
 pub use export::{ExportedRows, export_table};

@@ -115,6 +115,7 @@ cleanup() {
     timeout 60 "${KUBECTL[@]}" delete dbj --all -n "$JOB_NS" --wait=false >/dev/null 2>&1 || true
     timeout 120 "$HELM" uninstall "$RELEASE" -n "$RELEASE_NS" >/dev/null 2>&1 || true
     timeout 60 "${KUBECTL[@]}" delete namespace "$JOB_NS" --wait=false >/dev/null 2>&1 || true
+    timeout 60 "${KUBECTL[@]}" delete namespace "$JOB_NS-outsider" --wait=false >/dev/null 2>&1 || true
     [ -z "$created_release_ns" ] || timeout 60 "${KUBECTL[@]}" delete namespace "$RELEASE_NS" --wait=false >/dev/null 2>&1 || true
   elif [ -n "$release_installed" ]; then
     log "E2E_KEEP=1: release $RELEASE and namespace $JOB_NS kept"
@@ -157,6 +158,7 @@ case "$mode" in
       IMAGE_TAG=e2e-$(date +%Y%m%d%H%M%S)
     fi
     helm_mode_args=(--set image.pullPolicy=Never)
+    PROBE_PULL_POLICY=Never
     ;;
 esac
 log "mode: $mode"
@@ -389,7 +391,60 @@ t_example() {
     live_page_tries=$((live_page_tries + 1))
     live_page=$(live_page_check "$EXAMPLE_NAME" 2>&1) && live_page="ok: $live_page"
   fi
+  if [[ "$outsider" != ok* ]] && [ "$outsider_tries" -lt 3 ] && t_training; then
+    outsider_tries=$((outsider_tries + 1))
+    outsider=$(outsider_check "$EXAMPLE_NAME" 2>&1) && outsider="ok: $outsider"
+  fi
   t_finished
+}
+
+# Mutual TLS on the cluster: from a pod in another namespace, `distbelief
+# probe` calls every RPC of the running job's shard 0 and coordinator in
+# plaintext, over TLS without a certificate (trusting the job's CA, which
+# is no secret) and with another CA's certificate. Every call must be
+# refused: 3 callers x 16 RPCs.
+outsider="" outsider_tries=0
+outsider_check() {
+  local name=$1 ns="$JOB_NS-outsider" pod=probe out verdict
+  "${KUBECTL[@]}" create namespace "$ns" >/dev/null 2>&1 || true
+  "${KUBECTL[@]}" get secret -n "$JOB_NS" "$name-distbelief-tls" -o 'jsonpath={.data.ca\.crt}' |
+    base64 -d >"$work/job-ca.crt" || { echo "cannot read the job's CA certificate"; return 1; }
+  "${KUBECTL[@]}" create configmap -n "$ns" job-ca --from-file=ca.crt="$work/job-ca.crt" \
+    --dry-run=client -o yaml | "${KUBECTL[@]}" apply -f - >/dev/null || return 1
+  "${KUBECTL[@]}" delete pod -n "$ns" "$pod" --wait=true --timeout=60s >/dev/null 2>&1 || true
+  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML || return 1
+apiVersion: v1
+kind: Pod
+metadata: {name: $pod, namespace: $ns}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: probe
+    image: $IMAGE_REPO:$IMAGE_TAG
+    imagePullPolicy: ${PROBE_PULL_POLICY:-IfNotPresent}
+    args: [probe, --shard, "$name-ps-0.$name-ps.$JOB_NS.svc:7000", --coordinator, "$name-coordinator.$JOB_NS.svc:7100",
+           --ca, /ca/ca.crt, --job, "$name", --namespace, "$JOB_NS"]
+    volumeMounts: [{name: ca, mountPath: /ca}]
+  volumes: [{name: ca, configMap: {name: job-ca}}]
+YAML
+  "${KUBECTL[@]}" wait -n "$ns" "pod/$pod" --for=jsonpath='{.status.phase}'=Succeeded --timeout=120s >/dev/null 2>&1 ||
+    "${KUBECTL[@]}" wait -n "$ns" "pod/$pod" --for=jsonpath='{.status.phase}'=Failed --timeout=5s >/dev/null 2>&1 ||
+    { echo "the probe pod did not finish"; return 1; }
+  out=$("${KUBECTL[@]}" logs -n "$ns" "$pod" 2>&1) || { echo "no probe logs: $out"; return 1; }
+  verdict=$(printf '%s\n' "$out" | python3 -c '
+import json, sys
+lines = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+calls = [l for l in lines if "rpc" in l]
+total = next((l for l in lines if "calls" in l), None)
+answered = [f"{c[\"caller\"]}: {c[\"rpc\"]} {c[\"outcome\"]}" for c in calls if not c["refused"]]
+anon = {c["outcome"] for c in calls if c["caller"] == "no certificate"}
+if len(calls) != 48 or not total or total["answered"] or answered:
+    sys.exit(f"{len(calls)} calls, answered: {answered}")
+if anon != {"Unauthenticated"}:
+    sys.exit(f"calls without a certificate ended {sorted(anon)}, not Unauthenticated")
+print(f"48 calls from namespace refused: 16 in plaintext and 16 with another CA at the handshake, 16 without a certificate Unauthenticated")
+') || { echo "$verdict"; printf '%s\n' "$out" | tail -5; return 1; }
+  echo "$verdict"
 }
 
 # The coordinator's live page, fetched through its Service the way the docs
@@ -444,6 +499,10 @@ run_example() {
   case "$live_page" in
     ok*) log "live page: ${live_page#ok: }" ;;
     *) echo "live page: ${live_page:-never fetched while the job trained}"; return 1 ;;
+  esac
+  case "$outsider" in
+    ok*) log "outsiders: ${outsider#ok: }" ;;
+    *) echo "outsider probe: ${outsider:-never run while the job trained}"; return 1 ;;
   esac
   local url
   url=$(jp "dbj/$EXAMPLE_NAME" '{.status.dashboardURL}')
@@ -1543,7 +1602,7 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
       skip "$LONG: model on the output volume ($LONG could not be created)"
     fi
     step "helm uninstall leaves no operator or job pods and keeps the CRD" uninstall_clean
-    "${KUBECTL[@]}" delete namespace "$JOB_NS" --wait=false >/dev/null 2>&1 || true
+    "${KUBECTL[@]}" delete namespace "$JOB_NS" "$JOB_NS-outsider" --wait=false >/dev/null 2>&1 || true
     [ -z "$created_release_ns" ] || "${KUBECTL[@]}" delete namespace "$RELEASE_NS" --wait=false >/dev/null 2>&1 || true
   else
     skip "job and uninstall steps (the chart did not install)"

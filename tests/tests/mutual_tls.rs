@@ -11,34 +11,13 @@ use std::time::Duration;
 use distbelief_net::identity::{Authority, Issued, LOCAL_NAMESPACE, Peer, Tls};
 use distbelief_net::{Serves, identity};
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
-use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::partition_client::PartitionClient;
-use distbelief_proto::v1::*;
+use distbelief_proto::v1::{BoundaryChunk, ProgressReport};
+use distbelief_ps_client::probe::{self, RPCS, Service};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 const JOB: &str = "tls-test";
-
-const SHARD_RPCS: [&str; 9] = [
-    "Fetch",
-    "FetchRows",
-    "ExportRows",
-    "Push",
-    "Exchange",
-    "Info",
-    "Run",
-    "CatchUp",
-    "Install",
-];
-const COORDINATOR_RPCS: [&str; 7] = [
-    "Report",
-    "Status",
-    "NextPortion",
-    "CommitPortions",
-    "PortionsPushed",
-    "Chain",
-    "NextDataShard",
-];
 
 /// How a test caller connects.
 #[derive(Clone)]
@@ -93,48 +72,6 @@ async fn channel(caller: &Caller, addr: &str, ca: &Authority) -> Channel {
         e = e.tls_config(tls).expect("client TLS");
     }
     e.connect_lazy()
-}
-
-async fn call_shard(ch: Channel, rpc: &str) -> Result<(), Status> {
-    let mut c = ParameterServerClient::new(ch);
-    let chunk = || {
-        tokio_stream::iter(vec![GradientChunk {
-            replica: 0,
-            ..Default::default()
-        }])
-    };
-    match rpc {
-        "Fetch" => c.fetch(FetchRequest::default()).await.map(drop),
-        "FetchRows" => c.fetch_rows(RowsRequest::default()).await.map(drop),
-        "ExportRows" => c.export_rows(ExportRequest::default()).await.map(drop),
-        "Push" => c.push(chunk()).await.map(drop),
-        "Exchange" => c.exchange(chunk()).await.map(drop),
-        "Info" => c.info(InfoRequest {}).await.map(drop),
-        "Run" => c.run(VectorCommands::default()).await.map(drop),
-        "CatchUp" => c.catch_up(CatchUpRequest::default()).await.map(drop),
-        "Install" => c
-            .install(tokio_stream::iter(vec![StateBytes::default()]))
-            .await
-            .map(drop),
-        other => panic!("no shard RPC {other}"),
-    }
-}
-
-async fn call_coordinator(ch: Channel, rpc: &str) -> Result<(), Status> {
-    let mut c = CoordinatorClient::new(ch);
-    match rpc {
-        "Report" => c.report(ProgressReport::default()).await.map(drop),
-        "Status" => c.status(StatusRequest {}).await.map(drop),
-        "NextPortion" => c.next_portion(PortionRequest::default()).await.map(drop),
-        "CommitPortions" => c.commit_portions(PortionCommit::default()).await.map(drop),
-        "PortionsPushed" => c.portions_pushed(GrantPushed::default()).await.map(drop),
-        "Chain" => c.chain(ChainRequest::default()).await.map(drop),
-        "NextDataShard" => c
-            .next_data_shard(DataShardRequest::default())
-            .await
-            .map(drop),
-        other => panic!("no coordinator RPC {other}"),
-    }
 }
 
 async fn deliver(ch: Channel, from: u32) -> Result<(), Status> {
@@ -207,11 +144,18 @@ async fn every_rpc_refuses_callers_its_role_table_does_not_admit() {
         ("no certificate", Caller::Anonymous),
         ("another job's coordinator", Caller::Stranger(stranger)),
     ];
+    let address = |service| match service {
+        Service::Shard => &shard,
+        Service::Coordinator => &coordinator,
+        Service::Partition => &partition,
+    };
     let mut refused = 0;
     for (who, caller) in &outsiders {
-        for rpc in SHARD_RPCS {
-            let r = call_shard(channel(caller, &shard, &ca).await, rpc).await;
-            let s = r.expect_err(&format!("{who} called shard {rpc}"));
+        for (service, rpc) in RPCS {
+            let ch = channel(caller, address(service), &ca).await;
+            let s = probe::call(ch, service, rpc)
+                .await
+                .expect_err(&format!("{who} called {rpc}"));
             refused += 1;
             match caller {
                 Caller::Anonymous => {
@@ -221,22 +165,12 @@ async fn every_rpc_refuses_callers_its_role_table_does_not_admit() {
                 // The handshake fails: the server knows no such CA, and
                 // closes the connection before any call is read.
                 Caller::Stranger(_) | Caller::Plaintext => {
-                    let transport = std::error::Error::source(&s)
-                        .is_some_and(|e| e.is::<tonic::transport::Error>());
+                    let transport = probe::outcome(&Err(s.clone())) == "transport";
                     assert!(transport, "{who}, {rpc}: {s:?}");
                 }
                 Caller::As(_) => unreachable!("outsiders only"),
             }
         }
-        for rpc in COORDINATOR_RPCS {
-            let r = call_coordinator(channel(caller, &coordinator, &ca).await, rpc).await;
-            r.expect_err(&format!("{who} called coordinator {rpc}"));
-            refused += 1;
-        }
-        deliver(channel(caller, &partition, &ca).await, 0)
-            .await
-            .expect_err(&format!("{who} delivered to a partition"));
-        refused += 1;
     }
     assert_eq!(refused, 3 * 17);
 
@@ -261,16 +195,9 @@ async fn every_rpc_refuses_callers_its_role_table_does_not_admit() {
     let mut denied = 0;
     for peer in peers {
         let caller = Caller::As(tls(&ca, &ca.issue(peer).expect("issue")));
-        let rpcs = SHARD_RPCS
-            .iter()
-            .map(|r| (r, true))
-            .chain(COORDINATOR_RPCS.iter().map(|r| (r, false)));
-        for (rpc, on_shard) in rpcs {
-            let r = if on_shard {
-                call_shard(channel(&caller, &shard, &ca).await, rpc).await
-            } else {
-                call_coordinator(channel(&caller, &coordinator, &ca).await, rpc).await
-            };
+        let served = RPCS.iter().filter(|(s, _)| *s != Service::Partition);
+        for &(service, rpc) in served {
+            let r = probe::call(channel(&caller, address(service), &ca).await, service, rpc).await;
             match (admits(rpc, peer), r) {
                 (true, Err(s)) => assert!(!is_refusal(&s), "{peer} was refused {rpc}: {s:?}"),
                 (false, Err(s)) => {

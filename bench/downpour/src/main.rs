@@ -447,9 +447,18 @@ fn microbenchmarks(exe: &Path) -> anyhow::Result<Value> {
     let file = tempfile::NamedTempFile::new()?;
     std::fs::write(file.path(), micro::TEN_MILLION_JOB)?;
     let transfers: Vec<micro::Transfer> = (0..3)
-        .map(|_| micro::fetch_push(exe, file.path(), &job, 20))
+        .map(|_| micro::fetch_push(exe, file.path(), &job, 20, None))
         .collect::<anyhow::Result<_>>()?;
     let gbps = median(transfers.iter().map(|t| t.gb_per_second).collect());
+    // The same over mutual TLS: plaintext first, since this process speaks
+    // TLS from here on.
+    let credentials = tempfile::tempdir()?;
+    let shard_tls = micro::speak_tls(credentials.path())?;
+    let tls: Vec<f64> = (0..3)
+        .map(|_| micro::fetch_push(exe, file.path(), &job, 20, Some(&shard_tls)))
+        .map(|t| t.map(|t| t.gb_per_second))
+        .collect::<anyhow::Result<_>>()?;
+    let tls_gbps = median(tls);
     let rss = transfers
         .iter()
         .map(|t| t.shard_peak_rss_bytes)
@@ -461,6 +470,8 @@ fn microbenchmarks(exe: &Path) -> anyhow::Result<Value> {
         "parameters": job.layout.len(),
         "adagrad_gparams_per_second_one_core": adagrad,
         "fetch_push_gb_per_second": gbps,
+        "fetch_push_gb_per_second_mutual_tls": tls_gbps,
+        "fetch_push_mutual_tls_vs_plaintext": tls_gbps / gbps,
         "shard_peak_rss_bytes": rss,
         "shard_state_bytes": state,
         "shard_rss_limit_bytes": limit,

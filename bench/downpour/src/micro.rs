@@ -9,6 +9,26 @@ use std::time::{Duration, Instant};
 use distbelief_api::Job;
 use distbelief_ps_client::{PushId, ShardClient};
 
+/// Mints the micro job's CA: the shard's credentials in `dir`, and replica
+/// 0's installed as this process's identity. Every shard this process
+/// reaches afterwards speaks mutual TLS.
+pub fn speak_tls(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    use distbelief_net::identity::{self, Authority, LOCAL_NAMESPACE, Peer, Tls};
+    let ca = Authority::new(LOCAL_NAMESPACE, "micro-10m").map_err(anyhow::Error::msg)?;
+    let (shard, replica) = (dir.join("shard"), dir.join("replica"));
+    ca.write_dir(
+        &shard,
+        &ca.issue(Peer::Shard(Some(0))).map_err(anyhow::Error::msg)?,
+    )?;
+    let me = Peer::Replica {
+        index: 0,
+        partition: None,
+    };
+    ca.write_dir(&replica, &ca.issue(me).map_err(anyhow::Error::msg)?)?;
+    identity::install(Tls::load(&replica)?)?;
+    Ok(shard)
+}
+
 /// A job whose model has about ten million parameters, on one shard.
 pub const TEN_MILLION_JOB: &str = "apiVersion: distbelief.dev/v1alpha1
 kind: DistBeliefJob
@@ -60,21 +80,27 @@ fn peak_rss(pid: u32) -> u64 {
 }
 
 /// Starts `distbelief ps` for the job in `job_file` (one shard) and runs
-/// fetch+push rounds against it.
+/// fetch+push rounds against it: in plaintext, or with `shard_tls` (the
+/// shard's credentials) when this process speaks mutual TLS as replica 0.
 pub fn fetch_push(
     exe: &Path,
     job_file: &Path,
     job: &Job,
     rounds: usize,
+    shard_tls: Option<&Path>,
 ) -> anyhow::Result<Transfer> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let identity = match shard_tls {
+        Some(dir) => vec!["--tls-dir".to_string(), dir.display().to_string()],
+        None => vec!["--plaintext".to_string()],
+    };
     let child = Command::new(exe)
+        .arg("ps")
+        .args(identity)
         .args([
-            "ps",
-            "--plaintext",
             "--job",
             &job_file.display().to_string(),
             "--shard",

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
@@ -59,11 +59,33 @@ async fn kit_a_job_never_takes_over_an_object_of_its_children_s_name() {
         .await
         .expect("service created");
 
+    // A Secret under the name of a job's credentials: the job must neither
+    // replace it nor give its pods a CA that someone else holds the key of.
+    let secrets: Api<Secret> = Api::namespaced(kit.client.clone(), &ns);
+    let planted = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "sec-distbelief-tls"},
+        "stringData": {"ca.crt": "not ours"},
+    });
+    let planted = secrets
+        .patch("sec-distbelief-tls", &mine, &Patch::Apply(planted))
+        .await
+        .expect("secret created");
+
     let _op = kit.operator(&ns, "solo", &["--network-policy", "true"]);
     // A job named after the policy: its own policy has another name.
     create_job(&kit, &ns, &example_job("web")).await;
     // A job whose coordinator Service would be `api-coordinator`.
     create_job(&kit, &ns, &example_job("api")).await;
+    create_job(&kit, &ns, &example_job("sec")).await;
+
+    let refused = condition(&kit, &ns, "sec", "ChildrenApplied", "False").await;
+    assert_eq!(refused["reason"], "NotOwned", "{refused}");
+    let message = refused["message"].as_str().unwrap_or("");
+    assert!(
+        message.starts_with("Secret sec-distbelief-tls already exists and is not this job's"),
+        "{message}"
+    );
 
     let refused = condition(&kit, &ns, "api", "ChildrenApplied", "False").await;
     assert_eq!(refused["reason"], "NotOwned", "{refused}");
@@ -110,6 +132,32 @@ async fn kit_a_job_never_takes_over_an_object_of_its_children_s_name() {
         "untouched"
     );
     assert!(service.owner_references().is_empty());
+    let secret = secrets.get("sec-distbelief-tls").await.expect("the secret");
+    assert_eq!(
+        secret.resource_version(),
+        planted.resource_version(),
+        "untouched"
+    );
+    // The job named after the policy minted its own credentials: owned,
+    // immutable, with the CA and the coordinator's and shards' certificates.
+    let own = secrets
+        .get("web-distbelief-tls")
+        .await
+        .expect("the job's secret");
+    assert_eq!(own.owner_references().first().map(|o| o.uid.clone()), uid);
+    assert_eq!(own.immutable, Some(true));
+    let keys: Vec<&String> = own.data.as_ref().expect("data").keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "ca.crt",
+            "ca.key",
+            "coordinator.crt",
+            "coordinator.key",
+            "shard-all.crt",
+            "shard-all.key"
+        ]
+    );
 
     // Once the Service is gone, a retry applies the job's own.
     services
