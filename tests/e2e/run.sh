@@ -436,13 +436,13 @@ import json, sys
 lines = [json.loads(l) for l in sys.stdin if l.startswith("{")]
 calls = [l for l in lines if "rpc" in l]
 total = next((l for l in lines if "calls" in l), None)
-answered = [f"{c[\"caller\"]}: {c[\"rpc\"]} {c[\"outcome\"]}" for c in calls if not c["refused"]]
+answered = [c["caller"] + ": " + c["rpc"] + " " + c["outcome"] for c in calls if not c["refused"]]
 anon = {c["outcome"] for c in calls if c["caller"] == "no certificate"}
 if len(calls) != 48 or not total or total["answered"] or answered:
     sys.exit(f"{len(calls)} calls, answered: {answered}")
 if anon != {"Unauthenticated"}:
     sys.exit(f"calls without a certificate ended {sorted(anon)}, not Unauthenticated")
-print(f"48 calls from namespace refused: 16 in plaintext and 16 with another CA at the handshake, 16 without a certificate Unauthenticated")
+print("48 calls from another namespace refused: 16 in plaintext and 16 with another CA at the handshake, 16 without a certificate Unauthenticated")
 ') || { echo "$verdict"; printf '%s\n' "$out" | tail -5; return 1; }
   echo "$verdict"
 }

@@ -126,31 +126,10 @@ static INSTALLED: OnceLock<Tls> = OnceLock::new();
 /// Makes `tls` this process's identity: every server and channel built
 /// afterwards speaks mutual TLS with it.
 pub fn install(tls: Tls) -> Result<(), TlsError> {
-    prefer_aes_128();
     let me = tls.me.clone();
     INSTALLED
         .set(tls)
         .map_err(|_| TlsError::Installed(INSTALLED.get().map_or(me, |t| t.me.clone())))
-}
-
-/// Makes AES-128-GCM the first choice of every TLS connection this process
-/// makes or takes. tonic builds its rustls configurations from the process's
-/// default provider; ring's default list puts AES-256-GCM first, which costs
-/// more per byte for no gain that matters between a job's own processes.
-/// Every suite stays on offer, so other peers (object stores) are unaffected.
-fn prefer_aes_128() {
-    use rustls::crypto::ring::{cipher_suite, default_provider};
-    let mut provider = default_provider();
-    let first = [
-        cipher_suite::TLS13_AES_128_GCM_SHA256.suite(),
-        cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256.suite(),
-    ];
-    provider
-        .cipher_suites
-        .sort_by_key(|s| !first.contains(&s.suite()));
-    // Only the first install counts; a provider already installed (by a
-    // test harness) stays.
-    let _ = provider.install_default();
 }
 
 /// This process's identity, if it speaks mutual TLS.
