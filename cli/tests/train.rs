@@ -908,6 +908,21 @@ fn a_clean_audited_run_loses_nothing() {
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
     assert!(s["chaos"].is_null(), "{s}");
+    // Every process spoke mutual TLS, as the certificate minted for it.
+    for (log, who) in [
+        ("coordinator.log", "the coordinator"),
+        ("ps-0.log", "shard 0"),
+        ("ps-1.log", "shard 1"),
+        ("worker-0.log", "replica 0"),
+        ("worker-1.log", "replica 1"),
+    ] {
+        let text = std::fs::read_to_string(run.run_dir().join("logs").join(log)).expect(log);
+        let line = format!("identity={who} of job local/audit-clean");
+        assert!(
+            text.contains("mutual TLS") && text.contains(&line),
+            "{log}: no {line}"
+        );
+    }
 }
 
 /// The audit's acknowledgement lines, per replica log: (incarnation, line).
