@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::Args;
 use distbelief_net::Serves;
 use distbelief_net::identity::{self, Authority, Peer};
-use distbelief_ps_client::probe::{self, RPCS, Service};
+use distbelief_ps_client::probe::{self, RPCS};
 use serde_json::json;
 use tonic::Code;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
@@ -72,10 +72,10 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
             trust.identity(Identity::from_pem(issued.cert_pem, issued.key_pem)),
         ));
     }
-    let targets: Vec<(Service, &String)> = [
-        (Service::Shard, &a.shard),
-        (Service::Coordinator, &a.coordinator),
-        (Service::Partition, &a.partition),
+    let targets: Vec<(Serves, &String)> = [
+        (Serves::Shards, &a.shard),
+        (Serves::Coordinator, &a.coordinator),
+        (Serves::Partitions, &a.partition),
     ]
     .into_iter()
     .filter_map(|(s, addr)| Some((s, addr.as_ref()?)))
@@ -124,7 +124,7 @@ pub fn run(a: ProbeArgs) -> anyhow::Result<ExitCode> {
 
 fn connect(
     caller: &Caller,
-    service: Service,
+    service: Serves,
     addr: &str,
     a: &ProbeArgs,
 ) -> anyhow::Result<tonic::transport::Channel> {
@@ -136,13 +136,8 @@ fn connect(
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(10));
     if let Some(tls) = tls {
-        let role = match service {
-            Service::Shard => Serves::Shards,
-            Service::Coordinator => Serves::Coordinator,
-            Service::Partition => Serves::Partitions,
-        };
         let job = a.job.as_deref().unwrap_or_default();
-        let name = identity::Identity::new(&a.namespace, job, Peer::Observer).server_name(role);
+        let name = identity::Identity::new(&a.namespace, job, Peer::Observer).server_name(service);
         e = e.tls_config(tls.domain_name(name))?;
     }
     Ok(e.connect_lazy())

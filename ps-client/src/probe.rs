@@ -4,6 +4,7 @@
 //! partition) and nothing else, so a call that gets past the check does
 //! nothing harmful with them.
 
+use distbelief_net::Serves;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::partition_client::PartitionClient;
@@ -11,41 +12,33 @@ use distbelief_proto::v1::*;
 use tonic::Status;
 use tonic::transport::Channel;
 
-/// The service an RPC belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Service {
-    Shard,
-    Coordinator,
-    Partition,
-}
-
 /// Every RPC of every role, by service.
-pub const RPCS: [(Service, &str); 17] = [
-    (Service::Shard, "Fetch"),
-    (Service::Shard, "FetchRows"),
-    (Service::Shard, "ExportRows"),
-    (Service::Shard, "Push"),
-    (Service::Shard, "Exchange"),
-    (Service::Shard, "Info"),
-    (Service::Shard, "Run"),
-    (Service::Shard, "CatchUp"),
-    (Service::Shard, "Install"),
-    (Service::Coordinator, "Report"),
-    (Service::Coordinator, "Status"),
-    (Service::Coordinator, "NextPortion"),
-    (Service::Coordinator, "CommitPortions"),
-    (Service::Coordinator, "PortionsPushed"),
-    (Service::Coordinator, "Chain"),
-    (Service::Coordinator, "NextDataShard"),
-    (Service::Partition, "Deliver"),
+pub const RPCS: [(Serves, &str); 17] = [
+    (Serves::Shards, "Fetch"),
+    (Serves::Shards, "FetchRows"),
+    (Serves::Shards, "ExportRows"),
+    (Serves::Shards, "Push"),
+    (Serves::Shards, "Exchange"),
+    (Serves::Shards, "Info"),
+    (Serves::Shards, "Run"),
+    (Serves::Shards, "CatchUp"),
+    (Serves::Shards, "Install"),
+    (Serves::Coordinator, "Report"),
+    (Serves::Coordinator, "Status"),
+    (Serves::Coordinator, "NextPortion"),
+    (Serves::Coordinator, "CommitPortions"),
+    (Serves::Coordinator, "PortionsPushed"),
+    (Serves::Coordinator, "Chain"),
+    (Serves::Coordinator, "NextDataShard"),
+    (Serves::Partitions, "Deliver"),
 ];
 
 /// Calls `rpc` of `service` on `channel`; `Ok` when the server answered it.
-pub async fn call(channel: Channel, service: Service, rpc: &str) -> Result<(), Status> {
+pub async fn call(channel: Channel, service: Serves, rpc: &str) -> Result<(), Status> {
     match service {
-        Service::Shard => shard(channel, rpc).await,
-        Service::Coordinator => coordinator(channel, rpc).await,
-        Service::Partition => PartitionClient::new(channel)
+        Serves::Shards => shard(channel, rpc).await,
+        Serves::Coordinator => coordinator(channel, rpc).await,
+        Serves::Partitions => PartitionClient::new(channel)
             .deliver(BoundaryChunk::default())
             .await
             .map(drop),

@@ -13,7 +13,7 @@ use distbelief_net::{Serves, identity};
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
 use distbelief_proto::v1::partition_client::PartitionClient;
 use distbelief_proto::v1::{BoundaryChunk, ProgressReport};
-use distbelief_ps_client::probe::{self, RPCS, Service};
+use distbelief_ps_client::probe::{self, RPCS};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
@@ -145,9 +145,9 @@ async fn every_rpc_refuses_callers_its_role_table_does_not_admit() {
         ("another job's coordinator", Caller::Stranger(stranger)),
     ];
     let address = |service| match service {
-        Service::Shard => &shard,
-        Service::Coordinator => &coordinator,
-        Service::Partition => &partition,
+        Serves::Shards => &shard,
+        Serves::Coordinator => &coordinator,
+        Serves::Partitions => &partition,
     };
     let mut refused = 0;
     for (who, caller) in &outsiders {
@@ -195,7 +195,7 @@ async fn every_rpc_refuses_callers_its_role_table_does_not_admit() {
     let mut denied = 0;
     for peer in peers {
         let caller = Caller::As(tls(&ca, &ca.issue(peer).expect("issue")));
-        let served = RPCS.iter().filter(|(s, _)| *s != Service::Partition);
+        let served = RPCS.iter().filter(|(s, _)| *s != Serves::Partitions);
         for &(service, rpc) in served {
             let r = probe::call(channel(&caller, address(service), &ca).await, service, rpc).await;
             match (admits(rpc, peer), r) {
