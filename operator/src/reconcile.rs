@@ -584,9 +584,17 @@ async fn secret_of(
         return Ok(found);
     }
     let secret = build().map_err(|e| (what(), Refused::Credentials(e)))?;
-    api.create(&PostParams::default(), &secret)
-        .await
-        .map_err(|e| (what(), e.into()))
+    match api.create(&PostParams::default(), &secret).await {
+        Ok(created) => Ok(created),
+        // Another reconcile of the job created it between the read and
+        // now: that one is the job's, and its certificates are kept.
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let found = api.get(name).await.map_err(|e| (what(), e.into()))?;
+            not_owned(&found, uid).map_err(|r| (what(), r))?;
+            Ok(found)
+        }
+        Err(e) => Err((what(), e.into())),
+    }
 }
 
 /// The job's CA, minted with the coordinator's and shards' certificates
