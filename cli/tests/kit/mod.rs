@@ -227,12 +227,20 @@ pub async fn create_job(kit: &Kit, ns: &str, job: &Value) -> DynamicObject {
         .expect("job created")
 }
 
-/// Polls `f` every 100 ms until it returns Some, failing after `limit`.
+/// How many times longer than its stated limit a wait may take. The limits
+/// guard against hangs and never measure speed: scripts/test.sh runs these
+/// tests beside the whole workspace's on 2 cores, and there the kit's API
+/// server has answered single requests only after its 60 s handler timeout.
+const PATIENCE: u32 = 4;
+
+/// Polls `f` every 100 ms until it returns Some, failing after `PATIENCE`
+/// times `limit`.
 pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
+    let limit = limit * PATIENCE;
     let start = Instant::now();
     loop {
         if let Some(v) = f().await {
@@ -247,15 +255,26 @@ where
 }
 
 /// Plays the kubelet (or the eviction API): writes a pod's status.
+/// A write the API server timed out or shed (5xx, 429) is tried again: a
+/// loaded kit does that, and the write is idempotent.
 async fn set_pod_status(kit: &Kit, ns: &str, pod: &str, status: Value) {
-    kit.pods(ns)
-        .patch_status(
-            pod,
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("cannot write the status of {pod}: {e}"));
+    let patch = Patch::Merge(json!({ "status": status }));
+    let mut tries = 0;
+    loop {
+        match kit
+            .pods(ns)
+            .patch_status(pod, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if (e.code >= 500 || e.code == 429) && tries < 5 => {
+                tries += 1;
+                println!("writing the status of {pod}: {e}; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("cannot write the status of {pod}: {e}"),
+        }
+    }
 }
 
 /// The pod runs and is Ready.
