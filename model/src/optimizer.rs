@@ -96,6 +96,16 @@ impl Optimizer {
     }
 }
 
+/// Every rule saturates at the largest finite f32 rather than reach ±inf:
+/// a finite gradient of about 1.8·10¹⁹ squares past f32::MAX, and a value
+/// of inf could never be restored (checkpoints and catch-ups refuse
+/// non-finite values), so one such push would make the shard unrestorable.
+/// Pushes of non-finite values are refused before they get here.
+#[inline(always)]
+pub fn finite(x: f32) -> f32 {
+    x.clamp(-f32::MAX, f32::MAX)
+}
+
 /// `p -= lr * g`
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512vl",
@@ -105,7 +115,7 @@ impl Optimizer {
 pub fn sgd(params: &mut [f32], grad: &[f32], lr: f32) {
     assert_eq!(params.len(), grad.len());
     for (p, g) in params.iter_mut().zip(grad) {
-        *p -= lr * g;
+        *p = finite(*p - lr * g);
     }
 }
 
@@ -121,9 +131,9 @@ pub fn sgd(params: &mut [f32], grad: &[f32], lr: f32) {
 pub fn adagrad(params: &mut [f32], accum: &mut [f32], grad: &[f32], lr: f32, eps: f32) {
     assert!(params.len() == grad.len() && accum.len() == grad.len());
     for ((p, a), g) in params.iter_mut().zip(accum.iter_mut()).zip(grad) {
-        let acc = *a + g * g;
+        let acc = (*a + g * g).min(f32::MAX);
         *a = acc;
-        *p -= lr * g / (acc.sqrt() + eps);
+        *p = finite(*p - lr * g / (acc.sqrt() + eps));
     }
 }
 
@@ -149,9 +159,9 @@ pub fn adagrad_summed(
         .zip(sum)
         .zip(squares)
     {
-        let acc = *a + sq;
+        let acc = (*a + sq).min(f32::MAX);
         *a = acc;
-        *p -= lr * g / (acc.sqrt() + eps);
+        *p = finite(*p - lr * g / (acc.sqrt() + eps));
     }
 }
 
@@ -173,9 +183,9 @@ pub fn adagrad_mean(
     assert!(params.len() == sum.len() && accum.len() == sum.len());
     let inv = 1.0 / steps.max(1) as f32;
     for ((p, a), g) in params.iter_mut().zip(accum.iter_mut()).zip(sum) {
-        let acc = *a + g * g * inv;
+        let acc = (*a + g * g * inv).min(f32::MAX);
         *a = acc;
-        *p -= lr * g / (acc.sqrt() + eps);
+        *p = finite(*p - lr * g / (acc.sqrt() + eps));
     }
 }
 

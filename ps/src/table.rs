@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use distbelief_model::Optimizer;
 use distbelief_model::keys::{KeyMap, KeySet};
 pub use distbelief_model::keys::{key_of, shard_of};
-use distbelief_model::optimizer::sgd;
+use distbelief_model::optimizer::{finite, sgd};
 
 use crate::error::PsError;
 
@@ -578,7 +578,7 @@ fn update_row(
                 Some(sq) => sq.iter().sum::<f32>(),
                 None => g.iter().map(|v| v * v).sum::<f32>() / steps.max(1) as f32,
             } / dim;
-            accum[0] += added;
+            accum[0] = finite(accum[0] + added);
             sgd(values, g, learning_rate / (accum[0].sqrt() + epsilon));
         }
         o => o.apply_push(values, accum, g, sq, steps),

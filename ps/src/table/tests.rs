@@ -228,6 +228,39 @@ fn a_restored_table_equals_the_saved_one_eviction_order_included() {
     assert_eq!(back, orig);
 }
 
+/// Restore accepts whatever apply can produce: a finite gradient whose
+/// square (or whose step) passes f32::MAX saturates there instead of
+/// leaving an inf that no restore or catch-up would take back.
+#[test]
+fn a_huge_finite_gradient_leaves_every_optimizer_s_table_restorable() {
+    let huge = 3.0e19_f32;
+    // SGD's step passes f32::MAX only with a large learning rate.
+    let sgd = Optimizer::Sgd {
+        learning_rate: 1.0e20,
+    };
+    for (o, row_wise) in [(sgd, false), (ADAGRAD, false), (ADAGRAD, true)] {
+        let mut t = Table::new(TableConfig {
+            row_wise,
+            ..config(o)
+        });
+        for _ in 0..3 {
+            t.apply(
+                &[1, 2],
+                &[huge, -huge, 1.0, 0.5, -huge, huge, 2.0, 0.0],
+                None,
+                1,
+            )
+            .unwrap();
+        }
+        t.apply(&[1], &[huge; 4], Some(&[f32::MAX; 4]), 2).unwrap();
+        let bytes = encode(&t);
+        let back = decode(&bytes, t.config(), "saved")
+            .unwrap_or_else(|e| panic!("{o:?} row_wise={row_wise}: {e}"));
+        assert_eq!(back, t);
+        assert!(fetched(&t, &[1, 2]).iter().all(|v| v.is_finite()));
+    }
+}
+
 #[test]
 fn a_damaged_or_foreign_table_state_is_refused_with_the_reason() {
     let mut t = Table::new(config(ADAGRAD));
