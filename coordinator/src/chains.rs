@@ -61,54 +61,90 @@ impl ChainBook {
         }
     }
 
-    /// The book of a coordinator that (re)starts, from what the members
-    /// that answered say (`views[shard][member]`, `None`: no answer).
+    /// The book of a coordinator that (re)starts: the book the last one
+    /// saved (`saved`, None when it saved none), corrected by what the
+    /// members that answered say of themselves (`views[shard][member]`,
+    /// None: no answer), under epochs above every epoch used before.
     ///
-    /// A shard whose members report a chain keeps the newest one reported:
-    /// its head holds every acknowledged push. A listed member that was
-    /// restarted meanwhile is taken out when it joins, as ever. A shard
-    /// none of whose members is in a chain (the whole job restarted) is
+    /// Epochs start at `generation` · 2³² or above the newest epoch saved or
+    /// reported, whichever is higher, so that (epoch) never names two
+    /// chains, and members, which take only newer epochs, follow this
+    /// coordinator and no earlier one.
+    ///
+    /// A saved chain is the truth, since the keeper saves every change
+    /// before anyone sees it: members that answered from outside every
+    /// chain (restarted, their place lost) leave it, and the others stay,
+    /// silent ones included, so that a member cut off with a stale view
+    /// never heads with a state that lacks pushes the others acknowledged.
+    /// If every listed member restarted, the one with the newest state
+    /// heads. Without a saved chain (a state saved before chains were, or
+    /// none), a shard keeps the newest chain its members report, or is
     /// headed by the member with the newest state, never by whichever
     /// joins first: the others then catch up from it.
-    pub fn rebuild(replication: u32, views: &[Vec<Option<MemberView>>]) -> Self {
-        let newest = views
+    pub fn rebuild(
+        replication: u32,
+        generation: u64,
+        saved: Option<&[Chain]>,
+        views: &[Vec<Option<MemberView>>],
+    ) -> Self {
+        let reported = views
             .iter()
             .flatten()
             .flatten()
-            .filter_map(|v| v.chain.as_ref().map(|c| c.epoch))
+            .filter_map(|v| v.chain.as_ref().map(|c| c.epoch));
+        let used = saved
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.epoch)
+            .chain(reported)
             .max();
-        // A fresh job (no member in a chain) keeps generation 0.
-        let base = newest.map_or(0, |e| (e / GENERATION + 1) * GENERATION);
+        let after_used = used.map_or(0, |e| (e / GENERATION + 1) * GENERATION);
+        let epoch = generation.saturating_mul(GENERATION).max(after_used) + 1;
         let chains = views
             .iter()
-            .map(|members| {
+            .enumerate()
+            .map(|(shard, members)| {
                 let answered = || {
                     members
                         .iter()
                         .enumerate()
                         .filter_map(|(m, v)| Some((m as u32, v.as_ref()?)))
                 };
+                let newest = |among: &dyn Fn(u32) -> bool| {
+                    answered()
+                        .filter(|&(m, _)| among(m))
+                        .max_by_key(|&(m, v)| (v.version, std::cmp::Reverse(m)))
+                        .map(|(m, _)| vec![m])
+                };
                 let reported = answered()
                     .filter_map(|(_, v)| v.chain.as_ref())
                     .filter(|c| !c.members.is_empty())
                     .max_by_key(|c| c.epoch);
-                match reported {
-                    Some(c) => Chain {
-                        epoch: base + 1,
-                        members: c.members.clone(),
-                    },
-                    None => {
-                        match answered().max_by_key(|&(m, v)| (v.version, std::cmp::Reverse(m))) {
-                            Some((m, _)) => Chain {
-                                epoch: base + 1,
-                                members: vec![m],
-                            },
-                            None => Chain {
-                                epoch: base,
-                                members: Vec::new(),
-                            },
+                let saved = saved
+                    .and_then(|s| s.get(shard))
+                    .filter(|c| !c.members.is_empty())
+                    .filter(|c| reported.is_none_or(|r| r.epoch <= c.epoch));
+                let members = match (saved, reported) {
+                    (Some(c), _) => {
+                        let restarted =
+                            |m: u32| matches!(members.get(m as usize), Some(Some(v)) if v.chain.is_none());
+                        let kept: Vec<u32> =
+                            c.members.iter().copied().filter(|&m| !restarted(m)).collect();
+                        if kept.is_empty() {
+                            newest(&|m| c.members.contains(&m))
+                        } else {
+                            Some(kept)
                         }
                     }
+                    (None, Some(c)) => Some(c.members.clone()),
+                    (None, None) => newest(&|_| true),
+                };
+                match members {
+                    Some(members) => Chain { epoch, members },
+                    None => Chain {
+                        epoch: epoch - 1,
+                        members: Vec::new(),
+                    },
                 }
             })
             .collect();
@@ -116,6 +152,11 @@ impl ChainBook {
             chains,
             replication,
         }
+    }
+
+    /// Every shard's chain, in shard order.
+    pub fn chains(&self) -> &[Chain] {
+        &self.chains
     }
 
     pub fn chain(&self, shard: u32) -> Option<&Chain> {
@@ -277,7 +318,7 @@ mod tests {
             // checkpoint; member 1 is still in the chain and keeps heading it.
             vec![view(None, 99), view(Some(chain(g + 3, &[1])), 50)],
         ];
-        let mut b = ChainBook::rebuild(2, &views);
+        let mut b = ChainBook::rebuild(2, 0, None, &views);
         assert_eq!(b.chain(0), Some(&chain(2 * g + 1, &[1, 0])));
         assert_eq!(b.chain(1), Some(&chain(2 * g + 1, &[1])));
         // The restarted member catches up from the head; it does not head.
@@ -296,7 +337,7 @@ mod tests {
             vec![None, None, None],
             vec![view(None, 0), view(None, 0), view(None, 0)],
         ];
-        let mut b = ChainBook::rebuild(3, &views);
+        let mut b = ChainBook::rebuild(3, 0, None, &views);
         assert_eq!(b.chain(0), Some(&chain(1, &[1])));
         assert_eq!(
             b.chain(1),
@@ -307,6 +348,64 @@ mod tests {
         // Member 1 joins: listed, it is taken out and, the chain empty, heads again.
         assert_eq!(b.join(0, 1), Some(chain(3, &[1])));
         assert_eq!(b.join(0, 0), Some(chain(3, &[1])));
+    }
+
+    /// Head 0 took 1 out (1 missed a forward) and acknowledged pushes
+    /// alone; the coordinator restarted while 0 was silent, and 1, cut off,
+    /// still reports the old [0, 1]. Rebuilt from that view alone, the book
+    /// made 1 head once 0 was suspected, and 0's pushes were lost. The
+    /// saved book keeps 0 as the only member, so the chain waits for it.
+    #[test]
+    fn a_member_s_stale_view_never_outweighs_the_saved_book() {
+        let g = GENERATION;
+        let saved = [chain(3, &[0])];
+        let views = vec![vec![None, view(Some(chain(2, &[0, 1])), 40)]];
+        let mut b = ChainBook::rebuild(2, 1, Some(&saved), &views);
+        assert_eq!(b.chain(0), Some(&chain(g + 1, &[0])));
+        assert_eq!(b.suspect(0, 0), Some(chain(g + 1, &[0])), "0 is waited for");
+        assert_eq!(b.join(0, 1), Some(chain(g + 1, &[0])), "1 must catch up");
+        // Without the saved book the old view decides, and 1 ends up head.
+        let mut old = ChainBook::rebuild(2, 1, None, &views);
+        assert_eq!(old.suspect(0, 0), Some(chain(g + 2, &[1])));
+    }
+
+    /// Members that restarted lose their place; silent ones keep it; when
+    /// every listed member restarted, the newest state among them heads.
+    #[test]
+    fn a_saved_chain_drops_the_members_that_restarted() {
+        let g = GENERATION;
+        let saved = [chain(9, &[0, 1]), chain(9, &[1, 0]), chain(9, &[2, 0])];
+        let views = vec![
+            vec![view(None, 50), view(Some(chain(9, &[0, 1])), 40)],
+            vec![view(None, 40), view(None, 42)],
+            vec![view(None, 99), None, None],
+        ];
+        let b = ChainBook::rebuild(3, 1, Some(&saved), &views);
+        assert_eq!(b.chain(0), Some(&chain(g + 1, &[1])));
+        assert_eq!(b.chain(1), Some(&chain(g + 1, &[1])));
+        assert_eq!(
+            b.chain(2),
+            Some(&chain(g + 1, &[2])),
+            "2 is silent, not restarted"
+        );
+    }
+
+    /// A rebuild that hears no chain used to start again at epoch 1, below
+    /// the epochs members had seen, which they ignore: on a one-shard job,
+    /// two heads for good. Epochs now start at the saved generation.
+    #[test]
+    fn epochs_never_go_back_when_no_member_answers() {
+        let g = GENERATION;
+        let views = vec![vec![None, None]];
+        let b = ChainBook::rebuild(2, 3, None, &views);
+        assert_eq!(b.chain(0), Some(&chain(3 * g, &[])));
+        let mut b = ChainBook::rebuild(2, 3, Some(&[chain(2 * g + 5, &[1])]), &views);
+        assert_eq!(b.chain(0), Some(&chain(3 * g + 1, &[1])));
+        assert_eq!(b.join(0, 0), Some(chain(3 * g + 1, &[1])));
+        // A saved epoch above the generation (an older coordinator's
+        // numbering) is passed too.
+        let b = ChainBook::rebuild(2, 1, Some(&[chain(4 * g + 2, &[0])]), &views);
+        assert_eq!(b.chain(0), Some(&chain(5 * g + 1, &[0])));
     }
 
     #[test]

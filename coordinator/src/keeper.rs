@@ -1,9 +1,11 @@
 //! The coordinator's side of replication: it keeps the chain book and
 //! answers members' requests. Before it takes a suspect out, it asks the
 //! suspect itself, so that one member's bad link cannot cut out a healthy
-//! one. A coordinator that (re)starts answers nothing until it has rebuilt
-//! the book from what the members say of themselves (see
-//! [`ChainBook::rebuild`]), so that a restart never empties a chain.
+//! one. Every change is saved with the tracker's state before any member
+//! hears of it, so that a restarted coordinator knows the chains exactly.
+//! A coordinator that (re)starts answers nothing until it has rebuilt the
+//! book from that and from what the members say of themselves (see
+//! [`ChainBook::rebuild`]).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -22,17 +24,59 @@ const PROBE_DEADLINE: Duration = Duration::from_millis(500);
 const REBUILD_PATIENCE: Duration = Duration::from_secs(10);
 
 pub struct ChainKeeper {
+    /// The book as saved: what members are told.
     book: Mutex<ChainBook>,
     replication: u32,
-    /// Set once the book was rebuilt from the members.
-    rebuilt: tokio::sync::OnceCell<()>,
+    /// This coordinator's generation and the book the last one saved, which
+    /// the rebuild starts from.
+    generation: u64,
+    saved: Option<Vec<Chain>>,
+    /// Held while a change is made and saved, and while the state is saved:
+    /// true once the book was rebuilt.
+    changes: tokio::sync::Mutex<bool>,
+    /// Set once the rebuilt book was saved: polls then read the book
+    /// without waiting for changes or saves.
+    ready: std::sync::atomic::AtomicBool,
     /// Per shard, per member.
     members: Vec<Vec<ParameterServerClient<Channel>>>,
 }
 
+/// The chains as saved in the tracker's state.
+pub fn configs(chains: &[Chain]) -> Vec<ChainConfig> {
+    chains
+        .iter()
+        .enumerate()
+        .map(|(shard, c)| ChainConfig {
+            shard: shard as u32,
+            epoch: c.epoch,
+            members: c.members.clone(),
+        })
+        .collect()
+}
+
+/// The chains of a saved state, in shard order.
+pub fn chains_of(saved: &[ChainConfig]) -> Vec<Chain> {
+    let mut chains = vec![Chain::default(); saved.len()];
+    for c in saved {
+        if let Some(slot) = chains.get_mut(c.shard as usize) {
+            *slot = Chain {
+                epoch: c.epoch,
+                members: c.members.clone(),
+            };
+        }
+    }
+    chains
+}
+
 impl ChainKeeper {
     /// `addrs` lists every member of shard 0, then of shard 1, and so on.
-    pub fn new(shards: usize, replication: usize, addrs: &[String]) -> Result<Self, String> {
+    pub fn new(
+        shards: usize,
+        replication: usize,
+        addrs: &[String],
+        generation: u64,
+        saved: Option<Vec<Chain>>,
+    ) -> Result<Self, String> {
         if addrs.len() != shards * replication {
             return Err(format!(
                 "{} shard addresses for {shards} shards × {replication} members",
@@ -55,14 +99,23 @@ impl ChainKeeper {
         Ok(ChainKeeper {
             book: Mutex::new(ChainBook::new(shards, replication as u32)),
             replication: replication as u32,
-            rebuilt: tokio::sync::OnceCell::new(),
+            generation,
+            saved,
+            changes: tokio::sync::Mutex::new(false),
+            ready: std::sync::atomic::AtomicBool::new(false),
             members,
         })
     }
 
+    /// Holds off chain changes while the caller saves the state.
+    pub async fn hold(&self) -> tokio::sync::MutexGuard<'_, bool> {
+        self.changes.lock().await
+    }
+
     /// Asks every member where it stands, until all have answered or
-    /// [`REBUILD_PATIENCE`] has passed, and rebuilds the book from that.
-    async fn rebuild(&self) {
+    /// [`REBUILD_PATIENCE`] has passed, and rebuilds the book from that
+    /// and the saved book.
+    async fn rebuild(&self) -> ChainBook {
         let deadline = tokio::time::Instant::now() + REBUILD_PATIENCE;
         let mut views: Vec<Vec<Option<MemberView>>> =
             self.members.iter().map(|m| vec![None; m.len()]).collect();
@@ -94,13 +147,18 @@ impl ChainKeeper {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let silent = views.iter().flatten().filter(|v| v.is_none()).count();
-        let book = ChainBook::rebuild(self.replication, &views);
+        let book = ChainBook::rebuild(
+            self.replication,
+            self.generation,
+            self.saved.as_deref(),
+            &views,
+        );
         for shard in 0..views.len() as u32 {
             if let Some(c) = book.chain(shard) {
-                tracing::info!(shard, epoch = c.epoch, members = ?c.members, silent, "chain rebuilt from the members");
+                tracing::info!(shard, epoch = c.epoch, members = ?c.members, silent, saved = self.saved.is_some(), "chain rebuilt");
             }
         }
-        *self.book() = book;
+        book
     }
 
     /// Every shard's chain as the book has it now, in shard order.
@@ -130,20 +188,50 @@ impl ChainKeeper {
         )
     }
 
-    pub async fn handle(&self, req: &ChainRequest) -> Result<ChainConfig, Status> {
-        self.rebuilt.get_or_init(|| self.rebuild()).await;
+    /// Answers a member. A change is made on a copy of the book, saved by
+    /// `save` and only then made the book, so that no member hears of a
+    /// change a restarted coordinator would not know.
+    pub async fn handle<F>(
+        &self,
+        req: &ChainRequest,
+        save: impl FnOnce(Vec<Chain>) -> F,
+    ) -> Result<ChainConfig, Status>
+    where
+        F: std::future::Future<Output = Result<(), String>>,
+    {
         let (shard, member, about) = (req.shard, req.member, req.about);
         let kind = ChainRequestKind::try_from(req.kind)
             .map_err(|_| Status::invalid_argument("unknown chain request"))?;
-        let before = self.book().chain(shard).cloned();
+        use std::sync::atomic::Ordering;
+        if kind == ChainRequestKind::Poll && self.ready.load(Ordering::Acquire) {
+            let chain = self
+                .book()
+                .chain(shard)
+                .cloned()
+                .ok_or_else(|| Status::out_of_range(format!("no shard {shard}")))?;
+            return Ok(ChainConfig {
+                shard,
+                epoch: chain.epoch,
+                members: chain.members,
+            });
+        }
+        // Asked before the book is held: a probe takes up to its deadline.
+        let silent = kind == ChainRequestKind::Suspect && !self.answers(shard, about).await;
+        let mut rebuilt = self.changes.lock().await;
+        let mut book = if *rebuilt {
+            self.book().clone()
+        } else {
+            self.rebuild().await
+        };
+        let before = book.chains().to_vec();
         let chain = match kind {
-            ChainRequestKind::Poll => self.book().chain(shard).cloned(),
-            ChainRequestKind::Join => self.book().join(shard, member),
+            ChainRequestKind::Poll => book.chain(shard).cloned(),
+            ChainRequestKind::Join => book.join(shard, member),
             ChainRequestKind::Suspect => {
-                if self.answers(shard, about).await {
-                    self.book().chain(shard).cloned()
+                if !silent {
+                    book.chain(shard).cloned()
                 } else {
-                    let after = self.book().suspect(shard, about);
+                    let after = book.suspect(shard, about);
                     let kept = after.as_ref().is_some_and(|c| c.members.contains(&about));
                     tracing::warn!(
                         shard,
@@ -159,19 +247,27 @@ impl ChainKeeper {
                     after
                 }
             }
-            ChainRequestKind::Remove => self
-                .book()
+            ChainRequestKind::Remove => book
                 .remove_for_head(shard, member, req.epoch, about)
                 .map(Answer::into_chain),
-            ChainRequestKind::Promote => self
-                .book()
+            ChainRequestKind::Promote => book
                 .promote(shard, member, req.epoch, about)
                 .map(Answer::into_chain),
         };
         let chain = chain.ok_or_else(|| {
             Status::out_of_range(format!("no shard {shard} or no member {member}/{about}"))
         })?;
-        if before.as_ref() != Some(&chain) {
+        if !*rebuilt || book.chains() != before {
+            save(book.chains().to_vec()).await.map_err(|e| {
+                Status::unavailable(format!(
+                    "the chains could not be saved, so nothing changed: {e}"
+                ))
+            })?;
+            *self.book() = book;
+            *rebuilt = true;
+            self.ready.store(true, Ordering::Release);
+        }
+        if before.get(shard as usize) != Some(&chain) {
             tracing::info!(shard, epoch = chain.epoch, members = ?chain.members, cause = ?kind, "chain changed");
         }
         Ok(ChainConfig {

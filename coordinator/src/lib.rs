@@ -142,6 +142,9 @@ struct Shared {
     save_now: tokio::sync::Notify,
     /// Replication: the shards' chains.
     chains: Option<keeper::ChainKeeper>,
+    /// Where the tracker's state (with the chains) is saved, if anywhere.
+    store: Option<persist::StateStore>,
+    job_uid: String,
     /// The training file's empty cells per column, as read at the start.
     empty_cells: Vec<ColumnCount>,
 }
@@ -170,11 +173,29 @@ impl Shared {
     }
     /// The tracker's state to save and the status it shows, from one look.
     fn state_and_status(&self, now: f64) -> (distbelief_proto::v1::TrackerState, JobStatus) {
-        let (state, status) = {
+        let (mut state, status) = {
             let t = self.tracker();
             (t.save(now), t.status(now))
         };
+        if let Some(k) = &self.chains {
+            state.chains = keeper::configs(&k.chains());
+        }
         (state, self.finish_status(status))
+    }
+    /// Saves `state` for this job, if there is a store.
+    async fn save(&self, mut state: distbelief_proto::v1::TrackerState) -> Result<(), String> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        state.job_uid.clone_from(&self.job_uid);
+        store.save(&state).await
+    }
+    /// Saves the state with `chains` in place of the book's: the keeper
+    /// calls it, holding its changes, before a change is seen.
+    async fn save_chains(&self, chains: Vec<chains::Chain>) -> Result<(), String> {
+        let (mut state, _) = self.state_and_status(self.now());
+        state.chains = keeper::configs(&chains);
+        self.save(state).await
     }
     fn finish_status(&self, mut s: JobStatus) -> JobStatus {
         if self.output.is_some() && *self.saved() == Saved::Pending {
@@ -274,7 +295,10 @@ impl Coordinator for Service {
             self.shared.chains.as_ref().ok_or_else(|| {
                 Status::failed_precondition("this job's shards are not replicated")
             })?;
-        keeper.handle(req.get_ref()).await.map(Response::new)
+        keeper
+            .handle(req.get_ref(), |c| self.shared.save_chains(c))
+            .await
+            .map(Response::new)
     }
 }
 
@@ -418,18 +442,22 @@ pub async fn serve(
         tracker = tracker.with_data_shards(n, job.downpour.seed);
     }
     // With a store, only saved progress is shown, from the start on.
-    let (clock_base, shown) = match &opts.state {
+    let (clock_base, shown, saved_chains) = match &opts.state {
         Some(store) => {
-            let at = persist::restore(store, &opts.job_uid, &mut tracker)
+            let saved = persist::restore(store, &opts.job_uid, &mut tracker)
                 .await
-                .map_err(CoordinatorError::State)?
-                .unwrap_or(0.0);
+                .map_err(CoordinatorError::State)?;
+            let at = saved.as_ref().map_or(0.0, |s| s.at);
             let mut status = tracker.status(at);
             // A finished job's model is saved again before it is done.
             status.done &= opts.output.is_none();
-            (at, Some(status))
+            (
+                at,
+                Some(status),
+                saved.map(|s| keeper::chains_of(&s.chains)),
+            )
         }
-        None => (0.0, None),
+        None => (0.0, None, None),
     };
     let generation = tracker.generation();
     let shared = Arc::new(Shared {
@@ -454,10 +482,18 @@ pub async fn serve(
         chains: match job.replication() {
             1 => None,
             r => Some(
-                keeper::ChainKeeper::new(job.shards(), r, &opts.shards)
-                    .map_err(CoordinatorError::Chains)?,
+                keeper::ChainKeeper::new(
+                    job.shards(),
+                    r,
+                    &opts.shards,
+                    generation,
+                    saved_chains.filter(|c| !c.is_empty()),
+                )
+                .map_err(CoordinatorError::Chains)?,
             ),
         },
+        store: opts.state.clone(),
+        job_uid: opts.job_uid.clone(),
         empty_cells,
     });
     let driver = match (&job.sandblaster, &shared.portions) {
@@ -483,13 +519,7 @@ pub async fn serve(
             Duration::from_millis(250)
         };
         let publish_every = Duration::from_secs(5).min(every.max(Duration::from_secs(1)));
-        tokio::spawn(persist::keep(
-            shared.clone(),
-            opts.state.clone(),
-            opts.job_uid.clone(),
-            save_every,
-            publish_every,
-        ))
+        tokio::spawn(persist::keep(shared.clone(), save_every, publish_every))
     });
     let beating = {
         let (shared, heartbeat) = (shared.clone(), opts.heartbeat.clone());

@@ -131,12 +131,13 @@ impl StateStore {
 }
 
 /// Restores `tracker` from what `store` holds, if anything; the saved
-/// clock, which the coordinator's continues from.
+/// state, whose clock the coordinator's continues from and whose chains
+/// the chain keeper starts from.
 pub(crate) async fn restore(
     store: &StateStore,
     job_uid: &str,
     tracker: &mut Tracker,
-) -> Result<Option<f64>, String> {
+) -> Result<Option<TrackerState>, String> {
     let Some(saved) = store.load_patiently(job_uid).await? else {
         return Ok(None);
     };
@@ -152,20 +153,14 @@ pub(crate) async fn restore(
         generation = tracker.generation(),
         "restored the tracker a previous coordinator saved"
     );
-    Ok(Some(saved.at))
+    Ok(Some(saved))
 }
 
 /// Saves the tracker's state every `save_every` and, at most every
 /// `publish_every`, publishes the progress of a state just saved (on
 /// Kubernetes, into the job's status). A save that fails publishes nothing,
 /// so that nothing shown is lost on a restart.
-pub(crate) async fn keep(
-    shared: Arc<Shared>,
-    store: Option<StateStore>,
-    job_uid: String,
-    save_every: Duration,
-    publish_every: Duration,
-) {
+pub(crate) async fn keep(shared: Arc<Shared>, save_every: Duration, publish_every: Duration) {
     let mut tick = tokio::time::interval(save_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     #[cfg(feature = "kubernetes")]
@@ -178,11 +173,15 @@ pub(crate) async fn keep(
             _ = tick.tick() => {}
             _ = shared.save_now.notified() => {}
         }
-        let now = shared.now();
-        let (mut state, status) = shared.state_and_status(now);
-        state.job_uid.clone_from(&job_uid);
-        if let Some(store) = &store {
-            if let Err(e) = store.save(&state).await {
+        // No chain changes while the state is read and saved: a save of
+        // the book as it was must not land after one of a newer book.
+        let changes = match &shared.chains {
+            Some(k) => Some(k.hold().await),
+            None => None,
+        };
+        let (state, status) = shared.state_and_status(shared.now());
+        if shared.store.is_some() {
+            if let Err(e) = shared.save(state).await {
                 // The end is shown all the same: a job must not hang on a
                 // full disk or a deleted ConfigMap. Only then may a restart
                 // show less than was shown.
@@ -194,6 +193,7 @@ pub(crate) async fn keep(
             }
             *shared.shown.lock().unwrap_or_else(|p| p.into_inner()) = Some(status.clone());
         }
+        drop(changes);
         #[cfg(feature = "kubernetes")]
         if let Some(p) = publisher.as_mut()
             && (status.done || p.due(publish_every))

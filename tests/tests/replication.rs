@@ -39,16 +39,22 @@ struct Members {
     registries: Vec<prometheus::Registry>,
     coordinator_stop: watch::Sender<bool>,
     coordinator_task: Option<tokio::task::JoinHandle<()>>,
+    /// The coordinator's saved state, as a run directory keeps it.
+    state: tempfile::TempDir,
 }
 
 fn serve_coordinator(
     job: &distbelief_api::Job,
     addrs: &[String],
+    state: &std::path::Path,
     l: TcpListener,
 ) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let (stop, rx) = watch::channel(false);
-    let opts =
+    let mut opts =
         distbelief_coordinator::CoordinatorOptions::new(addrs.to_vec(), Duration::from_secs(5));
+    opts.state = Some(distbelief_coordinator::persist::StateStore::File(
+        state.to_path_buf(),
+    ));
     let j = job.clone();
     let task = tokio::spawn(async move {
         let _ =
@@ -91,7 +97,9 @@ impl Members {
             .collect();
         let cl = bind("127.0.0.1:0").await;
         let coordinator = cl.local_addr().unwrap().to_string();
-        let (stop, coordinator_task) = serve_coordinator(&job, &addrs, cl);
+        let state = tempfile::tempdir().expect("state directory");
+        let (stop, coordinator_task) =
+            serve_coordinator(&job, &addrs, &state.path().join("tracker.pb"), cl);
         let mut m = Members {
             job,
             addrs,
@@ -101,6 +109,7 @@ impl Members {
             registries: vec![prometheus::Registry::new(), prometheus::Registry::new()],
             coordinator_stop: stop,
             coordinator_task: Some(coordinator_task),
+            state,
         };
         for (i, l) in listeners.into_iter().enumerate() {
             m.serve(i as u32, l);
@@ -181,7 +190,12 @@ impl Members {
 
     async fn start_coordinator(&mut self) {
         let l = bind(&self.coordinator.clone()).await;
-        let (stop, task) = serve_coordinator(&self.job, &self.addrs, l);
+        let (stop, task) = serve_coordinator(
+            &self.job,
+            &self.addrs,
+            &self.state.path().join("tracker.pb"),
+            l,
+        );
         self.coordinator_stop = stop;
         self.coordinator_task = Some(task);
     }
@@ -211,6 +225,13 @@ impl Members {
             assert!(Instant::now() < deadline, "the chain never had {n} members");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Shard 0's chain in the coordinator's saved state.
+    fn saved_chain(&self) -> distbelief_proto::v1::ChainConfig {
+        let bytes = std::fs::read(self.state.path().join("tracker.pb")).expect("a saved state");
+        let state = distbelief_coordinator::persist::decode(&bytes).expect("a tracker state");
+        state.chains.into_iter().next().expect("a saved chain")
     }
 
     fn raw(&self, member: u32) -> ParameterServerClient<tonic::transport::Channel> {
@@ -582,6 +603,9 @@ async fn a_restarted_coordinator_keeps_the_chain_and_a_restarted_member_catches_
     for seq in 1..=3 {
         push(&mut c, seq, n).await;
     }
+    // The chain was saved before the members heard of it.
+    let saved = m.saved_chain();
+    assert_eq!((saved.epoch, &saved.members), (epoch, &chain));
     m.restart_coordinator().await;
     let (rebuilt, members) = m.chain_of(2).await;
     assert_eq!(members, chain, "the same head and members");
@@ -589,6 +613,7 @@ async fn a_restarted_coordinator_keeps_the_chain_and_a_restarted_member_catches_
         rebuilt >= 1 << 32,
         "a new generation: epoch {rebuilt} after {epoch}"
     );
+    assert_eq!(m.saved_chain().epoch, rebuilt, "saved under the new epoch");
     // The member dies and is taken out on the next push; it comes back
     // with no state at all (this harness keeps no checkpoints).
     let back = chain[1];

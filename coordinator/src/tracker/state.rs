@@ -42,6 +42,8 @@ impl Tracker {
             fetch_bytes: self.fetch_bytes,
             updates: self.updates,
             data_shards: self.data.as_ref().map(crate::data_shards::DataShards::save),
+            // The chain keeper's, added by whoever saves.
+            chains: Vec::new(),
         }
     }
 
