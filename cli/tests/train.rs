@@ -864,11 +864,43 @@ spec:
     s
 }
 
+/// Network cuts need root (cgroups and iptables; the test command runs as
+/// root): elsewhere a run with cuts is refused, so its test says why it
+/// skips.
+fn can_cut(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    #[allow(unsafe_code)]
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        println!("SKIP {test}: network cuts need root (cgroups and iptables)");
+    }
+    root
+}
+
+/// Every kind of cut happened at least once.
+fn assert_every_cut(s: &serde_json::Value) {
+    let cuts = &s["chaos"]["cuts"];
+    for kind in [
+        "member_from_coordinator",
+        "head_from_followers",
+        "coordinator_from_all",
+        "replica_from_shard",
+    ] {
+        assert!(cuts[kind].as_u64().unwrap_or(0) >= 1, "no {kind} cut: {s}");
+    }
+}
+
 #[test]
-fn chaos_with_replication_2_and_a_killed_and_frozen_coordinator_loses_no_acknowledged_push_and_applies_none_twice()
+fn chaos_with_replication_2_cuts_and_a_killed_and_frozen_coordinator_loses_no_acknowledged_push_and_applies_none_twice()
  {
-    // The coordinator too: killed at 10 s and 20 s, frozen at 30 s.
-    let s = chaos_run("chaos-r2", 2, ",coordinator=10s");
+    if !can_cut("chaos_with_replication_2_cuts…") {
+        return;
+    }
+    // The coordinator too: killed at 20 s and 40 s, frozen at 60 s; and a
+    // network cut of each kind in turn every 15 s, each lasting 12 s, longer
+    // than every timeout the processes act on.
+    let s = chaos_run("chaos-r2", 2, ",coordinator=20s,cut=15s,cut-for=12s");
+    assert_every_cut(&s);
     assert!(
         s["chaos"]["coordinator_killed"].as_u64().unwrap() >= 2,
         "{s}"
@@ -877,6 +909,9 @@ fn chaos_with_replication_2_and_a_killed_and_frozen_coordinator_loses_no_acknowl
         s["chaos"]["coordinator_frozen"].as_u64().unwrap() >= 1,
         "{s}"
     );
+    // Shard faults are aimed at heads (the first, and about every other
+    // one): the chain's head changed under load and nothing was lost.
+    assert!(s["chaos"]["shard_heads_hit"].as_u64().unwrap() >= 1, "{s}");
     let (acknowledged, applied, lost, duplicated) = audit(&s);
     assert!(acknowledged > 0, "{s}");
     assert_eq!((lost, duplicated), (0, 0), "{s}");
@@ -1175,7 +1210,8 @@ fn the_adult_example_reaches_auc_0_90_with_2_shards_and_2_replicas_and_loses_no_
 /// and frozen. Its pushes carry table rows, and the audit counts them as any
 /// push; the model saved at the end holds the tables (`check_model`).
 #[test]
-fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_applies_none_twice() {
+fn chaos_on_a_sparse_job_with_replication_2_and_cuts_loses_no_acknowledged_push_and_applies_none_twice()
+ {
     let yaml = sparse_job(
         "adult-chaos",
         "{targetTestAuc: 0.905, maxEpochs: 40, maxSeconds: 150, evalIntervalSeconds: 0.5}",
@@ -1192,13 +1228,11 @@ fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_appli
         "  replicas:\n    count: 2\n",
         "  replicas:\n    count: 2\n    maxRestarts: 30\n",
     );
-    let mut run = Run::start_with(
-        yaml,
-        &[
-            "--chaos",
-            "replica=8s,shard=12s,coordinator=15s,for=60s,seed=5",
-        ],
-    );
+    let chaos = match can_cut("chaos_on_a_sparse_job_with_replication_2…") {
+        true => "replica=8s,shard=12s,coordinator=15s,cut=13s,cut-for=12s,for=60s,seed=5",
+        false => return,
+    };
+    let mut run = Run::start_with(yaml, &["--chaos", chaos]);
     let s = run.finish(Duration::from_secs(200));
     assert_eq!(s["outcome"], "finished", "{s}");
     let chaos = &s["chaos"];
@@ -1209,6 +1243,9 @@ fn chaos_on_a_sparse_job_with_replication_2_loses_no_acknowledged_push_and_appli
         chaos["shards_killed"].as_u64().unwrap() + chaos["shards_frozen"].as_u64().unwrap() >= 1,
         "{s}"
     );
+    // The first shard fault is aimed at a head: a new head took over.
+    assert!(chaos["shard_heads_hit"].as_u64().unwrap() >= 1, "{s}");
+    assert_every_cut(&s);
     let (acknowledged, applied, lost, duplicated) = audit(&s);
     eprintln!(
         "sparse chaos, replication 2: {} in {:.0} s, best auc {}",

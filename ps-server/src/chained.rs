@@ -87,19 +87,24 @@ impl ShardService {
 
     /// With the push slot free again: what is left of a push the head
     /// applied, every other member applying it. A member that failed is
-    /// taken out of the chain, so that the push can be acknowledged; while
-    /// the coordinator cannot take it out the push is not acknowledged, and
-    /// a head that finds another member heading leaves the chain. Owned, so
+    /// taken out of the chain; while the coordinator cannot take it out the
+    /// push is not acknowledged, and a head that finds another member
+    /// heading leaves the chain. The push is acknowledged only once
+    /// [`Membership::min_members`] hold it: a head left alone answers
+    /// `UNAVAILABLE`, and the retries are acknowledged once a member has
+    /// caught up (which brings it every push the head applied). Owned, so
     /// that an exchange can answer with parameters while this runs.
     pub(crate) fn settle(&self, m: &Arc<Membership>, answers: Vec<(u32, Answer)>) -> Replicated {
         let m = m.clone();
         let forward_failures = self.metrics.forward_failures.clone();
         Box::pin(async move {
+            let mut held = 1;
             for (to, answer) in answers {
                 let result = answer
                     .await
                     .unwrap_or_else(|_| Err(Status::unavailable("the forwarder has stopped")));
                 let Err(e) = result else {
+                    held += 1;
                     continue;
                 };
                 tracing::warn!(
@@ -139,6 +144,12 @@ impl ShardService {
                     tokio::time::sleep(COORDINATOR_RETRY).await;
                 }
                 m.reset_forwarder(to);
+            }
+            if held < m.min_members() {
+                return Err(Status::unavailable(format!(
+                    "member {} of shard {} holds the push alone; it is acknowledged once another member has caught up; push again",
+                    m.me, m.shard
+                )));
             }
             Ok(())
         })

@@ -136,6 +136,14 @@ impl Membership {
         self.chain.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// How many members must hold a push before the head acknowledges it:
+    /// two when the shard has two or more. A head alone must not
+    /// acknowledge: its death (or a cut that outlives it) would lose what it
+    /// acknowledged, since no other member holds it.
+    pub fn min_members(&self) -> usize {
+        self.peers.len().min(2)
+    }
+
     pub fn head(&self) -> Option<u32> {
         self.chain().and_then(|c| c.members.first().copied())
     }

@@ -303,6 +303,25 @@ async fn push(c: &mut ShardClient, sequence: u64, n: usize) -> Duration {
     }
 }
 
+/// Pushes until the head answers that it holds the push alone: with one
+/// member left, a push is applied but not acknowledged.
+async fn refused_as_alone(c: &mut ShardClient, sequence: u64, n: usize) {
+    let started = Instant::now();
+    loop {
+        let chunks = c.dense_chunks(id(sequence), &vec![0.5; n]);
+        match c.push(chunks).await {
+            Err(e) if e.to_string().contains("holds the push alone") => return,
+            Ok(_) => panic!("push {sequence} was acknowledged by a member alone"),
+            Err(_) => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "push {sequence} was never refused as held alone"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_push_is_on_every_member_and_survives_the_heads_death() {
     let mut m = Members::start().await;
@@ -313,14 +332,20 @@ async fn an_acknowledged_push_is_on_every_member_and_survives_the_heads_death() 
         push(&mut c, seq, n).await;
     }
     assert_eq!((m.version(0).await, m.version(1).await), (3, 3));
-    // The head dies; the next push is acknowledged by the other member,
-    // which the coordinator made head once it found the old one silent.
+    // The head dies; the coordinator makes the other member head once it
+    // finds the old one silent. Alone, it applies the next push but does
+    // not acknowledge it: its own death would lose it.
     let head = chain[0];
     m.kill(head);
-    push(&mut c, 4, n).await;
+    refused_as_alone(&mut c, 4, n).await;
     let (_, chain) = m.chain_of(1).await;
     assert_eq!(chain, vec![1 - head]);
-    assert_eq!(m.version(1 - head).await, 4);
+    // The old head's process comes back with no state, catches up from the
+    // new head, and the push is acknowledged: applied once, on both.
+    m.restart(head).await;
+    push(&mut c, 4, n).await;
+    m.chain_of(2).await;
+    assert_eq!((m.version(1 - head).await, m.version(head).await), (4, 4));
     // A retry of an acknowledged push is not applied again.
     push(&mut c, 4, n).await;
     assert_eq!(m.version(1 - head).await, 4);
@@ -335,10 +360,9 @@ async fn a_member_that_returns_catches_up_before_it_serves() {
     push(&mut c, 1, n).await;
     let back = chain[1];
     m.kill(back);
-    // The head takes the silent member out when a forward fails.
-    for seq in 2..=5 {
-        push(&mut c, seq, n).await;
-    }
+    // The head takes the silent member out when a forward fails, and then
+    // holds the push alone: applied, not acknowledged.
+    refused_as_alone(&mut c, 2, n).await;
     m.chain_of(1).await;
     m.restart(back).await;
     // Until it is back in the chain it refuses fetches; any it serves holds
@@ -382,7 +406,9 @@ async fn a_member_that_returns_catches_up_before_it_serves() {
     }
     m.chain_of(2).await;
     assert_eq!(m.version(back).await, m.version(head).await);
-    push(&mut c, 6, n).await;
+    for seq in 2..=6 {
+        push(&mut c, seq, n).await;
+    }
     assert_eq!((m.version(back).await, m.version(head).await), (6, 6));
 }
 
@@ -614,12 +640,14 @@ async fn a_restarted_coordinator_keeps_the_chain_and_a_restarted_member_catches_
         "a new generation: epoch {rebuilt} after {epoch}"
     );
     assert_eq!(m.saved_chain().epoch, rebuilt, "saved under the new epoch");
-    // The member dies and is taken out on the next push; it comes back
-    // with no state at all (this harness keeps no checkpoints).
+    // The member dies and is taken out on the next push, which the head
+    // then holds alone; it comes back with no state at all (this harness
+    // keeps no checkpoints) and catches up, and the push is acknowledged.
     let back = chain[1];
     m.kill(back);
-    push(&mut c, 4, n).await;
+    refused_as_alone(&mut c, 4, n).await;
     m.restart(back).await;
+    push(&mut c, 4, n).await;
     // The restarted member is back in the chain only once it caught up.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -1,7 +1,9 @@
 //! Chaos mode of the local runtime (`distbelief train JOB --chaos SPEC`):
 //! for a bounded time, SIGKILL a random replica every so often, SIGKILL
 //! or SIGSTOP (freeze) a random shard every so often, and kill or freeze the
-//! coordinator every so often (kill, kill, freeze, in turn). The runtime then has to
+//! coordinator every so often (kill, kill, freeze, in turn), and cut the
+//! network between live processes every so often (see `cuts.rs`), each
+//! kind of cut in turn. The runtime then has to
 //! notice (a frozen shard answers nothing), restart what died, and at the
 //! end the audit says whether any acknowledged push was lost or applied
 //! twice. This file only decides what to break and when; the runtime does it.
@@ -23,11 +25,18 @@ pub struct ChaosSpec {
     pub replica_every: Option<Duration>,
     pub shard_every: Option<Duration>,
     pub coordinator_every: Option<Duration>,
+    /// How often a network cut starts, and how long each lasts.
+    pub cut_every: Option<Duration>,
+    pub cut_for: Duration,
     /// Faults stop after this long; the job then runs on to its end.
     pub duration: Duration,
     pub shard_faults: ShardFaults,
     pub seed: u64,
 }
+
+/// How long a cut lasts unless `cut-for` says: longer than every timeout
+/// the processes act on (10 s for a coordinator's rebuild, 3 s of silence).
+const CUT_FOR: Duration = Duration::from_secs(12);
 
 /// The longest chaos a spec may ask for: chaos is for tests and drills.
 const MAX_DURATION: Duration = Duration::from_secs(3600);
@@ -58,12 +67,14 @@ fn duration(key: &str, v: &str) -> Result<Duration, String> {
 impl std::str::FromStr for ChaosSpec {
     type Err = String;
 
-    /// `replica=10s,shard=20s,coordinator=30s,for=3m[,shard-fault=kill|freeze|both][,seed=N]`.
+    /// `replica=10s,shard=20s,coordinator=30s,cut=30s,for=3m[,cut-for=12s][,shard-fault=kill|freeze|both][,seed=N]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = ChaosSpec {
             replica_every: None,
             shard_every: None,
             coordinator_every: None,
+            cut_every: None,
+            cut_for: CUT_FOR,
             duration: Duration::ZERO,
             shard_faults: ShardFaults::Both,
             seed: 1,
@@ -76,6 +87,8 @@ impl std::str::FromStr for ChaosSpec {
                 "replica" => spec.replica_every = Some(duration(key, value)?),
                 "shard" => spec.shard_every = Some(duration(key, value)?),
                 "coordinator" => spec.coordinator_every = Some(duration(key, value)?),
+                "cut" => spec.cut_every = Some(duration(key, value)?),
+                "cut-for" => spec.cut_for = duration(key, value)?,
                 "for" => spec.duration = duration(key, value)?,
                 "shard-fault" => {
                     spec.shard_faults = match value {
@@ -92,7 +105,7 @@ impl std::str::FromStr for ChaosSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown key {key:?}: use replica, shard, coordinator, for, shard-fault, seed"
+                        "unknown key {key:?}: use replica, shard, coordinator, cut, cut-for, for, shard-fault, seed"
                     ));
                 }
             }
@@ -100,10 +113,18 @@ impl std::str::FromStr for ChaosSpec {
         if spec.replica_every.is_none()
             && spec.shard_every.is_none()
             && spec.coordinator_every.is_none()
+            && spec.cut_every.is_none()
         {
             return Err(
-                "say what to break: replica=DURATION, shard=DURATION, coordinator=DURATION".into(),
+                "say what to break: replica=DURATION, shard=DURATION, coordinator=DURATION, cut=DURATION"
+                    .into(),
             );
+        }
+        if let Some(every) = spec.cut_every.filter(|e| *e <= spec.cut_for) {
+            return Err(format!(
+                "cut={every:?} with cut-for={:?}: a cut must end before the next starts",
+                spec.cut_for
+            ));
         }
         if spec.duration.is_zero() {
             return Err("say how long: for=DURATION (at most 1 hour)".into());
@@ -119,6 +140,43 @@ pub enum Fault {
     FreezeShard(u32),
     KillCoordinator,
     FreezeCoordinator,
+    /// A network cut of this kind starts; the runtime picks whom it cuts.
+    Cut(CutKind),
+    /// The cut in force ends.
+    Heal,
+}
+
+/// Whom a cut separates, every process staying alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CutKind {
+    /// A shard process from the coordinator.
+    MemberFromCoordinator,
+    /// A chain's head from the other members of its shard.
+    HeadFromFollowers,
+    /// The coordinator from every other process.
+    CoordinatorFromAll,
+    /// A replica from every process of one shard.
+    ReplicaFromShard,
+}
+
+impl CutKind {
+    /// In the order cuts take turns.
+    pub const ALL: [CutKind; 4] = [
+        CutKind::MemberFromCoordinator,
+        CutKind::HeadFromFollowers,
+        CutKind::CoordinatorFromAll,
+        CutKind::ReplicaFromShard,
+    ];
+}
+
+/// Cuts made, by kind.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CutSummary {
+    pub member_from_coordinator: u32,
+    pub head_from_followers: u32,
+    pub coordinator_from_all: u32,
+    pub replica_from_shard: u32,
 }
 
 /// What chaos did, for the summary.
@@ -129,6 +187,11 @@ pub struct ChaosSummary {
     pub shards_frozen: u32,
     pub coordinator_killed: u32,
     pub coordinator_frozen: u32,
+    /// Shard faults (kills and freezes) that hit the head of its chain, as
+    /// the coordinator's saved chain book had it; with replication every
+    /// other shard fault is aimed at a head.
+    pub shard_heads_hit: u32,
+    pub cuts: CutSummary,
     pub seconds: f64,
 }
 
@@ -138,6 +201,11 @@ pub struct Chaos {
     next_replica: Option<Instant>,
     next_shard: Option<Instant>,
     next_coordinator: Option<Instant>,
+    next_cut: Option<Instant>,
+    /// When the cut in force ends.
+    cut_until: Option<Instant>,
+    /// Cuts started: kinds take turns.
+    cuts_started: usize,
     rng: u64,
     /// Coordinator faults issued, landed or not: they alternate kill, kill,
     /// freeze.
@@ -151,6 +219,9 @@ impl Chaos {
             next_replica: spec.replica_every.map(|d| now + d),
             next_shard: spec.shard_every.map(|d| now + d),
             next_coordinator: spec.coordinator_every.map(|d| now + d),
+            next_cut: spec.cut_every.map(|d| now + d),
+            cut_until: None,
+            cuts_started: 0,
             // xorshift needs a non-zero state.
             rng: spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             started: now,
@@ -167,7 +238,7 @@ impl Chaos {
         self.rng
     }
 
-    fn pick(&mut self, n: usize) -> u32 {
+    pub fn pick(&mut self, n: usize) -> u32 {
         (self.next() % n.max(1) as u64) as u32
     }
 
@@ -179,6 +250,11 @@ impl Chaos {
     /// The faults due at `now`, each at most once per period.
     pub fn due(&mut self, now: Instant, replicas: usize, shards: usize) -> Vec<Fault> {
         let mut faults = Vec::new();
+        // A cut ends on time, and with the chaos at the latest.
+        if self.cut_until.is_some_and(|t| now >= t || self.over(now)) {
+            self.cut_until = None;
+            faults.push(Fault::Heal);
+        }
         if self.over(now) {
             return faults;
         }
@@ -216,11 +292,29 @@ impl Chaos {
                 Fault::KillCoordinator
             });
         }
+        if let (Some(at), Some(every)) = (self.next_cut, self.spec.cut_every)
+            && now >= at
+            && self.cut_until.is_none()
+        {
+            self.next_cut = Some(now + every);
+            self.cut_until = Some(now + self.spec.cut_for);
+            let kind = CutKind::ALL[self.cuts_started % CutKind::ALL.len()];
+            self.cuts_started += 1;
+            faults.push(Fault::Cut(kind));
+        }
         self.done.seconds = now
             .duration_since(self.started)
             .min(self.spec.duration)
             .as_secs_f64();
         faults
+    }
+
+    /// Whether the next shard fault is aimed at a head: the first one, and
+    /// then whenever heads took at most half of the shard faults so far,
+    /// so that a short run hits a head for sure and members too.
+    pub fn aim_at_head(&self) -> bool {
+        let d = &self.done;
+        d.shard_heads_hit * 2 <= d.shards_killed + d.shards_frozen
     }
 
     /// Counts a fault that reached a live process. One that found its
@@ -234,6 +328,11 @@ impl Chaos {
             Fault::FreezeShard(_) => &mut d.shards_frozen,
             Fault::KillCoordinator => &mut d.coordinator_killed,
             Fault::FreezeCoordinator => &mut d.coordinator_frozen,
+            Fault::Cut(CutKind::MemberFromCoordinator) => &mut d.cuts.member_from_coordinator,
+            Fault::Cut(CutKind::HeadFromFollowers) => &mut d.cuts.head_from_followers,
+            Fault::Cut(CutKind::CoordinatorFromAll) => &mut d.cuts.coordinator_from_all,
+            Fault::Cut(CutKind::ReplicaFromShard) => &mut d.cuts.replica_from_shard,
+            Fault::Heal => return,
         };
         *n += 1;
     }
@@ -296,6 +395,51 @@ mod tests {
         assert_eq!((replica_kills, shard_faults), (5, 2));
         assert_eq!(c.done.replicas_killed, 5);
         assert_eq!(c.done.shards_killed + c.done.shards_frozen, 2);
+    }
+
+    #[test]
+    fn cuts_take_turns_by_kind_and_each_heals_before_the_next() {
+        let spec: ChaosSpec = "cut=15s,cut-for=12s,for=70s".parse().unwrap();
+        let t0 = Instant::now();
+        let mut c = Chaos::new(spec, t0);
+        let mut seen = Vec::new();
+        for s in 0..=100 {
+            for f in c.due(t0 + Duration::from_secs(s), 3, 2) {
+                c.landed(f);
+                seen.push((s, f));
+            }
+        }
+        use CutKind::*;
+        assert_eq!(
+            seen,
+            [
+                (15, Fault::Cut(MemberFromCoordinator)),
+                (27, Fault::Heal),
+                (30, Fault::Cut(HeadFromFollowers)),
+                (42, Fault::Heal),
+                (45, Fault::Cut(CoordinatorFromAll)),
+                (57, Fault::Heal),
+                (60, Fault::Cut(ReplicaFromShard)),
+                // The chaos ends at 70 s: so does its cut.
+                (70, Fault::Heal),
+            ]
+        );
+        let d = &c.done.cuts;
+        assert_eq!(
+            (
+                d.member_from_coordinator,
+                d.head_from_followers,
+                d.coordinator_from_all,
+                d.replica_from_shard
+            ),
+            (1, 1, 1, 1)
+        );
+        let e = "cut=10s,cut-for=12s,for=1m"
+            .parse::<ChaosSpec>()
+            .unwrap_err();
+        assert!(e.contains("must end before the next"), "{e}");
+        let s: ChaosSpec = "cut=30s,for=1m".parse().unwrap();
+        assert_eq!(s.cut_for, CUT_FOR);
     }
 
     #[test]

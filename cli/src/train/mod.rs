@@ -6,6 +6,7 @@
 pub(crate) mod audit;
 pub mod chaos;
 mod credentials;
+mod cuts;
 mod incarnations;
 mod plot;
 mod procs;
@@ -85,6 +86,8 @@ struct Runtime {
     /// Where shards and replicas log pushes, with --audit or --chaos.
     audit: Option<PathBuf>,
     chaos: Option<chaos::Chaos>,
+    /// With `--chaos cut=…`: the run's cgroups and the cut in force.
+    cuts: Option<cuts::Cuts>,
     /// Processes killed for not answering their liveness probe, by role.
     unresponsive_killed: summary::Unresponsive,
     /// Every member of every shard, for asking what their checkpoints hold.
@@ -329,10 +332,23 @@ impl Runtime {
                 .chaos
                 .clone()
                 .map(|c| chaos::Chaos::new(c, Instant::now())),
+            cuts: None,
             unresponsive_killed: summary::Unresponsive::default(),
             shard_addrs: shard_addrs.clone(),
             incarnations: incarnations::Record::open(out, args.resume)?,
         };
+        if args.chaos.as_ref().is_some_and(|c| c.cut_every.is_some()) {
+            let cuts = cuts::Cuts::new()?;
+            for p in me
+                .shards
+                .iter_mut()
+                .chain(me.replicas.iter_mut())
+                .chain(std::iter::once(&mut me.coordinator))
+            {
+                p.cgroup = Some(cuts.procs_file(&p.cut_label())?);
+            }
+            me.cuts = Some(cuts);
+        }
         let replication = match job.replication() {
             1 => String::new(),
             r => format!(" × {r} members"),

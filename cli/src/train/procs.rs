@@ -42,6 +42,11 @@ pub struct Proc {
     pub incarnation_base: u64,
     /// Where it serves `/healthz` (its metrics address).
     pub health: Option<std::net::SocketAddr>,
+    /// The port it serves gRPC on, if it serves any: what a network cut
+    /// closes to the processes cut from it.
+    pub port: Option<u16>,
+    /// With network cuts: the `cgroup.procs` file it joins at each start.
+    pub cgroup: Option<PathBuf>,
     /// When it last answered a liveness probe (or was started).
     pub answered: Instant,
     /// Stopped by a chaos freeze and not restarted since: a later chaos
@@ -56,11 +61,16 @@ impl Proc {
             Role::Coordinator => logs.join("coordinator.log"),
             _ => logs.join(format!("{}-{index}.log", role.name())),
         };
-        let health = args
-            .iter()
-            .position(|a| a == "--metrics-addr")
-            .and_then(|i| args.get(i + 1))
-            .and_then(|a| a.parse().ok());
+        let flag = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1))
+        };
+        let health = flag("--metrics-addr").and_then(|a| a.parse().ok());
+        let port = flag("--listen")
+            .or_else(|| flag("--partition-listen"))
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.port());
         Proc {
             role,
             index,
@@ -72,6 +82,8 @@ impl Proc {
             starts: 0,
             incarnation_base: 0,
             health,
+            port,
+            cgroup: None,
             answered: Instant::now(),
             frozen: false,
         }
@@ -93,6 +105,17 @@ impl Proc {
         self.log = logs.join(format!("ps-{}.m{member}.log", self.index));
         self.member = Some(member);
         self
+    }
+
+    /// A name for its cgroup: its log file's, without `.log`.
+    pub fn cut_label(&self) -> String {
+        let name = self
+            .log
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        name.unwrap_or_default()
+            .trim_end_matches(".log")
+            .to_string()
     }
 
     pub fn label(&self) -> String {
@@ -135,6 +158,9 @@ impl Proc {
             // which then stops the children in order.
             .process_group(0);
         die_with_parent(&mut cmd);
+        if let Some(procs) = &self.cgroup {
+            super::cuts::join_before_exec(&mut cmd, procs)?;
+        }
         self.child = Some(cmd.spawn()?);
         self.frozen = false;
         self.starts += 1;

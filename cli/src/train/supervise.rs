@@ -25,12 +25,62 @@ const COORDINATOR_MAX_RESTARTS: u32 = 10;
 impl Runtime {
     /// Carries out the chaos faults that are due.
     pub(super) fn inject_chaos(&mut self) {
-        let Some(chaos) = self.chaos.as_mut() else {
+        // Taken out while the faults are carried out: a cut needs the
+        // runtime and the chaos's random picks at once.
+        let Some(mut chaos) = self.chaos.take() else {
             return;
         };
         // With replication a shard fault hits one member process.
         let faults = chaos.due(Instant::now(), self.job.replicas(), self.shards.len());
+        let shard_fault = |f: &chaos::Fault| {
+            matches!(f, chaos::Fault::KillShard(_) | chaos::Fault::FreezeShard(_))
+        };
+        let heads = if faults.iter().any(shard_fault) {
+            heads(&self.out.join(super::TRACKER_STATE), &self.shards)
+        } else {
+            Vec::new()
+        };
         for fault in faults {
+            let fault = match fault {
+                chaos::Fault::KillShard(i) | chaos::Fault::FreezeShard(i)
+                    if chaos.aim_at_head() =>
+                {
+                    let head = self.shards.get(i as usize).and_then(|p| {
+                        heads
+                            .iter()
+                            .copied()
+                            .find(|&h| self.shards[h].index == p.index && !self.shards[h].frozen)
+                    });
+                    let i = head.map_or(i, |h| h as u32);
+                    match fault {
+                        chaos::Fault::KillShard(_) => chaos::Fault::KillShard(i),
+                        _ => chaos::Fault::FreezeShard(i),
+                    }
+                }
+                f => f,
+            };
+            match fault {
+                chaos::Fault::Cut(kind) => {
+                    match self.start_cut(kind, &mut |n| chaos.pick(n) as usize) {
+                        Ok(Some(what)) => {
+                            eprintln!("\ndistbelief: chaos: network cut: {what}");
+                            chaos.landed(fault);
+                        }
+                        Ok(None) => {}
+                        Err(e) => eprintln!("\ndistbelief: chaos: cannot cut: {e:#}"),
+                    }
+                    continue;
+                }
+                chaos::Fault::Heal => {
+                    if let Some(c) = self.cuts.as_mut().filter(|c| c.active()) {
+                        c.heal();
+                        eprintln!("\ndistbelief: chaos: network cut healed");
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let hits_head = matches!(fault, chaos::Fault::KillShard(i) | chaos::Fault::FreezeShard(i) if heads.contains(&(i as usize)));
             let (p, what) = match fault {
                 chaos::Fault::KillReplica(r) => (
                     self.replicas
@@ -42,6 +92,7 @@ impl Runtime {
                 chaos::Fault::FreezeShard(i) => (self.shards.get_mut(i as usize), "SIGSTOP"),
                 chaos::Fault::KillCoordinator => (Some(&mut self.coordinator), "SIGKILL"),
                 chaos::Fault::FreezeCoordinator => (Some(&mut self.coordinator), "SIGSTOP"),
+                chaos::Fault::Cut(_) | chaos::Fault::Heal => continue,
             };
             // A frozen process is already down: another fault on it would
             // share its one restart.
@@ -55,7 +106,9 @@ impl Runtime {
             if !landed {
                 continue;
             }
-            eprintln!("\ndistbelief: chaos: {what} to {}", p.label());
+            let head = if hits_head { " (its chain's head)" } else { "" };
+            eprintln!("\ndistbelief: chaos: {what} to {}{head}", p.label());
+            chaos.done.shard_heads_hit += u32::from(hits_head);
             chaos.landed(fault);
             if matches!(
                 fault,
@@ -64,6 +117,7 @@ impl Runtime {
                 self.coordinator_faulted = true;
             }
         }
+        self.chaos = Some(chaos);
     }
 
     /// Kills a process that has not answered its liveness probe for its
@@ -268,4 +322,26 @@ fn restart(
     );
     p.spawn(exe)
         .with_context(|| format!("cannot restart {}", p.label()))
+}
+
+/// The shard processes that head their chains, as the coordinator's saved
+/// state has it (the book it saves before any member hears of a change);
+/// none without replication or before the first save.
+pub(super) fn heads(tracker_state: &Path, shards: &[Proc]) -> Vec<usize> {
+    let Ok(bytes) = std::fs::read(tracker_state) else {
+        return Vec::new();
+    };
+    let Ok(state) = distbelief_coordinator::persist::decode(&bytes) else {
+        return Vec::new();
+    };
+    state
+        .chains
+        .iter()
+        .filter_map(|c| {
+            let head = *c.members.first()?;
+            shards
+                .iter()
+                .position(|p| p.index == c.shard && p.member == Some(head))
+        })
+        .collect()
 }
