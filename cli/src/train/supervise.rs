@@ -137,14 +137,18 @@ impl Runtime {
             if let Err(silent) = p.probe(PROBE_TIMEOUT)
                 && silent > limit
             {
+                // Answering is judged afresh from the restart.
+                p.answered = Instant::now();
+                // One that had already ended (a chaos kill, an exit of its
+                // own) is restarted on its exit, and counted there.
+                if !p.kill() {
+                    continue;
+                }
                 eprintln!(
-                    "\ndistbelief: {} has not answered its liveness probe for {:.1} s (frozen or stuck); killing it so that it restarts",
+                    "\ndistbelief: {} has not answered its liveness probe for {:.1} s (frozen or stuck); killed it so that it restarts",
                     p.label(),
                     silent.as_secs_f64()
                 );
-                p.kill();
-                // Answering is judged afresh from the restart.
-                p.answered = Instant::now();
                 let by_role = &mut self.unresponsive_killed;
                 *match p.role {
                     Role::Coordinator => &mut by_role.coordinator,
