@@ -375,7 +375,9 @@ fn assert_reached_target(s: &serde_json::Value) {
 
 #[test]
 fn killed_replica_is_restarted_and_the_run_finishes() {
-    let mut run = Run::start("kill-replica");
+    // Audited: a replica drained by SIGTERM loses none of its acknowledged
+    // pushes, nor does one killed.
+    let mut run = Run::start_with(job("kill-replica"), &["--audit"]);
     run.wait_for_log(
         "logs/worker-1.log",
         "parameters fetched; training",
@@ -407,6 +409,9 @@ fn killed_replica_is_restarted_and_the_run_finishes() {
     assert_reached_target(&s);
     assert_eq!(s["replica_restarts"], 2, "{s}");
     assert_eq!(s["shard_restarts"], 0, "{s}");
+    let (acknowledged, applied, lost, duplicated) = audit(&s);
+    assert!(acknowledged > 0 && applied >= acknowledged, "{s}");
+    assert_eq!((lost, duplicated), (0, 0), "{s}");
     // The ledger: both data shards were handed out again and each counted
     // once; every complete epoch is every data shard once.
     let d = &s["data_shards"];
@@ -1000,10 +1005,18 @@ fn ack_incarnation(line: &str) -> u64 {
 /// above every incarnation of the first (so that the shards' restored push
 /// tables take none of them for a retry, and the audit's keys stay
 /// apart), and accuracy going on from where it stopped.
-fn stop_and_resume(name: &str, restart_first: bool) {
+fn stop_and_resume(name: &str, restart_first: bool, replication: u32) {
     let yaml = job(name)
         .replace("targetTestAccuracy: 0.8", "targetTestAccuracy: 0.82")
-        .replace("factor: 20", "factor: 60");
+        .replace("factor: 20", "factor: 60")
+        .replace(
+            "parameterServers: {shards: 2, maxRestarts: 2}",
+            &format!("parameterServers: {{shards: 2, replication: {replication}, maxRestarts: 2}}"),
+        );
+    assert!(
+        yaml.contains(&format!("replication: {replication}")),
+        "{yaml}"
+    );
     let mut first = Run::start_with(yaml.clone(), &["--audit"]);
     if restart_first {
         first.wait_for_log(
@@ -1116,12 +1129,15 @@ fn stop_and_resume(name: &str, restart_first: bool) {
 
 #[test]
 fn a_resumed_run_loses_no_acknowledged_push_and_goes_on_learning() {
-    stop_and_resume("resume", false);
+    stop_and_resume("resume", false, 1);
 }
 
+/// Replicated: every member of each shard restores its own checkpoint, and
+/// the coordinator's saved chain book has them all restarted, so the
+/// member with the newest state heads and the other catches up from it.
 #[test]
-fn a_resumed_run_whose_replica_had_restarted_loses_nothing() {
-    stop_and_resume("resume-restarted", true);
+fn a_resumed_replicated_run_whose_replica_had_restarted_loses_nothing() {
+    stop_and_resume("resume-restarted", true, 2);
 }
 
 /// A resumed run whose job file changes a field that fixes the shards'
