@@ -162,7 +162,15 @@ impl ChainKeeper {
     }
 
     /// Every shard's chain as the book has it now, in shard order.
+    ///
+    /// Until the book is rebuilt (and saved) that is the book restored from
+    /// the last saved state, not the empty one this keeper starts with: a
+    /// state saved before the first chain request must not wipe the chains
+    /// a later restart rebuilds from.
     pub fn chains(&self) -> Vec<Chain> {
+        if !self.ready.load(std::sync::atomic::Ordering::Acquire) {
+            return self.saved.clone().unwrap_or_default();
+        }
         let book = self.book();
         (0..self.members.len() as u32)
             .map(|s| book.chain(s).cloned().unwrap_or_default())
@@ -283,5 +291,25 @@ impl Answer {
         match self {
             Answer::Chain(c) | Answer::Stale(c) => c,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state is saved before any member has asked for a chain: it must
+    /// keep the chains restored, not the empty book the keeper starts with.
+    #[tokio::test]
+    async fn a_book_not_yet_rebuilt_saves_the_chains_it_restored() {
+        let saved = vec![Chain {
+            epoch: 7,
+            members: vec![1, 0],
+        }];
+        let addrs = ["127.0.0.1:1".to_string(), "127.0.0.1:2".to_string()];
+        let k = ChainKeeper::new(1, 2, &addrs, 1, Some(saved.clone())).unwrap();
+        assert_eq!(k.chains(), saved);
+        let fresh = ChainKeeper::new(1, 2, &addrs, 0, None).unwrap();
+        assert_eq!(fresh.chains(), Vec::<Chain>::new());
     }
 }

@@ -204,8 +204,6 @@ pub struct Chaos {
     next_cut: Option<Instant>,
     /// When the cut in force ends.
     cut_until: Option<Instant>,
-    /// Cuts started: kinds take turns.
-    cuts_started: usize,
     rng: u64,
     /// Coordinator faults issued, landed or not: they alternate kill, kill,
     /// freeze.
@@ -221,7 +219,6 @@ impl Chaos {
             next_coordinator: spec.coordinator_every.map(|d| now + d),
             next_cut: spec.cut_every.map(|d| now + d),
             cut_until: None,
-            cuts_started: 0,
             // xorshift needs a non-zero state.
             rng: spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             started: now,
@@ -298,9 +295,20 @@ impl Chaos {
         {
             self.next_cut = Some(now + every);
             self.cut_until = Some(now + self.spec.cut_for);
-            let kind = CutKind::ALL[self.cuts_started % CutKind::ALL.len()];
-            self.cuts_started += 1;
-            faults.push(Fault::Cut(kind));
+            // The kind made least so far: one the runtime could not make
+            // (no head known yet) comes again next time.
+            let made = |k: &CutKind| {
+                let c = &self.done.cuts;
+                match k {
+                    CutKind::MemberFromCoordinator => c.member_from_coordinator,
+                    CutKind::HeadFromFollowers => c.head_from_followers,
+                    CutKind::CoordinatorFromAll => c.coordinator_from_all,
+                    CutKind::ReplicaFromShard => c.replica_from_shard,
+                }
+            };
+            if let Some(&kind) = CutKind::ALL.iter().min_by_key(|k| made(k)) {
+                faults.push(Fault::Cut(kind));
+            }
         }
         self.done.seconds = now
             .duration_since(self.started)
@@ -440,6 +448,35 @@ mod tests {
         assert!(e.contains("must end before the next"), "{e}");
         let s: ChaosSpec = "cut=30s,for=1m".parse().unwrap();
         assert_eq!(s.cut_for, CUT_FOR);
+    }
+
+    #[test]
+    fn a_cut_the_runtime_could_not_make_comes_again() {
+        let spec: ChaosSpec = "cut=15s,cut-for=12s,for=70s".parse().unwrap();
+        let t0 = Instant::now();
+        let mut c = Chaos::new(spec, t0);
+        let mut cuts = Vec::new();
+        for s in 0..=70 {
+            for f in c.due(t0 + Duration::from_secs(s), 3, 2) {
+                // No head is known yet at the second cut.
+                if let Fault::Cut(kind) = f {
+                    if !(s == 30 && kind == CutKind::HeadFromFollowers) {
+                        c.landed(f);
+                    }
+                    cuts.push(kind);
+                }
+            }
+        }
+        use CutKind::*;
+        assert_eq!(
+            cuts,
+            [
+                MemberFromCoordinator,
+                HeadFromFollowers,
+                HeadFromFollowers,
+                CoordinatorFromAll
+            ]
+        );
     }
 
     #[test]
