@@ -3,7 +3,8 @@
 
 use distbelief_model::Optimizer;
 use distbelief_proto::v1::StateBytes;
-use distbelief_ps::checkpoint::{Saved, decode, write_to};
+use distbelief_ps::Shard;
+use distbelief_ps::checkpoint::{Saved, decode, read_into, write_to};
 use distbelief_ps::table::TableConfig;
 
 use crate::frames::messages;
@@ -35,29 +36,35 @@ pub fn tables() -> Vec<TableConfig> {
 }
 
 pub fn checkpoint(data: &[u8]) {
-    if let Ok(saved) = decode(data, SHARD, RANGE, "fuzz.ckpt") {
+    if let Ok(saved) = decode(data, SHARD, RANGE, &tables(), "fuzz.ckpt") {
         check_saved(saved);
     }
 }
 
-/// A catch-up: `StateBytes` messages, put together as a member installing
-/// the head's state does (`ps-server`'s `install`), then read.
+/// A catch-up: `StateBytes` messages, read into a member's shard in place
+/// as `ps-server`'s `install` does.
 pub fn catch_up(data: &[u8]) {
     let chunks: Vec<StateBytes> = messages(data);
-    // As the member: parameters and accumulators, plus room for the tables.
-    let limit = 8 * RANGE.len() + (64 << 20);
-    let mut state = Vec::new();
-    for c in &chunks {
-        if c.shard != SHARD || state.len() + c.data.len() > limit {
-            return;
-        }
-        state.extend_from_slice(&c.data);
-    }
-    if chunks.is_empty() {
+    if chunks.is_empty() || chunks.iter().any(|c| c.shard != SHARD) {
         return;
     }
-    if let Ok(saved) = decode(&state, SHARD, RANGE, "state from member 0") {
-        check_saved(saved);
+    let state: Vec<u8> = chunks.iter().flat_map(|c| c.data.iter().copied()).collect();
+    let mut shard =
+        Shard::new(SHARD, RANGE, optimizer(), vec![0.5; RANGE.len()]).with_tables(&tables());
+    let before = write_to(Vec::new(), &shard).expect("writing to memory");
+    let limit = shard.max_state_bytes();
+    match read_into(&state[..], limit, &mut shard, "state from member 0") {
+        Ok(()) => {
+            assert!(!shard.torn);
+            let written = write_to(Vec::new(), &shard).expect("an installed state is written");
+            let saved = decode(&written, SHARD, RANGE, &tables(), "installed")
+                .unwrap_or_else(|e| panic!("an installed state written out does not read: {e}"));
+            check_saved(saved);
+        }
+        // Refused before a byte of the shard changed, or torn, and then
+        // never written.
+        Err(_) if shard.torn => assert!(write_to(Vec::new(), &shard).is_err()),
+        Err(_) => assert_eq!(write_to(Vec::new(), &shard).expect("untouched"), before),
     }
 }
 
@@ -73,7 +80,7 @@ fn check_saved(saved: Saved) {
     let (version, updates, params) = (saved.version, saved.updates_applied, bits(&saved.params));
     let lineage = saved.lineage.clone();
     // Tables that do not fit the job's are refused whole, as a restore does.
-    let Ok(restored) = saved.clone().restore(SHARD, RANGE, optimizer(), &tables()) else {
+    let Ok(restored) = saved.clone().restore(SHARD, RANGE, optimizer()) else {
         return;
     };
     assert!(
@@ -81,11 +88,11 @@ fn check_saved(saved: Saved) {
         "a restore starts a later epoch"
     );
     let shard = |s: Saved| {
-        s.into_shard(SHARD, RANGE, optimizer(), &tables())
+        s.into_shard(SHARD, RANGE, optimizer())
             .expect("tables that restored once restore again")
     };
     let first = write_to(Vec::new(), &shard(saved)).expect("writing to memory");
-    let again = decode(&first, SHARD, RANGE, "rewritten")
+    let again = decode(&first, SHARD, RANGE, &tables(), "rewritten")
         .unwrap_or_else(|e| panic!("a state read and written back does not read: {e}"));
     assert_eq!((again.version, again.updates_applied), (version, updates));
     assert_eq!(bits(&again.params), params);

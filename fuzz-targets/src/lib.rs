@@ -26,7 +26,7 @@ mod tracker;
 pub use addresses::shard_pattern;
 pub use audit::audit_logs;
 pub use chain::chain_forward;
-pub use checkpoint::{catch_up, checkpoint};
+pub use checkpoint::{catch_up, checkpoint, tables as checkpoint_tables};
 pub use data::{csv, gzip, idx, named_csv, named_spec};
 pub use job::job_file;
 pub use partition::partition_exchange;

@@ -99,6 +99,7 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         chain_epoch: 5,
         from_member: 0,
         data: data.to_vec().into(),
+        from_log_lines: 0,
     });
     add("catch_up", "two-pieces", encode(&pieces));
 
@@ -230,7 +231,7 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
     .concat();
     let member1 = [
         open_line(Stamp::new(0, 0)),
-        install_line(0, Stamp::new(0, 1)),
+        install_line(0, 2, Stamp::new(0, 1)),
         apply_line(key(2), Stamp::new(0, 2)),
         open_line(Stamp::new(1, 2)),
     ]
@@ -340,10 +341,15 @@ fn checkpoint_bytes() -> Vec<u8> {
     s.apply_summed(h, &[0.25; 8], None, &[rows])
         .expect("a valid push");
     let saved = write_to(Vec::new(), &s).expect("writing to memory");
-    let saved = distbelief_ps::checkpoint::decode(&saved, SHARD, RANGE, "seed").expect("reads");
-    let mut s = saved
-        .restore(SHARD, RANGE, optimizer(), &crate::checkpoint::tables())
-        .expect("restores");
+    let saved = distbelief_ps::checkpoint::decode(
+        &saved,
+        SHARD,
+        RANGE,
+        &crate::checkpoint::tables(),
+        "seed",
+    )
+    .expect("reads");
+    let mut s = saved.restore(SHARD, RANGE, optimizer()).expect("restores");
     push(&mut s, 2, 1);
     write_to(Vec::new(), &s).expect("writing to memory")
 }

@@ -196,7 +196,14 @@ fn the_seeds_are_valid_inputs() {
                 distbelief_api::parse_job(&name, text).expect("a valid job");
             }
             "checkpoint" => {
-                distbelief_ps::checkpoint::decode(&bytes, 1, 4..12, &name).expect("a valid state");
+                distbelief_ps::checkpoint::decode(
+                    &bytes,
+                    1,
+                    4..12,
+                    &distbelief_fuzz_targets::checkpoint_tables(),
+                    &name,
+                )
+                .expect("a valid state");
             }
             "csv" => {
                 distbelief_model::data::parse_csv(&name, bytes, 1.0).expect("a valid CSV");

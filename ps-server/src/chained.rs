@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use crate::replication::{Answer, Membership};
 use crate::service::{Replicated, Route, ShardService};
+use crate::transfer;
 
 /// How long the head keeps asking the coordinator to take out a member
 /// that failed a forward before it fails the push (staying head).
@@ -302,13 +303,38 @@ impl ShardService {
         if chain.members.contains(&member) {
             return Ok(());
         }
-        let state = tokio::task::block_in_place(|| {
-            let s = self.state.read().unwrap_or_else(|p| p.into_inner());
-            checkpoint::write_to(Vec::new(), &s)
-        })
-        .map_err(|e| Status::internal(format!("cannot encode the state: {e}")))?;
-        let bytes = state.len();
-        m.send_state(member, chain.epoch, state).await?;
+        // Encoded under the read lock as the member takes it, a chunk at a
+        // time: the head never holds a second copy of its state.
+        let (tx, rx) = tokio::sync::mpsc::channel(transfer::IN_FLIGHT);
+        let (state, log) = (self.state.clone(), self.push_log.clone());
+        let (lines_tx, lines) = tokio::sync::oneshot::channel();
+        let encoding = tokio::task::spawn_blocking(move || {
+            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            // Lines are written under the write lock: under the read lock,
+            // the log's length stands for exactly the state sent.
+            let _ = lines_tx.send(log.map_or(0, |l| lock(&l).lines()));
+            checkpoint::write_to(transfer::ChunkWriter::new(tx), &s)?.finish()
+        });
+        let lines = lines.await.unwrap_or(0);
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let sent = m.send_state(member, chain.epoch, lines, stream).await;
+        let encoded = encoding
+            .await
+            .map_err(|e| Status::internal(format!("the state's encoder failed: {e}")))?;
+        let bytes = match (encoded, sent) {
+            (Ok(bytes), Ok(())) => bytes,
+            (Err(e), Ok(())) => {
+                return Err(Status::internal(format!("cannot encode the state: {e}")));
+            }
+            // The member's refusal, or the deadline, says why; an encoder
+            // that failed first ended the stream early.
+            (encoded, Err(e)) => {
+                if let Err(why) = encoded {
+                    tracing::warn!(shard = m.shard, member, "state transfer stopped: {why}");
+                }
+                return Err(e);
+            }
+        };
         // Forwards to it start afresh, right after the state it now holds.
         m.reset_forwarder(member);
         let after = m.ask(ChainRequestKind::Promote, member).await?;
@@ -336,55 +362,80 @@ impl ShardService {
                 "a member in the chain does not take another's state",
             ));
         }
-        let (index, range, tables) = {
-            let s = self.read();
-            let tables = s.tables.iter().map(|t| t.config().max_state_bytes());
-            (
-                s.index,
-                s.range.clone(),
-                tables.fold(0u64, u64::saturating_add),
-            )
-        };
-        // Parameters and accumulators, plus the tables and the rest.
-        let limit = (8 * range.len() as u64 + (64 << 20)).saturating_add(tables);
-        let mut data = Vec::new();
-        let mut from = None;
-        while let Some(chunk) = stream.message().await? {
-            if chunk.shard != index {
-                return Err(Status::invalid_argument(format!(
-                    "state for shard {}, but this is shard {index}",
-                    chunk.shard
-                )));
-            }
-            from.get_or_insert(chunk.from_member);
-            if (data.len() + chunk.data.len()) as u64 > limit {
-                return Err(Status::invalid_argument("state larger than the shard's"));
-            }
-            data.extend_from_slice(&chunk.data);
-        }
-        let from = from.ok_or_else(|| Status::invalid_argument("no state sent"))?;
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("no state sent"))?;
+        m.lets_go_of_the_state();
+        let index = self.index;
+        let (from, from_lines) = (first.from_member, first.from_log_lines);
+        let limit = self.read().max_state_bytes();
+        // Decoded as it arrives, into the shard's own vectors under the
+        // write lock: the member holds one state, never its old one beside
+        // the new (distbelief_ps::checkpoint::read_into).
+        let (tx, rx) = tokio::sync::mpsc::channel(transfer::IN_FLIGHT);
+        let state = self.state.clone();
         let source = format!("state from member {from}");
-        let saved = checkpoint::decode(&data, index, range.clone(), &source)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let decoding = tokio::task::spawn_blocking(move || {
+            let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+            checkpoint::read_into(transfer::ChunkReader::new(rx), limit, &mut s, &source)
+        });
+        let fed = async {
+            let (mut next, mut arrived) = (Some(first), 0u64);
+            while let Some(chunk) = next {
+                if chunk.shard != index {
+                    return Err(Status::invalid_argument(format!(
+                        "state for shard {}, but this is shard {index}",
+                        chunk.shard
+                    )));
+                }
+                arrived += chunk.data.len() as u64;
+                if arrived > limit {
+                    return Err(Status::invalid_argument("state larger than the shard's"));
+                }
+                // The write lock stops the usual beat; a state that keeps
+                // arriving is progress.
+                m.beat();
+                if tx.send(chunk.data).await.is_err() {
+                    break; // the decoder stopped; its error says why
+                }
+                next = stream.message().await?;
+            }
+            Ok(())
+        }
+        .await;
+        drop(tx);
+        let decoded = decoding
+            .await
+            .map_err(|e| Status::internal(format!("the state's decoder failed: {e}")))?;
+        if let Err(e) = fed {
+            tracing::warn!(
+                shard = index,
+                member = m.me,
+                from,
+                "catch-up broke off: {e}"
+            );
+            return Err(e);
+        }
+        decoded.map_err(|e| {
+            tracing::warn!(
+                shard = index,
+                member = m.me,
+                from,
+                "refused the head's state: {e}"
+            );
+            Status::invalid_argument(e.to_string())
+        })?;
         let version = tokio::task::block_in_place(|| {
-            let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
-            let configs: Vec<_> = s.tables.iter().map(|t| t.config().clone()).collect();
-            let mut fresh = match saved.into_shard(index, range, s.optimizer, &configs) {
-                Ok(fresh) => fresh,
-                Err(e) => return Err(Status::invalid_argument(e.to_string())),
-            };
-            fresh.staleness_aware = s.staleness_aware;
-            fresh.average_weight = s.average_weight;
-            fresh.sync = s.sync.clone();
-            *s = fresh;
+            let s = self.state.write().unwrap_or_else(|p| p.into_inner());
             m.holds_the_state();
             if let Some(log) = &self.push_log
-                && let Err(e) = lock(log).write(&audit::install_line(from, s.stamp()))
+                && let Err(e) = lock(log).write(&audit::install_line(from, from_lines, s.stamp()))
             {
                 tracing::error!("cannot write the push log: {e}");
             }
-            Ok(s.version)
-        })?;
+            s.version
+        });
         self.metrics.version.set(version as i64);
         self.versions.send_replace(version);
         tracing::info!(

@@ -7,6 +7,7 @@ mod error;
 mod metrics;
 mod replication;
 mod service;
+mod transfer;
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -55,12 +56,12 @@ pub fn open_shard(job: &Job, opts: &ShardOptions) -> Result<Shard, ServeError> {
     let optimizer = Optimizer::from_spec(&job.downpour);
     let tables = TableConfig::for_job(job);
     let saved = match &opts.checkpoint_dir {
-        Some(dir) => checkpoint::load(dir, opts.index, range.clone())?,
+        Some(dir) => checkpoint::load(dir, opts.index, range.clone(), &tables)?,
         None => None,
     };
     let mut shard = match saved {
         Some(saved) => {
-            let s = saved.restore(opts.index, range, optimizer, &tables)?;
+            let s = saved.restore(opts.index, range, optimizer)?;
             tracing::info!(
                 shard = opts.index,
                 version = s.version,
@@ -136,7 +137,8 @@ pub async fn serve_state(
     let beating = tokio::spawn(beat_while_unlocked(state.clone(), opts.heartbeat.clone()));
     let chain = match &opts.member {
         Some(m) => Some(Arc::new(
-            replication::Membership::new(opts.index, m).map_err(ServeError::Member)?,
+            replication::Membership::new(opts.index, m, opts.heartbeat.clone())
+                .map_err(ServeError::Member)?,
         )),
         None => None,
     };

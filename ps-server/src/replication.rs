@@ -48,8 +48,6 @@ const ALIVE_DEADLINE: Duration = Duration::from_millis(500);
 const FORWARD_WINDOW: usize = 4;
 /// Longest a catch-up (the head's whole state) may take.
 const CATCH_UP_DEADLINE: Duration = Duration::from_secs(120);
-/// State bytes per message of a catch-up.
-const STATE_CHUNK: usize = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
@@ -83,6 +81,9 @@ pub struct Membership {
     /// own, or took the head's. Until then a chain that lists this member
     /// lists the process it replaced, and this one serves nothing.
     joined: std::sync::atomic::AtomicBool,
+    /// The shard's liveness, beaten while a catch-up arrives: the state's
+    /// write lock, held meanwhile, stops the usual beat.
+    heartbeat: distbelief_net::Heartbeat,
 }
 
 #[derive(Debug, Clone)]
@@ -96,7 +97,11 @@ pub struct MemberOptions {
 }
 
 impl Membership {
-    pub fn new(shard: u32, opts: &MemberOptions) -> Result<Self, String> {
+    pub fn new(
+        shard: u32,
+        opts: &MemberOptions,
+        heartbeat: distbelief_net::Heartbeat,
+    ) -> Result<Self, String> {
         let channel = |role, addr: &str| {
             distbelief_net::channel(role, addr, Duration::from_secs(5))
                 .map_err(|e| format!("bad address {addr}: {e}"))
@@ -129,6 +134,7 @@ impl Membership {
             head_since: Mutex::new(0),
             forwarders: Mutex::new(HashMap::new()),
             joined: std::sync::atomic::AtomicBool::new(false),
+            heartbeat,
         })
     }
 
@@ -158,6 +164,18 @@ impl Membership {
 
     pub(crate) fn joined(&self) -> bool {
         self.joined.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// This process is about to overwrite its state with another member's:
+    /// until that succeeds it holds no chain's state, so even a chain that
+    /// lists it gets nothing served from it.
+    pub(crate) fn lets_go_of_the_state(&self) {
+        self.joined
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(crate) fn beat(&self) {
+        self.heartbeat.beat();
     }
 
     /// This process now holds the chain's state (see `joined`).
@@ -382,30 +400,31 @@ impl Membership {
         }
     }
 
-    /// Sends this (head) member's state to member `to`.
-    pub async fn send_state(&self, to: u32, epoch: u64, data: Vec<u8>) -> Result<(), Status> {
+    /// Sends this (head) member's state to member `to`, as `state` yields
+    /// it; `lines` of its push log stand for it (see `StateBytes`).
+    pub async fn send_state(
+        &self,
+        to: u32,
+        epoch: u64,
+        lines: u64,
+        state: impl futures::Stream<Item = bytes::Bytes> + Send + 'static,
+    ) -> Result<(), Status> {
         let Some((_, client)) = self.peers.get(to as usize) else {
             return Err(Status::invalid_argument(format!("no member {to}")));
         };
         let (shard, me) = (self.shard, self.me);
-        let data = bytes::Bytes::from(data);
-        let messages: Vec<StateBytes> = (0..data.len())
-            .step_by(STATE_CHUNK)
-            .map(|at| StateBytes {
-                shard,
-                chain_epoch: epoch,
-                from_member: me,
-                data: data.slice(at..(at + STATE_CHUNK).min(data.len())),
-            })
-            .collect();
+        let messages = state.map(move |data| StateBytes {
+            shard,
+            chain_epoch: epoch,
+            from_member: me,
+            data,
+            from_log_lines: lines,
+        });
         let mut client = client.clone();
-        tokio::time::timeout(
-            CATCH_UP_DEADLINE,
-            client.install(tokio_stream::iter(messages)),
-        )
-        .await
-        .map_err(|_| Status::deadline_exceeded(format!("member {to} did not take the state")))?
-        .map(|_| ())
+        tokio::time::timeout(CATCH_UP_DEADLINE, client.install(messages))
+            .await
+            .map_err(|_| Status::deadline_exceeded(format!("member {to} did not take the state")))?
+            .map(|_| ())
     }
 
     /// Keeps this member's chain fresh, and, while it is not in the chain,

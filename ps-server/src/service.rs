@@ -34,7 +34,7 @@ pub(crate) type Replicated = Pin<Box<dyn Future<Output = Result<(), Status>> + S
 pub struct ShardService {
     /// The shard's index, which never changes: who may call is checked
     /// against it without the shard's lock.
-    index: u32,
+    pub(crate) index: u32,
     pub(crate) state: Arc<RwLock<Shard>>,
     pub(crate) metrics: PsMetrics,
     /// Reused push buffers, so that a steady stream of pushes allocates nothing.
@@ -50,7 +50,7 @@ pub struct ShardService {
     last_info: Mutex<ShardInfo>,
     /// Written under the shard's write lock, so its lines are in the order
     /// pushes were applied.
-    pub(crate) push_log: Option<Mutex<audit::Appender>>,
+    pub(crate) push_log: Option<Arc<Mutex<audit::Appender>>>,
 }
 
 /// Longest `Info` waits for the shard's lock before it answers with the
@@ -81,7 +81,7 @@ impl ShardService {
             versions: tokio::sync::watch::Sender::new(stamp.version),
             last_info: Mutex::new(info),
             chain,
-            push_log: push_log.map(Mutex::new),
+            push_log: push_log.map(|log| Arc::new(Mutex::new(log))),
             state,
             metrics,
             staging: Arc::new(Mutex::new(Vec::new())),

@@ -38,9 +38,13 @@ pub fn apply_line(k: PushKey, after: Stamp) -> String {
     )
 }
 
-/// A replication member took over member `from`'s state at `at`.
-pub fn install_line(from: u32, at: Stamp) -> String {
-    format!("install {from} {} {}\n", at.epoch, at.version)
+/// A replication member took over member `from`'s state at `at`: the
+/// state `from`'s log stood for after its first `lines` lines. The stamp
+/// alone would not name it: a member's log can reach the same stamp twice
+/// (a deposed head's unacknowledged pushes, then the new head's state
+/// installed over them), and it is kept as a check.
+pub fn install_line(from: u32, lines: u64, at: Stamp) -> String {
+    format!("install {from} {lines} {} {}\n", at.epoch, at.version)
 }
 
 pub fn ack_line(k: PushKey) -> String {
@@ -74,6 +78,8 @@ pub fn ack_log_name(replica: u32, partition: Option<u32>) -> String {
 #[derive(Debug)]
 pub struct Appender {
     file: File,
+    /// Complete lines in the file, earlier processes' included.
+    lines: u64,
 }
 
 impl Appender {
@@ -81,12 +87,31 @@ impl Appender {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(Appender { file })
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)?;
+        let mut lines = 0u64;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            match std::io::Read::read(&mut file, &mut buf)? {
+                0 => break,
+                n => lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64,
+            }
+        }
+        Ok(Appender { file, lines })
     }
 
     pub fn write(&mut self, line: &str) -> std::io::Result<()> {
-        self.file.write_all(line.as_bytes())
+        self.file.write_all(line.as_bytes())?;
+        self.lines += line.bytes().filter(|&b| b == b'\n').count() as u64;
+        Ok(())
+    }
+
+    /// Complete lines written so far: what an install names.
+    pub fn lines(&self) -> u64 {
+        self.lines
     }
 }
 
@@ -134,7 +159,12 @@ pub struct AuditError {
 enum Event {
     Open(Stamp),
     Apply(PushKey, Stamp),
-    Install { from: u32, at: Stamp },
+    /// `lines` of `from`'s log stand for the state installed.
+    Install {
+        from: u32,
+        lines: u64,
+        at: Stamp,
+    },
 }
 
 impl Event {
@@ -192,10 +222,12 @@ fn parse(shard: u32, name: &str, text: &str) -> Result<Vec<Event>, AuditError> {
                 Event::Apply(key, Stamp::new(e, v))
             }
             Some((&"install", rest)) => {
-                let [from, e, v] = numbers::<3>(rest).ok_or_else(|| bad("bad install line"))?;
+                let [from, lines, e, v] =
+                    numbers::<4>(rest).ok_or_else(|| bad("bad install line"))?;
                 let from = u32::try_from(from).map_err(|_| bad("bad member"))?;
                 Event::Install {
                     from,
+                    lines,
                     at: Stamp::new(e, v),
                 }
             }
@@ -218,24 +250,33 @@ struct Replay {
 /// longer than the restarts, and a cycle would be a corrupt log.
 const MAX_INSTALL_DEPTH: usize = 256;
 
-/// States already replayed for an install, by (member, stamp); `None`
+/// States already replayed for an install, by (member, lines); `None`
 /// while that replay is under way. Each is replayed once, however many
 /// installs name it: replayed afresh for every install line, k lines of a
 /// corrupt log naming each other cost about 256^k replays (a 360-byte log
 /// hung `distbelief audit`; found by fuzzing).
-type Installs = HashMap<(u32, Stamp), Option<Vec<(u64, PushKey)>>>;
+type Installs = HashMap<(u32, u64), Option<Vec<(u64, PushKey)>>>;
 
-/// Replays `member`'s log, up to the first time it reached `until` if given.
+/// Replays `member`'s log, or only its first `until` lines (an install's
+/// source), which must end at the stamp `until` names: otherwise the log
+/// does not hold the state the install took, and it replays as empty.
 fn replay(
     logs: &BTreeMap<u32, Vec<Event>>,
     member: u32,
-    until: Option<Stamp>,
+    until: Option<(u64, Stamp)>,
     depth: usize,
     installs: &mut Installs,
 ) -> Replay {
     let mut r = Replay::default();
     let Some(events) = logs.get(&member) else {
         return r;
+    };
+    let events = match until {
+        None => &events[..],
+        Some((lines, at)) => match usize::try_from(lines).ok().and_then(|n| events.get(..n)) {
+            Some(prefix) if prefix.last().is_some_and(|e| e.stamp() == at) => prefix,
+            _ => return r,
+        },
     };
     for event in events {
         match *event {
@@ -247,23 +288,21 @@ fn replay(
                 r.state.truncate(keep);
             }
             Event::Apply(key, at) => r.state.push((at.version, key)),
-            Event::Install { from, at } => {
-                r.state = match installs.get(&(from, at)) {
+            Event::Install { from, lines, at } => {
+                r.state = match installs.get(&(from, lines)) {
                     Some(Some(state)) => state.clone(),
                     // An install that leads back to itself: a corrupt log.
                     Some(None) => Vec::new(),
                     None if depth < MAX_INSTALL_DEPTH => {
-                        installs.insert((from, at), None);
-                        let state = replay(logs, from, Some(at), depth + 1, installs).state;
-                        installs.insert((from, at), Some(state.clone()));
+                        installs.insert((from, lines), None);
+                        let source = Some((lines, at));
+                        let state = replay(logs, from, source, depth + 1, installs).state;
+                        installs.insert((from, lines), Some(state.clone()));
                         state
                     }
                     None => Vec::new(),
                 };
             }
-        }
-        if until == Some(event.stamp()) {
-            break;
         }
     }
     r
@@ -463,7 +502,7 @@ mod tests {
         ]);
         let m1 = shard_log(&[
             open_line(Stamp::new(0, 0)),
-            install_line(0, a),
+            install_line(0, 2, a),
             apply_line(key(0, 2), b),
             apply_line(key(0, 3), Stamp::new(0, 3)),
         ]);
@@ -481,12 +520,86 @@ mod tests {
     }
 
     #[test]
+    fn an_install_holds_the_state_its_donor_had_then_not_an_earlier_one_at_its_stamp() {
+        // Member 0 headed, applied key 2 at (0, 2) after member 1 had been
+        // made head, and left: key 2 was never acknowledged. Member 1
+        // applied key 3 at (0, 2); member 0 caught up from it there, so its
+        // log reaches (0, 2) twice. Member 1 died; member 0 headed and
+        // caught member 2 up at (0, 2), then applied key 4.
+        let m1 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+            apply_line(key(0, 3), Stamp::new(0, 2)),
+        ]);
+        let m0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+            apply_line(key(0, 2), Stamp::new(0, 2)),
+            install_line(1, 3, Stamp::new(0, 2)),
+            apply_line(key(0, 4), Stamp::new(0, 3)),
+        ]);
+        let m2 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            install_line(0, 4, Stamp::new(0, 2)),
+            apply_line(key(0, 4), Stamp::new(0, 3)),
+            apply_line(key(0, 5), Stamp::new(0, 4)),
+        ]);
+        let logs = BTreeMap::from([((0, 0), m0), ((0, 1), m1), ((0, 2), m2)]);
+        let acked = |keys: [u64; 4]| ("r".to_string(), keys.map(|s| ack_line(key(0, s))).concat());
+        let v = verdict(&logs, &[acked([1, 3, 4, 5])]).unwrap();
+        assert_eq!(
+            (v.acknowledged, v.applied, v.lost, v.duplicated),
+            (4, 4, 0, 0),
+            "member 2 holds 1, 3, 4 and 5: {:?}",
+            v.lost_examples
+        );
+        // Had key 2 been the acknowledged one, its loss shows.
+        let v = verdict(&logs, &[acked([1, 2, 4, 5])]).unwrap();
+        assert_eq!(v.lost, 1, "{v:?}");
+        // An install names lines of its donor's log that end at its
+        // stamp; lines that do not hold nothing the audit could vouch for.
+        let m0 = shard_log(&[
+            open_line(Stamp::new(0, 0)),
+            apply_line(key(0, 1), Stamp::new(0, 1)),
+            apply_line(key(0, 2), Stamp::new(0, 2)),
+        ]);
+        for (lines, applied) in [(3, 3), (2, 1)] {
+            let m2 = shard_log(&[
+                open_line(Stamp::new(0, 0)),
+                install_line(0, lines, Stamp::new(0, 2)),
+                apply_line(key(0, 3), Stamp::new(0, 3)),
+            ]);
+            let logs = BTreeMap::from([((0, 0), m0.clone()), ((0, 2), m2)]);
+            assert_eq!(
+                verdict(&logs, &[]).unwrap().applied,
+                applied,
+                "lines {lines}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_appender_counts_the_lines_of_the_file_it_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.log");
+        let mut a = Appender::open(&path).unwrap();
+        a.write(&open_line(Stamp::new(0, 0))).unwrap();
+        a.write(&apply_line(key(0, 1), Stamp::new(0, 1))).unwrap();
+        assert_eq!(a.lines(), 2);
+        drop(a);
+        let mut a = Appender::open(&path).unwrap();
+        assert_eq!(a.lines(), 2);
+        a.write(&open_line(Stamp::new(1, 1))).unwrap();
+        assert_eq!(a.lines(), 3);
+    }
+
+    #[test]
     fn installs_that_name_each_other_are_replayed_once() {
         // Found by fuzzing: each install line replayed its source afresh,
         // so 24 lines of a member installing from itself never finished.
         let mut text = open_line(Stamp::new(0, 0));
         for v in 1..=24 {
-            text += &install_line(0, Stamp::new(0, v));
+            text += &install_line(0, v, Stamp::new(0, v));
         }
         text += &apply_line(key(0, 1), Stamp::new(0, 25));
         let started = std::time::Instant::now();

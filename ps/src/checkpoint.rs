@@ -37,9 +37,9 @@ pub struct Saved {
     pub push_table: PushTable,
     /// The epochs up to the one the state was saved in.
     pub lineage: Lineage,
-    /// Each table's state (see [`crate::table::encode`]), by table id;
-    /// decoded once the job's table configs are known.
-    pub tables: Vec<Vec<u8>>,
+    /// The job's tables, by table id: empty where the state had none (an
+    /// earlier format, or a job that had none).
+    pub tables: Vec<Table>,
 }
 
 /// Passes bytes on, hashing them.
@@ -77,6 +77,11 @@ fn io_err(path: &Path) -> impl Fn(std::io::Error) -> PsError + '_ {
 
 /// Writes the shard's state in the checkpoint format (a checksum last).
 pub fn write_to<W: Write>(inner: W, shard: &Shard) -> std::io::Result<W> {
+    if shard.torn {
+        return Err(std::io::Error::other(
+            "the state is torn (a catch-up failed part way); it is nobody's and is not written",
+        ));
+    }
     let mut w = Crc::new(inner);
     w.write_all(MAGIC)?;
     w.write_all(&shard.index.to_le_bytes())?;
@@ -177,43 +182,34 @@ impl Saved {
         index: u32,
         range: std::ops::Range<usize>,
         optimizer: Optimizer,
-        tables: &[TableConfig],
     ) -> Result<Shard, PsError> {
         let version = self.version;
-        let mut s = self.into_shard(index, range, optimizer, tables)?;
+        let mut s = self.into_shard(index, range, optimizer)?;
         s.restored_version = Some(version);
         s.lineage.fork(version);
         Ok(s)
     }
 
     /// The shard exactly as saved, in the same epoch: a copy of a live
-    /// state (a replication member catching up), not a restore.
-    /// A state saved without tables (an earlier format, or a job that had
-    /// none) gives a job with tables empty ones.
+    /// state, not a restore.
     pub fn into_shard(
         self,
         index: u32,
         range: std::ops::Range<usize>,
         optimizer: Optimizer,
-        tables: &[TableConfig],
     ) -> Result<Shard, PsError> {
-        let source = format!("shard {index}'s saved state");
-        let decoded = match self.tables.len() {
-            0 => tables.iter().cloned().map(Table::new).collect(),
-            n if n == tables.len() => tables
-                .iter()
-                .zip(&self.tables)
-                .map(|(c, b)| crate::table::decode(b, c, &source))
-                .collect::<Result<Vec<_>, _>>()?,
-            n => {
-                return Err(PsError::Checkpoint {
-                    path: source,
-                    message: format!("holds {n} tables; the job has {}", tables.len()),
-                });
-            }
-        };
+        if self.params.len() != range.len() {
+            return Err(PsError::Checkpoint {
+                path: format!("shard {index}'s saved state"),
+                message: format!(
+                    "holds {} parameters; the range has {}",
+                    self.params.len(),
+                    range.len()
+                ),
+            });
+        }
         let mut s = Shard::new(index, range, optimizer, self.params);
-        s.tables = decoded;
+        s.tables = self.tables;
         if s.accum.len() == self.accum.len() {
             s.accum = self.accum;
         }
@@ -225,13 +221,15 @@ impl Saved {
     }
 }
 
-/// Reads shard `index`'s checkpoint from `dir`, if there is one. A checkpoint
-/// for another range, or one that fails its checksum, is an error rather than
-/// silently ignored: starting from scratch would throw training away.
+/// Reads shard `index`'s checkpoint from `dir`, if there is one, with the
+/// job's `tables`. A checkpoint for another range, or one that fails its
+/// checksum, is an error rather than silently ignored: starting from
+/// scratch would throw training away.
 pub fn load(
     dir: &Path,
     index: u32,
     range: std::ops::Range<usize>,
+    tables: &[TableConfig],
 ) -> Result<Option<Saved>, PsError> {
     let path = path_for(dir, index);
     let file = match File::open(&path) {
@@ -241,58 +239,95 @@ pub fn load(
     };
     let total = file.metadata().map_err(io_err(&path))?.len();
     let reader = BufReader::with_capacity(1 << 20, file);
-    read_from(reader, total, index, range, &path.display().to_string()).map(Some)
+    let source = path.display().to_string();
+    read_saved(reader, total, index, range, tables, &source).map(Some)
 }
 
-/// Reads a shard's state in the checkpoint format from memory (a catch-up);
-/// `source` names where the bytes came from, for errors.
+/// Reads a shard's state in the checkpoint format from memory; `source`
+/// names where the bytes came from, for errors.
 pub fn decode(
     bytes: &[u8],
     index: u32,
     range: std::ops::Range<usize>,
+    tables: &[TableConfig],
     source: &str,
 ) -> Result<Saved, PsError> {
-    read_from(bytes, bytes.len() as u64, index, range, source)
+    read_saved(bytes, bytes.len() as u64, index, range, tables, source)
 }
 
-struct CrcRead<R> {
+/// The bytes of a state as they are read: counted against a bound (the
+/// body's length, or the most a catch-up may send) and hashed.
+struct Source<R> {
     inner: R,
+    read: u64,
+    bound: u64,
     hasher: crc32fast::Hasher,
 }
 
-impl<R: Read> Read for CrcRead<R> {
+impl<R: Read> Read for Source<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
+        let room = (self.bound - self.read).min(buf.len() as u64) as usize;
+        if room == 0 {
+            return Ok(0);
+        }
+        let n = self.inner.read(&mut buf[..room])?;
         self.hasher.update(&buf[..n]);
+        self.read += n as u64;
         Ok(n)
     }
 }
 
-/// Reads `total` bytes of the checkpoint format as a stream: the values go
-/// straight into the shard's vectors, a megabyte at a time, so a restore
-/// never holds the file and the state at once.
-fn read_from<R: Read>(
-    inner: R,
-    total: u64,
-    index: u32,
-    range: std::ops::Range<usize>,
-    source: &str,
-) -> Result<Saved, PsError> {
-    let bad = |message: String| PsError::Checkpoint {
-        path: source.to_string(),
-        message,
-    };
-    let short = |_| bad("the file ends early: it is truncated".into());
-    const HEADER: u64 = 8 + 4 + 5 * 8;
-    if total < HEADER + 4 {
-        return Err(bad("not a distbelief shard checkpoint".into()));
+impl<R: Read> Source<R> {
+    fn left(&self) -> u64 {
+        self.bound - self.read
     }
-    let mut r = CrcRead {
-        inner,
-        hasher: crc32fast::Hasher::new(),
-    };
+    fn u64(&mut self) -> std::io::Result<u64> {
+        let mut b = [0u8; 8];
+        self.read_exact(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+    fn u32(&mut self) -> std::io::Result<u32> {
+        let mut b = [0u8; 4];
+        self.read_exact(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+    /// `values.len()` values, a megabyte at a time.
+    fn values(&mut self, values: &mut [f32], buf: &mut [u8]) -> Result<(), &'static str> {
+        for chunk in values.chunks_mut(buf.len() / 4) {
+            let bytes = &mut buf[..4 * chunk.len()];
+            self.read_exact(bytes).map_err(|_| "truncated")?;
+            distbelief_proto::codec::decode_f32_into(bytes, chunk).ok_or("bad value payload")?;
+        }
+        Ok(())
+    }
+    /// The checksum of everything read, against the one that follows it.
+    fn checksum_matches(&mut self) -> std::io::Result<bool> {
+        let mut crc = [0u8; 4];
+        self.inner.read_exact(&mut crc)?;
+        Ok(self.hasher.clone().finalize() == u32::from_le_bytes(crc))
+    }
+}
+
+/// What the fixed-size start of a state says.
+struct Header {
+    format: u8,
+    version: u64,
+    updates_applied: u64,
+    params: usize,
+    accum: usize,
+}
+
+const HEADER: u64 = 8 + 4 + 5 * 8;
+
+fn read_header<R: Read>(
+    r: &mut Source<R>,
+    index: u32,
+    range: &std::ops::Range<usize>,
+    bad: &impl Fn(String) -> PsError,
+) -> Result<Header, PsError> {
     let mut header = [0u8; HEADER as usize];
-    r.read_exact(&mut header).map_err(short)?;
+    r.read_exact(&mut header)
+        .map_err(|_| bad("not a distbelief shard checkpoint".into()))?;
     let format = match &header[..8] {
         m if m == MAGIC => 4,
         m if m == MAGIC_V3 => 3,
@@ -312,91 +347,194 @@ fn read_from<R: Read>(
             range.start, range.end
         )));
     }
-    let n = end - start;
-    let accum_len = u64_at(4);
-    let rest = (n as u64)
-        .checked_add(accum_len)
+    let accum = u64_at(4);
+    // Checked before anything is allocated for them.
+    (range.len() as u64)
+        .checked_add(accum)
         .and_then(|v| v.checked_mul(4))
-        .and_then(|v| (total - 4 - HEADER).checked_sub(v))
+        .filter(|&v| v <= r.left())
         .ok_or_else(|| bad("length does not match its header".into()))?;
-    let mut params = vec![0.0; n];
-    let mut accum = vec![0.0; accum_len as usize];
-    let mut buf = vec![0u8; 1 << 20];
-    for values in [&mut params, &mut accum] {
-        for chunk in values.chunks_mut(buf.len() / 4) {
-            let bytes = &mut buf[..4 * chunk.len()];
-            r.read_exact(bytes).map_err(short)?;
-            distbelief_proto::codec::decode_f32_into(bytes, chunk)
-                .ok_or_else(|| bad("bad value payload".into()))?;
-        }
-    }
-    let mut tail = vec![0u8; rest as usize];
-    r.read_exact(&mut tail).map_err(short)?;
-    let computed = r.hasher.clone().finalize();
-    let mut crc = [0u8; 4];
-    r.inner.read_exact(&mut crc).map_err(short)?;
-    if computed != u32::from_le_bytes(crc) {
-        return Err(bad("checksum mismatch: the file is corrupt".into()));
-    }
-    let (push_table, lineage, tables) = match format {
-        1 if tail.is_empty() => (PushTable::default(), Lineage::default(), Vec::new()),
-        1 => return Err(bad("length does not match its header".into())),
-        _ => read_tail(&tail, format)
-            .ok_or_else(|| bad("bad push table, epochs or tables".into()))?,
-    };
-    Ok(Saved {
+    Ok(Header {
+        format,
         version: u64_at(2),
         updates_applied: u64_at(3),
-        params,
-        accum,
-        push_table,
-        lineage,
-        tables,
+        params: range.len(),
+        accum: accum as usize,
     })
 }
 
 /// What follows the values: the push table, then (from the third format)
 /// the epochs, each a count, then fixed-size entries; then (from the
-/// fourth) the tables, a count, then each one's length and bytes; nothing
-/// after them.
-fn read_tail(mut b: &[u8], format: u8) -> Option<(PushTable, Lineage, Vec<Vec<u8>>)> {
-    fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
-        let (head, tail) = b.split_first_chunk::<N>()?;
-        *b = tail;
-        Some(*head)
-    }
-    let u64_of = |b: &mut &[u8]| take::<8>(b).map(u64::from_le_bytes);
-    let u32_of = |b: &mut &[u8]| take::<4>(b).map(u32::from_le_bytes);
+/// fourth) the tables, a count, then each one's length and bytes. Each
+/// table is decoded as it arrives into `tables[i]`, which is emptied first,
+/// so that the one it replaces is gone before the new one is built.
+fn read_rest<R: Read>(
+    r: &mut Source<R>,
+    format: u8,
+    tables: &mut [Table],
+    from: &str,
+    bad: &impl Fn(String) -> PsError,
+) -> Result<(PushTable, Lineage), PsError> {
+    let source = |e: std::io::Error| bad(format!("bad push table, epochs or tables: {e}"));
     let mut t = PushTable::default();
-    let fences = u64_of(&mut b)?;
-    for _ in 0..fences {
-        t.fences.push((u32_of(&mut b)?, u64_of(&mut b)?));
+    for t in tables.iter_mut() {
+        *t = Table::new(t.config().clone());
     }
-    let sequences = u64_of(&mut b)?;
-    for _ in 0..sequences {
+    if format == 1 {
+        return Ok((t, Lineage::default()));
+    }
+    // Entries are read one at a time, never reserved from a count, so a
+    // count larger than the bytes there ends in a short read.
+    for _ in 0..r.u64().map_err(source)? {
+        t.fences
+            .push((r.u32().map_err(source)?, r.u64().map_err(source)?));
+    }
+    for _ in 0..r.u64().map_err(source)? {
+        let (replica, incarnation) = (r.u32().map_err(source)?, r.u64().map_err(source)?);
         t.sequences
-            .push((u32_of(&mut b)?, u64_of(&mut b)?, u64_of(&mut b)?));
+            .push((replica, incarnation, r.u64().map_err(source)?));
     }
     let lineage = if format >= 3 {
-        let n = u64_of(&mut b)?;
         let mut starts = Vec::new();
-        for _ in 0..n {
-            starts.push((u64_of(&mut b)?, u64_of(&mut b)?));
+        for _ in 0..r.u64().map_err(source)? {
+            starts.push((r.u64().map_err(source)?, r.u64().map_err(source)?));
         }
-        Lineage::from_starts(starts)?
+        Lineage::from_starts(starts)
+            .ok_or_else(|| bad("bad push table, epochs or tables".into()))?
     } else {
         Lineage::default()
     };
-    let mut tables = Vec::new();
     if format >= 4 {
-        for _ in 0..u64_of(&mut b)? {
-            let n = usize::try_from(u64_of(&mut b)?).ok()?;
-            let (table, rest) = b.split_at_checked(n)?;
-            tables.push(table.to_vec());
-            b = rest;
+        let n = r.u64().map_err(source)?;
+        if n != 0 && n != tables.len() as u64 {
+            return Err(bad(format!(
+                "holds {n} tables; the job has {}",
+                tables.len()
+            )));
+        }
+        for slot in tables.iter_mut().take(n as usize) {
+            let len = r.u64().map_err(source)?;
+            if len > r.left() {
+                return Err(bad(format!(
+                    "a table of {len} bytes, more than the {} left",
+                    r.left()
+                )));
+            }
+            let config = slot.config().clone();
+            *slot = crate::table::read_from(&mut *r, len, &config, from)?;
         }
     }
-    b.is_empty().then_some((t, lineage, tables))
+    Ok((t, lineage))
+}
+
+/// Reads `total` bytes of the checkpoint format as a stream: the values go
+/// straight into the shard's vectors, a megabyte at a time, and each table
+/// row by row, so a restore never holds the file and the state at once.
+fn read_saved<R: Read>(
+    inner: R,
+    total: u64,
+    index: u32,
+    range: std::ops::Range<usize>,
+    tables: &[TableConfig],
+    source: &str,
+) -> Result<Saved, PsError> {
+    let bad = |message: String| PsError::Checkpoint {
+        path: source.to_string(),
+        message,
+    };
+    if total < HEADER + 4 {
+        return Err(bad("not a distbelief shard checkpoint".into()));
+    }
+    let mut r = Source {
+        inner,
+        read: 0,
+        bound: total - 4,
+        hasher: crc32fast::Hasher::new(),
+    };
+    let h = read_header(&mut r, index, &range, &bad)?;
+    let mut params = distbelief_model::memory::large_buffer(h.params, 0.0);
+    let mut accum = distbelief_model::memory::large_buffer(h.accum, 0.0);
+    let mut buf = vec![0u8; 1 << 20];
+    for values in [&mut params, &mut accum] {
+        r.values(values, &mut buf).map_err(|e| bad(e.into()))?;
+    }
+    drop(buf);
+    let mut decoded: Vec<Table> = tables.iter().cloned().map(Table::new).collect();
+    let (push_table, lineage) = read_rest(&mut r, h.format, &mut decoded, source, &bad)?;
+    if r.left() != 0 {
+        return Err(bad("length does not match its header".into()));
+    }
+    let short = |_| bad("the file ends early: it is truncated".into());
+    if !r.checksum_matches().map_err(short)? {
+        return Err(bad("checksum mismatch: the file is corrupt".into()));
+    }
+    Ok(Saved {
+        version: h.version,
+        updates_applied: h.updates_applied,
+        params,
+        accum,
+        push_table,
+        lineage,
+        tables: decoded,
+    })
+}
+
+/// Overwrites `shard` with a state in the checkpoint format read from `r`
+/// as it arrives, at most `limit` bytes of it (a member's catch-up): the
+/// values go straight into the shard's own vectors, and each table is
+/// decoded row by row in place of the one it replaces, so the catch-up
+/// holds one state, not two.
+///
+/// The shard is [`Shard::torn`] while it is overwritten, and stays so if
+/// the state is refused part way (bad bytes, a stream that ends early):
+/// it then holds part of two states, and is never written until a later
+/// read succeeds.
+pub fn read_into<R: Read>(
+    inner: R,
+    limit: u64,
+    shard: &mut Shard,
+    source: &str,
+) -> Result<(), PsError> {
+    let bad = |message: String| PsError::Checkpoint {
+        path: source.to_string(),
+        message,
+    };
+    let mut r = Source {
+        inner,
+        read: 0,
+        bound: limit,
+        hasher: crc32fast::Hasher::new(),
+    };
+    let h = read_header(&mut r, shard.index, &shard.range, &bad)?;
+    if h.accum != shard.accum.len() {
+        return Err(bad(format!(
+            "holds {} accumulators; this shard keeps {}",
+            h.accum,
+            shard.accum.len()
+        )));
+    }
+    shard.torn = true;
+    let mut buf = vec![0u8; 1 << 20];
+    r.values(&mut shard.params, &mut buf)
+        .map_err(|e| bad(e.into()))?;
+    r.values(&mut shard.accum, &mut buf)
+        .map_err(|e| bad(e.into()))?;
+    drop(buf);
+    let (push_table, lineage) = read_rest(&mut r, h.format, &mut shard.tables, source, &bad)?;
+    let short = |_| bad("the state ends early".into());
+    if !r.checksum_matches().map_err(short)? {
+        return Err(bad("checksum mismatch".into()));
+    }
+    if r.inner.read(&mut [0u8; 1]).map_err(short)? != 0 {
+        return Err(bad("bytes after the state's checksum".into()));
+    }
+    shard.version = h.version;
+    shard.updates_applied = h.updates_applied;
+    shard.restore_push_table(&push_table);
+    shard.lineage = lineage;
+    shard.forget_sandblaster();
+    shard.torn = false;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -438,7 +576,7 @@ mod tests {
         let path = save(dir.path(), &s).unwrap();
         assert!(path.exists());
         assert!(!path.with_extension("ckpt.tmp").exists());
-        let saved = load(dir.path(), 2, 100..160).unwrap().unwrap();
+        let saved = load(dir.path(), 2, 100..160, &[]).unwrap().unwrap();
         assert_eq!(saved.version, 3);
         assert_eq!(saved.updates_applied, 3);
         assert_eq!(saved.params, s.params);
@@ -470,9 +608,9 @@ mod tests {
     }
 
     fn restore(dir: &Path) -> Shard {
-        let saved = load(dir, 2, 100..160).unwrap().unwrap();
+        let saved = load(dir, 2, 100..160, &[]).unwrap().unwrap();
         saved
-            .restore(2, 100..160, trained_shard().optimizer, &[])
+            .restore(2, 100..160, trained_shard().optimizer)
             .unwrap()
     }
 
@@ -581,7 +719,7 @@ mod tests {
             let crc = crc32fast::hash(&old);
             old.extend(crc.to_le_bytes());
             std::fs::write(&path, &old).unwrap();
-            let saved = load(dir.path(), 2, 100..160).unwrap().unwrap();
+            let saved = load(dir.path(), 2, 100..160, &[]).unwrap().unwrap();
             assert_eq!(saved.version, 3);
             if magic != MAGIC_V3 {
                 assert_eq!(saved.lineage, Lineage::default());
@@ -598,9 +736,9 @@ mod tests {
     #[test]
     fn missing_is_none_and_mismatch_is_error() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(load(dir.path(), 2, 100..160).unwrap(), None);
+        assert_eq!(load(dir.path(), 2, 100..160, &[]).unwrap(), None);
         save(dir.path(), &trained_shard()).unwrap();
-        let err = load(dir.path(), 2, 100..161).unwrap_err();
+        let err = load(dir.path(), 2, 100..161, &[]).unwrap_err();
         assert!(
             err.to_string()
                 .contains("was the model or shard count changed"),
@@ -615,10 +753,13 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         for cut in [1, 4, 30, 300, bytes.len() - 60] {
             std::fs::write(&path, &bytes[..bytes.len() - cut]).unwrap();
-            assert!(load(dir.path(), 2, 100..160).is_err(), "cut {cut} bytes");
+            assert!(
+                load(dir.path(), 2, 100..160, &[]).is_err(),
+                "cut {cut} bytes"
+            );
         }
         std::fs::write(&path, &bytes).unwrap();
-        assert!(load(dir.path(), 2, 100..160).is_ok());
+        assert!(load(dir.path(), 2, 100..160, &[]).is_ok());
     }
 
     #[test]
@@ -629,9 +770,9 @@ mod tests {
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
-        let err = load(dir.path(), 2, 100..160).unwrap_err();
+        let err = load(dir.path(), 2, 100..160, &[]).unwrap_err();
         assert!(err.to_string().contains("checksum"), "{err}");
         std::fs::write(&path, b"hello").unwrap();
-        assert!(load(dir.path(), 2, 100..160).is_err());
+        assert!(load(dir.path(), 2, 100..160, &[]).is_err());
     }
 }

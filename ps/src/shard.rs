@@ -157,6 +157,10 @@ pub struct Shard {
     pub staleness_max: u64,
     /// Version restored from a checkpoint when the shard started, if any.
     pub restored_version: Option<u64>,
+    /// A catch-up is overwriting the state in place, or failed part way
+    /// through: the shard then holds part of two states, nobody's, and is
+    /// never written (checkpoint or catch-up) until a catch-up succeeds.
+    pub torn: bool,
     /// Scale each push's step by 1 / max(1, staleness).
     pub staleness_aware: bool,
     /// Synchronous SGD's round in progress; None for asynchronous pushes.
@@ -187,12 +191,15 @@ impl Shard {
     pub fn new(index: u32, range: Range<usize>, optimizer: Optimizer, params: Vec<f32>) -> Self {
         assert_eq!(params.len(), range.len());
         let range_len = range.len();
-        let accum = optimizer.new_accumulators(range.len());
+        // The caller's buffer is let go before the accumulators exist, so a
+        // shard starts holding its state once, never one and a half times.
         let params = {
             let mut p = distbelief_model::memory::with_capacity(params.len());
             p.extend_from_slice(&params);
+            drop(params);
             p
         };
+        let accum = optimizer.new_accumulators(range.len());
         Shard {
             index,
             range,
@@ -216,7 +223,26 @@ impl Shard {
             vectors: Vectors::new(range_len, MAX_HISTORY),
             grants: HashSet::new(),
             grant_floor: 0,
+            torn: false,
         }
+    }
+
+    /// The most bytes this shard's state takes in the checkpoint format:
+    /// parameters and accumulators, each table at its cap, and room for the
+    /// rest. A catch-up that sends more is refused.
+    pub fn max_state_bytes(&self) -> u64 {
+        let tables = self.tables.iter().map(|t| t.config().max_state_bytes());
+        (8 * self.range.len() as u64 + (64 << 20))
+            .saturating_add(tables.fold(0, u64::saturating_add))
+    }
+
+    /// Sandblaster's vectors and grants belong to the state they were
+    /// computed on; a state taken whole from another member starts without
+    /// them, as a new process would.
+    pub(crate) fn forget_sandblaster(&mut self) {
+        self.vectors = Vectors::new(self.range.len(), MAX_HISTORY);
+        self.grants.clear();
+        self.grant_floor = 0;
     }
 
     /// Gives the shard the job's tables, empty.

@@ -586,7 +586,7 @@ fn update_row(
 }
 
 mod encode;
-pub use encode::{decode, encode, encoded_len, write_to};
+pub use encode::{decode, encode, encoded_len, read_from, write_to};
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,8 @@
 //! supervisor would, and times the gap from the kill to the next
 //! acknowledged push (a push is acknowledged only once two members hold
 //! it, so the gap includes the member's restart and catch-up) and to the
-//! chain holding both members once more. Prints JSON.
+//! chain holding both members once more. A last round, with no pushes,
+//! measures the catch-up's memory on both ends (VmHWM). Prints JSON.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -68,6 +69,26 @@ impl Proc {
             let _ = c.wait();
         }
     }
+}
+
+/// A field of `/proc/<pid>/status` (VmRSS, VmHWM), in bytes.
+fn memory(p: &Proc, field: &str) -> anyhow::Result<u64> {
+    let pid = p.child.as_ref().context("the process is not running")?.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))?;
+    Ok(kb * 1024)
+}
+
+/// Sets the process's VmHWM back to its VmRSS (Linux's clear_refs), so
+/// that the next reading is the peak from now on.
+fn reset_peak(p: &Proc) -> anyhow::Result<()> {
+    let pid = p.child.as_ref().context("the process is not running")?.id();
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .context("cannot reset VmHWM (clear_refs)")
 }
 
 impl Drop for Proc {
@@ -143,7 +164,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let (failovers, catch_ups) = rt.block_on(async {
+    let (failovers, catch_ups, memory_round) = rt.block_on(async {
         let channel = distbelief_net::channel(
             distbelief_net::Serves::Coordinator,
             &coordinator,
@@ -209,8 +230,29 @@ fn main() -> anyhow::Result<()> {
             failovers.push(failover);
             catch_ups.push(catch_up);
         }
-        Ok::<_, anyhow::Error>((failovers, catch_ups))
+        // The memory round: nothing is pushed, so the head's and the new
+        // member's peaks are the catch-up's (and, for the new member, its
+        // start). The head's pushes so far left their buffers resident, so
+        // its own figure is its peak above what it held before.
+        let head = heads[0] as usize;
+        let sender = 1 - head;
+        let held_before = memory(&members[sender], "VmRSS")?;
+        reset_peak(&members[sender])?;
+        members[head].kill();
+        members[head].spawn(&exe)?;
+        // Until the survivor heads and the new process is listed again.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while chain(2).await?[0] as usize != sender {
+            ensure!(Instant::now() < deadline, "member {sender} never took over");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let sender_peak = memory(&members[sender], "VmHWM")?;
+        let member_peak = memory(&members[head], "VmHWM")?;
+        let memory_round = (held_before, sender_peak, member_peak);
+        Ok::<_, anyhow::Error>((failovers, catch_ups, memory_round))
     })?;
+    let state = (8 * len) as f64;
+    let (held_before, sender_peak, member_peak) = memory_round;
     let out = serde_json::json!({
         "parameters": len,
         "state_bytes": 8 * len,
@@ -223,6 +265,15 @@ fn main() -> anyhow::Result<()> {
         "catch_up_seconds": {
             "median": median(catch_ups.clone()),
             "runs": catch_ups,
+        },
+        "catch_up_memory": {
+            "head_rss_before_bytes": held_before,
+            "head_peak_bytes": sender_peak,
+            "head_ratio": (state + sender_peak.saturating_sub(held_before) as f64) / state,
+            "head_peak_ratio": sender_peak as f64 / state,
+            "member_peak_bytes": member_peak,
+            "member_ratio": member_peak as f64 / state,
+            "what": "ratios to the state's size (parameters and accumulators). head_ratio: the state plus the most the head's memory rose above what it held before the catch-up (VmHWM reset at the kill); head_peak_ratio: its VmHWM over the state, with what it held before (push buffers, the runtime); member_ratio: the new member's VmHWM over its whole life (start, initial state, catch-up) over the state",
         },
         "what": "failover: from SIGKILL of the chain's head, started again at once, to the next acknowledged push (acknowledged only once two members hold it: the new head alone waits for the restarted member's catch-up); catch-up: from the kill to the chain listing both members again (its process start, the coordinator's join, the head's whole state sent with pushes held)",
     });

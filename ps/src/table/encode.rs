@@ -4,7 +4,7 @@
 //! closed by a CRC32. Sizes are checked against the bytes there before
 //! anything is allocated.
 
-use std::io::Write;
+use std::io::{Read, Write};
 
 use super::{MAX_PENDING, Table, TableConfig, TableStats};
 use crate::checkpoint::Crc;
@@ -75,21 +75,27 @@ pub fn write_to<W: Write>(t: &Table, w: W) -> std::io::Result<()> {
     w.inner.write_all(&crc.to_le_bytes())
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// A table's bytes as they arrive, with the bytes its frame has left and
+/// the checksum of those read so far.
+struct Reader<R> {
+    inner: R,
+    left: u64,
+    hasher: crc32fast::Hasher,
+    buf: Vec<u8>,
 }
 
-impl Reader<'_> {
+impl<R: Read> Reader<R> {
     fn take(&mut self, n: usize) -> Result<&[u8], String> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or("truncated")?;
-        let s = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(s)
+        if n as u64 > self.left {
+            return Err("truncated".into());
+        }
+        self.buf.resize(n, 0);
+        self.inner
+            .read_exact(&mut self.buf)
+            .map_err(|_| "truncated".to_string())?;
+        self.hasher.update(&self.buf);
+        self.left -= n as u64;
+        Ok(&self.buf)
     }
     fn u32(&mut self) -> Result<u32, String> {
         Ok(u32::from_le_bytes(
@@ -101,21 +107,11 @@ impl Reader<'_> {
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
-    fn f32s(&mut self, n: usize) -> Result<Vec<f32>, String> {
-        let raw = self.take(n.checked_mul(4).ok_or("too large")?)?;
-        let v: Vec<f32> = raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        match v.iter().find(|x| !x.is_finite()) {
-            Some(x) => Err(format!("a stored value is {x}")),
-            None => Ok(v),
-        }
-    }
-    /// Refuses a count of items of `size` bytes that the rest cannot hold.
+    /// Refuses a count of items of `size` bytes that the rest cannot hold,
+    /// before anything is allocated for them.
     fn count(&mut self, size: usize) -> Result<usize, String> {
         let n = self.u64()?;
-        let left = (self.bytes.len() - self.at) as u64;
+        let left = self.left;
         match n.checked_mul(size as u64) {
             Some(need) if need <= left => Ok(n as usize),
             _ => Err(format!(
@@ -125,22 +121,60 @@ impl Reader<'_> {
     }
 }
 
+/// `n` little-endian floats from `raw` into `out`, all finite.
+fn finite_into(raw: &[u8], out: &mut [f32]) -> Result<(), String> {
+    for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
+        *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+        if !o.is_finite() {
+            return Err(format!("a stored value is {o}"));
+        }
+    }
+    Ok(())
+}
+
 /// A table of `config` from `bytes`; `source` names them in errors.
 pub fn decode(bytes: &[u8], config: &TableConfig, source: &str) -> Result<Table, PsError> {
-    read(bytes, config).map_err(|message| PsError::Checkpoint {
+    let bad = |message: String| PsError::Checkpoint {
+        path: source.to_string(),
+        message: format!("table {}: {message}", config.id),
+    };
+    // All the bytes are here: a damaged copy is named as such before any
+    // of it is read.
+    match bytes.split_last_chunk::<4>() {
+        Some((body, crc)) if crc32fast::hash(body) == u32::from_le_bytes(*crc) => {}
+        Some(_) => return Err(bad("checksum mismatch".into())),
+        None => return Err(bad("truncated".into())),
+    }
+    read_from(bytes, bytes.len() as u64, config, source)
+}
+
+/// A table of `config` from the next `len` bytes of `r`, read as they
+/// arrive: rows go straight into the table, so a catch-up or restore holds
+/// the table once, not its bytes beside it. Every size is checked against
+/// `len` before anything is allocated; the checksum, last, is checked
+/// before the table is given back.
+pub fn read_from<R: Read>(
+    r: R,
+    len: u64,
+    config: &TableConfig,
+    source: &str,
+) -> Result<Table, PsError> {
+    read(r, len, config).map_err(|message| PsError::Checkpoint {
         path: source.to_string(),
         message: format!("table {}: {message}", config.id),
     })
 }
 
-fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
-    let Some((body, crc)) = bytes.split_last_chunk::<4>() else {
+fn read<R: Read>(inner: R, len: u64, config: &TableConfig) -> Result<Table, String> {
+    let Some(body) = len.checked_sub(4) else {
         return Err("truncated".into());
     };
-    if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
-        return Err("checksum mismatch".into());
-    }
-    let mut r = Reader { bytes: body, at: 0 };
+    let mut r = Reader {
+        inner,
+        left: body,
+        hasher: crc32fast::Hasher::new(),
+        buf: Vec::new(),
+    };
     if r.take(8)? != MAGIC {
         return Err("not a table state".into());
     }
@@ -158,7 +192,8 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
         evicted: r.u64()?,
         refused: r.u64()?,
     };
-    let n = r.count(24 + 4 * (dim + width))?;
+    let row_bytes = 24 + 4 * (dim + width);
+    let n = r.count(row_bytes)?;
     if let Some(cap) = config.capacity.map(|c| c.max(1)).filter(|&c| n > c) {
         return Err(format!("holds {n} rows; the capacity is {cap}"));
     }
@@ -168,9 +203,14 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
     t.slots.reserve(n);
     t.meta.reserve(n);
     t.data.reserve(n * (dim + width));
+    let (mut values, mut accum) = (vec![0.0; dim], vec![0.0; width]);
     for _ in 0..n {
-        let (key, uses, last) = (r.u64()?, r.u64()?, r.u64()?);
-        let (values, accum) = (r.f32s(dim)?, r.f32s(width)?);
+        let row = r.take(row_bytes)?;
+        let u64_at = |i: usize| u64::from_le_bytes(row[8 * i..8 * i + 8].try_into().expect("8"));
+        let (key, uses, last) = (u64_at(0), u64_at(1), u64_at(2));
+        let (v, a) = row[24..].split_at(4 * dim);
+        finite_into(v, &mut values)?;
+        finite_into(a, &mut accum)?;
         if accum.iter().any(|a| *a < 0.0) {
             return Err(format!("row {key:#x} has a negative accumulator"));
         }
@@ -202,8 +242,15 @@ fn read(bytes: &[u8], config: &TableConfig) -> Result<Table, String> {
             ));
         }
     }
-    if r.at != body.len() {
-        return Err(format!("{} bytes after the end", body.len() - r.at));
+    if r.left != 0 {
+        return Err(format!("{} bytes after the end", r.left));
+    }
+    let mut crc = [0u8; 4];
+    r.inner
+        .read_exact(&mut crc)
+        .map_err(|_| "truncated".to_string())?;
+    if r.hasher.finalize() != u32::from_le_bytes(crc) {
+        return Err("checksum mismatch".into());
     }
     Ok(t)
 }
