@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building, running and testing distbelief needs on a fresh
 # Debian machine: protoc, the Fashion-MNIST data set, with --test Chromium,
-# its WebDriver and Prometheus, and the manifest tools
+# its WebDriver, Prometheus and iptables, and the manifest tools
 # (Helm, kubernetes-validate, TensorBoard and moto's S3 server, under the gitignored .tools/). Safe to run
 # again: it prints nothing and downloads nothing when everything is present.
 set -euo pipefail
@@ -43,6 +43,11 @@ if [ "${1:-}" = --test ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
   command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+  # The chaos runner's network cuts (--chaos cut=…) are iptables rules
+  # matched on each process's cgroup, and `ss -K` ends the connections made
+  # before a cut.
+  command -v iptables >/dev/null 2>&1 || need+=(iptables)
+  command -v ss >/dev/null 2>&1 || need+=(iproute2)
 fi
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 if [ ${#need[@]} -gt 0 ]; then
