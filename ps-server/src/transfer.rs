@@ -20,7 +20,7 @@ pub(crate) const IN_FLIGHT: usize = 2;
 pub(crate) struct ChunkWriter {
     tx: mpsc::Sender<Bytes>,
     buf: Vec<u8>,
-    pub(crate) sent: u64,
+    sent: u64,
 }
 
 impl ChunkWriter {

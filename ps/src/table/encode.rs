@@ -121,15 +121,24 @@ impl<R: Read> Reader<R> {
     }
 }
 
-/// `n` little-endian floats from `raw` into `out`, all finite.
-fn finite_into(raw: &[u8], out: &mut [f32]) -> Result<(), String> {
-    for (o, c) in out.iter_mut().zip(raw.chunks_exact(4)) {
-        *o = f32::from_le_bytes(c.try_into().expect("4 bytes"));
+/// Little-endian floats from `raw` into `out`, all finite.
+fn finite_into(mut raw: &[u8], out: &mut [f32]) -> Result<(), String> {
+    for o in out.iter_mut() {
+        let (b, rest) = raw.split_first_chunk::<4>().ok_or("truncated")?;
+        raw = rest;
+        *o = f32::from_le_bytes(*b);
         if !o.is_finite() {
             return Err(format!("a stored value is {o}"));
         }
     }
     Ok(())
+}
+
+/// The next little-endian u64 of `raw`.
+fn next_u64(raw: &mut &[u8]) -> Result<u64, String> {
+    let (b, rest) = raw.split_first_chunk::<8>().ok_or("truncated")?;
+    *raw = rest;
+    Ok(u64::from_le_bytes(*b))
 }
 
 /// A table of `config` from `bytes`; `source` names them in errors.
@@ -205,10 +214,13 @@ fn read<R: Read>(inner: R, len: u64, config: &TableConfig) -> Result<Table, Stri
     t.data.reserve(n * (dim + width));
     let (mut values, mut accum) = (vec![0.0; dim], vec![0.0; width]);
     for _ in 0..n {
-        let row = r.take(row_bytes)?;
-        let u64_at = |i: usize| u64::from_le_bytes(row[8 * i..8 * i + 8].try_into().expect("8"));
-        let (key, uses, last) = (u64_at(0), u64_at(1), u64_at(2));
-        let (v, a) = row[24..].split_at(4 * dim);
+        let mut row = r.take(row_bytes)?;
+        let (key, uses, last) = (
+            next_u64(&mut row)?,
+            next_u64(&mut row)?,
+            next_u64(&mut row)?,
+        );
+        let (v, a) = row.split_at_checked(4 * dim).ok_or("truncated")?;
         finite_into(v, &mut values)?;
         finite_into(a, &mut accum)?;
         if accum.iter().any(|a| *a < 0.0) {
