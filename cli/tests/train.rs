@@ -918,6 +918,11 @@ fn chaos_with_replication_2_cuts_and_a_killed_and_frozen_coordinator_loses_no_ac
     // one): the chain's head changed under load and nothing was lost.
     assert!(s["chaos"]["shard_heads_hit"].as_u64().unwrap() >= 1, "{s}");
     let (acknowledged, applied, lost, duplicated) = audit(&s);
+    // The figures a closing note gives (`--nocapture` shows them).
+    println!(
+        "dense partition chaos, replication 2: faults {} audit {}",
+        s["chaos"], s["audit"]
+    );
     assert!(acknowledged > 0, "{s}");
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
@@ -1263,8 +1268,9 @@ fn chaos_on_a_sparse_job_with_replication_2_and_cuts_loses_no_acknowledged_push_
     assert!(chaos["shard_heads_hit"].as_u64().unwrap() >= 1, "{s}");
     assert_every_cut(&s);
     let (acknowledged, applied, lost, duplicated) = audit(&s);
-    eprintln!(
-        "sparse chaos, replication 2: {} in {:.0} s, best auc {}",
+    println!(
+        "sparse partition chaos, replication 2: faults {} audit {} in {:.0} s, best auc {}",
+        s["chaos"],
         s["audit"],
         s["train_seconds"].as_f64().unwrap_or(0.0),
         s["best_test_auc"]

@@ -13,6 +13,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use distbelief_proto::v1::{DataShardEpoch, DataShardHeld, DataShardsState};
 
+/// Most epochs a coordinator can open between its last save and its end
+/// (it saves every 250 ms, and an epoch opens only once every open one is
+/// handed out): a finished lease further ahead is refused, not opened.
+const UNSAVED_EPOCHS: u64 = 16;
+
 /// A replica process that may hold data shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Holder {
@@ -156,7 +161,8 @@ impl DataShards {
 
     /// Every mini-batch of `lease` was trained. The first completion counts,
     /// whoever held it: the holder may have been given up for lost, or the
-    /// lease handed out by a coordinator whose state was not saved.
+    /// lease handed out by a coordinator whose state was not saved, even in
+    /// an epoch that state had not opened.
     pub fn finish(&mut self, lease: Lease) -> Result<Finished, String> {
         if lease.shard >= self.per_epoch {
             return Err(format!(
@@ -165,10 +171,18 @@ impl DataShards {
             ));
         }
         if lease.epoch >= self.next_epoch {
-            return Err(format!(
-                "epoch {} has not been handed out yet (next: {})",
-                lease.epoch, self.next_epoch
-            ));
+            // Handed out by a coordinator whose state was not saved: the
+            // epochs it opened since are opened here too, in the same order,
+            // so that this data shard is not handed out again in its epoch.
+            if lease.epoch - self.next_epoch >= UNSAVED_EPOCHS {
+                return Err(format!(
+                    "epoch {} is more than {UNSAVED_EPOCHS} epochs past the next one ({}): no coordinator handed it out",
+                    lease.epoch, self.next_epoch
+                ));
+            }
+            while self.next_epoch <= lease.epoch {
+                self.open_epoch();
+            }
         }
         let Some(e) = self.open.get_mut(&lease.epoch) else {
             self.trained_again += 1;

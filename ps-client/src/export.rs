@@ -24,13 +24,19 @@ pub struct ExportedRows {
 impl ShardClient {
     /// Every row of `table` this shard stores, appended to `out`, a page
     /// per call. A failed page is asked again (of the member the failure
-    /// named) until PAGE_PATIENCE runs out; pages already read stand.
+    /// named) until PAGE_PATIENCE runs out. Pages already read stand while
+    /// the same member answers; once another does, the shard's rows are read
+    /// again from the first slot, since slots are one member's layout (a
+    /// member that caught up holds its rows packed, and a capped table's
+    /// freed slots are reused in an order of its own).
     pub async fn export_rows(
         &mut self,
         table: u32,
         dim: usize,
         out: &mut ExportedRows,
     ) -> Result<(), ClientError> {
+        let before = (out.keys.len(), out.values.len());
+        let mut answering = self.addr().to_string();
         let mut from = Some(0u64);
         let mut backoff = distbelief_net::Backoff::default();
         let mut failing_since: Option<Instant> = None;
@@ -62,6 +68,15 @@ impl ShardClient {
                 };
             failing_since = None;
             backoff.reset();
+            if self.addr() != answering {
+                answering = self.addr().to_string();
+                if slot > 0 {
+                    out.keys.truncate(before.0);
+                    out.values.truncate(before.1);
+                    from = Some(0);
+                    continue;
+                }
+            }
             if reply.keys.len() % 8 != 0 || reply.rows.len() != reply.keys.len() / 8 * 4 * dim {
                 return Err(self.bad(format!(
                     "{} key bytes with {} row bytes for table {table} of dimension {dim}",

@@ -23,6 +23,9 @@ const COORDINATOR_PATIENCE: Duration = Duration::from_secs(5);
 const COORDINATOR_RETRY: Duration = Duration::from_millis(200);
 /// Longest the head waits for the push slot to send its state.
 const HOLD_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the head, pushes held, keeps asking whether a member it caught
+/// up was promoted before it leaves the chain instead.
+const PROMOTE_PATIENCE: Duration = Duration::from_secs(30);
 /// How long a member keeps a forward that overtook its predecessor.
 const EARLY_FORWARD_WAIT: Duration = Duration::from_secs(3);
 
@@ -337,7 +340,7 @@ impl ShardService {
         };
         // Forwards to it start afresh, right after the state it now holds.
         m.reset_forwarder(member);
-        let after = m.ask(ChainRequestKind::Promote, member).await?;
+        let after = promoted(m, member).await?;
         if !after.members.contains(&member) {
             return Err(Status::unavailable(
                 "the chain changed while the state was sent; try again",
@@ -446,5 +449,40 @@ impl ShardService {
             "took the head's state"
         );
         Ok(())
+    }
+}
+
+/// Asks the coordinator to promote `member` until it answers, with pushes
+/// still held. An answer lost on the way (a cut, a coordinator that saved the
+/// promotion and died) would leave the head forwarding to its old chain while
+/// the book lists `member`: it would acknowledge pushes a listed member
+/// lacks, and that member could head later without them. A repeat is safe:
+/// the book answers it with the chain that lists `member` by then. A head
+/// that hears nothing for [`PROMOTE_PATIENCE`] cannot know whom an
+/// acknowledgement needs, so it leaves the chain and joins again.
+async fn promoted(m: &Membership, member: u32) -> Result<crate::replication::Chain, Status> {
+    let give_up = tokio::time::Instant::now() + PROMOTE_PATIENCE;
+    loop {
+        let e = match m.ask(ChainRequestKind::Promote, member).await {
+            Ok(chain) => return Ok(chain),
+            Err(e) => e,
+        };
+        if tokio::time::Instant::now() >= give_up {
+            m.leave(&format!(
+                "the coordinator never said whether member {member} was promoted: {}",
+                e.message()
+            ));
+            return Err(Status::unavailable(format!(
+                "member {} of shard {} does not know its chain; push again",
+                m.me, m.shard
+            )));
+        }
+        tracing::warn!(
+            shard = m.shard,
+            member,
+            "no answer to the promote, pushes held; asking again: {}",
+            e.message()
+        );
+        tokio::time::sleep(COORDINATOR_RETRY).await;
     }
 }

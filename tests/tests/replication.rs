@@ -8,13 +8,17 @@ use distbelief_ps::Shard;
 
 use distbelief_proto::codec::encode_f32;
 use distbelief_proto::v1::coordinator_client::CoordinatorClient;
+use distbelief_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
-    ChainRequest, ChainRequestKind, FetchRequest, GradientChunk, InfoRequest,
+    ChainConfig, ChainRequest, ChainRequestKind, CommitReply, DataShardReply, DataShardRequest,
+    FetchRequest, GradientChunk, GrantPushed, InfoRequest, JobStatus, PortionCommit,
+    PortionRequest, PortionWork, ProgressReport, PushedReply, ReportReply, StatusRequest,
 };
 use distbelief_ps_client::{PushId, ShardClient};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tonic::{Request, Response, Status};
 
 const JOB: &str = "apiVersion: distbelief.dev/v1alpha1
 kind: DistBeliefJob
@@ -30,6 +34,8 @@ struct Members {
     job: distbelief_api::Job,
     addrs: Vec<String>,
     coordinator: String,
+    /// Where members reach the coordinator: its address, or a proxy's.
+    members_coordinator: String,
     /// Each member runs on a runtime of its own, so that stopping one drops
     /// its connections at once, as a killed process's would be.
     runtimes: Vec<Option<tokio::runtime::Runtime>>,
@@ -85,10 +91,17 @@ impl Drop for Members {
 
 impl Members {
     async fn start() -> Members {
+        Self::start_with(2, None).await
+    }
+
+    /// `n` members of one shard (`replication: n`); with `proxy`, members
+    /// reach the coordinator through it.
+    async fn start_with(n: usize, proxy: Option<LostPromote>) -> Members {
         distbelief_tests::require_fashion_mnist();
-        let job = distbelief_api::parse_job("replicated", JOB).expect("valid job");
+        let text = JOB.replace("replication: 2", &format!("replication: {n}"));
+        let job = distbelief_api::parse_job("replicated", &text).expect("valid job");
         let mut listeners = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..n {
             listeners.push(bind("127.0.0.1:0").await);
         }
         let addrs: Vec<String> = listeners
@@ -100,13 +113,18 @@ impl Members {
         let state = tempfile::tempdir().expect("state directory");
         let (stop, coordinator_task) =
             serve_coordinator(&job, &addrs, &state.path().join("tracker.pb"), cl);
+        let members_coordinator = match proxy {
+            Some(p) => p.serve(&coordinator).await,
+            None => coordinator.clone(),
+        };
         let mut m = Members {
             job,
             addrs,
             coordinator,
-            runtimes: vec![None, None],
-            states: vec![None, None],
-            registries: vec![prometheus::Registry::new(), prometheus::Registry::new()],
+            members_coordinator,
+            runtimes: (0..n).map(|_| None).collect(),
+            states: vec![None; n],
+            registries: (0..n).map(|_| prometheus::Registry::new()).collect(),
             coordinator_stop: stop,
             coordinator_task: Some(coordinator_task),
             state,
@@ -127,7 +145,7 @@ impl Members {
             member: Some(distbelief_ps_server::MemberOptions {
                 member,
                 members: self.addrs.clone(),
-                coordinator: self.coordinator.clone(),
+                coordinator: self.members_coordinator.clone(),
             }),
         };
         let state = Arc::new(RwLock::new(
@@ -259,6 +277,100 @@ impl Members {
 
     fn client_with_deadline(&self, deadline: Duration) -> ShardClient {
         ShardClient::replicated(0, 0..self.job.layout.len(), &self.addrs, deadline).expect("client")
+    }
+}
+
+/// A coordinator in front of the real one, for the members: it loses its
+/// answer to the promote that lists a third member (the coordinator saved
+/// it, the head never hears), as when the coordinator dies right after
+/// saving, and then holds every chain request until the test opens it, as
+/// while no coordinator runs.
+struct LostPromote {
+    lost: watch::Sender<bool>,
+    open: watch::Receiver<bool>,
+}
+
+struct LostPromoteService {
+    upstream: CoordinatorClient<tonic::transport::Channel>,
+    lost: watch::Sender<bool>,
+    open: watch::Receiver<bool>,
+}
+
+impl LostPromote {
+    /// Serves on a port of its own; returns its address.
+    async fn serve(self, coordinator: &str) -> String {
+        let channel = distbelief_net::channel(
+            distbelief_net::Serves::Coordinator,
+            coordinator,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let service = LostPromoteService {
+            upstream: CoordinatorClient::new(channel),
+            lost: self.lost,
+            open: self.open,
+        };
+        let l = bind("127.0.0.1:0").await;
+        let addr = l.local_addr().unwrap().to_string();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(l);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(CoordinatorServer::new(service))
+                .serve_with_incoming(incoming),
+        );
+        addr
+    }
+}
+
+#[tonic::async_trait]
+impl Coordinator for LostPromoteService {
+    async fn chain(&self, req: Request<ChainRequest>) -> Result<Response<ChainConfig>, Status> {
+        let r = req.into_inner();
+        if *self.lost.borrow() {
+            let _ = self.open.clone().wait_for(|open| *open).await;
+        }
+        let promote = r.kind == ChainRequestKind::Promote as i32;
+        let reply = self.upstream.clone().chain(r).await?;
+        if promote && reply.get_ref().members.len() == 3 && !self.lost.send_replace(true) {
+            return Err(Status::unavailable("the answer was lost on the way"));
+        }
+        Ok(reply)
+    }
+
+    async fn report(&self, _: Request<ProgressReport>) -> Result<Response<ReportReply>, Status> {
+        Err(Status::unimplemented("members only ask for chains"))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<JobStatus>, Status> {
+        Err(Status::unimplemented("members only ask for chains"))
+    }
+
+    async fn next_portion(
+        &self,
+        _: Request<PortionRequest>,
+    ) -> Result<Response<PortionWork>, Status> {
+        Err(Status::unimplemented("members only ask for chains"))
+    }
+
+    async fn commit_portions(
+        &self,
+        _: Request<PortionCommit>,
+    ) -> Result<Response<CommitReply>, Status> {
+        Err(Status::unimplemented("members only ask for chains"))
+    }
+
+    async fn portions_pushed(
+        &self,
+        _: Request<GrantPushed>,
+    ) -> Result<Response<PushedReply>, Status> {
+        Err(Status::unimplemented("members only ask for chains"))
+    }
+
+    async fn next_data_shard(
+        &self,
+        _: Request<DataShardRequest>,
+    ) -> Result<Response<DataShardReply>, Status> {
+        Err(Status::unimplemented("members only ask for chains"))
     }
 }
 
@@ -742,4 +854,63 @@ async fn a_head_whose_member_dies_while_the_coordinator_is_down_keeps_heading() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(m.version(head).await, 4, "every push once");
+}
+
+/// A listed member holds every acknowledged push, even when the head never
+/// heard that the member was listed. Before, the head released its pushes
+/// once the promote's answer was lost and acknowledged them on the members
+/// it knew of, while the book listed a third that lacked them (and could
+/// head later without them). Now it holds them until it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promote_whose_answer_is_lost_holds_pushes_until_the_head_knows_its_chain() {
+    let (lost, mut was_lost) = watch::channel(false);
+    let (open, opened) = watch::channel(false);
+    let proxy = LostPromote { lost, open: opened };
+    let m = Members::start_with(3, Some(proxy)).await;
+    tokio::time::timeout(Duration::from_secs(60), was_lost.wait_for(|l| *l))
+        .await
+        .expect("no promote listed a third member")
+        .unwrap();
+    let (_, listed) = m.chain_of(3).await;
+    let n = m.job.layout.len();
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut c = m.client();
+    let acks = acknowledged.clone();
+    let mut pusher = tokio::spawn(async move {
+        for seq in 1..=5 {
+            loop {
+                let chunks = c.dense_chunks(id(seq), &vec![0.5; n]);
+                if let Ok(r) = c.push(chunks).await {
+                    acks.lock().unwrap().push(r.version);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    // While the head has heard nothing, whatever it acknowledged must be on
+    // every listed member. (The old code acknowledged all five within this
+    // time; the new one acknowledges none.)
+    let _ = tokio::time::timeout(Duration::from_secs(3), &mut pusher).await;
+    let holds_every_ack = async |when: &str| {
+        let newest = acknowledged.lock().unwrap().iter().copied().max();
+        for &member in &listed {
+            let version = m.version(member).await;
+            assert!(
+                newest.is_none_or(|v| version >= v),
+                "{when}: member {member} is listed at version {version} but pushes \
+                 were acknowledged up to version {newest:?}"
+            );
+        }
+    };
+    holds_every_ack("before the head knew its chain").await;
+    open.send_replace(true);
+    tokio::time::timeout(Duration::from_secs(60), pusher)
+        .await
+        .expect("the pushes were never acknowledged once the coordinator answered")
+        .unwrap();
+    assert_eq!(acknowledged.lock().unwrap().len(), 5);
+    holds_every_ack("once it knew").await;
+    let (_, now) = m.chain_of(3).await;
+    assert_eq!(now, listed, "no member left the chain");
 }
