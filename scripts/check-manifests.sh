@@ -131,6 +131,8 @@ RULES = {
     ("events.k8s.io", "events"): {"create", "patch"},
     # The StatefulSet controller's FailedCreate events, while shard pods are missing.
     ("", "events"): {"list"},
+    # A gang-scheduled job's PodGroup.
+    ("scheduling.k8s.io", "podgroups"): {"get", "create", "patch"},
 }
 CLUSTER_RULES = {("storage.k8s.io", "storageclasses"): {"list", "watch"}}
 

@@ -374,6 +374,11 @@ pub const RULES: &[AdmissionRule] = &[
         "must be between 1 and 4096",
     ),
     spec(
+        "spec.scheduling.minReplicas",
+        "!has(self.scheduling) || !has(self.scheduling.minReplicas) || (self.scheduling.minReplicas >= 1 && self.scheduling.minReplicas <= 4096)",
+        "must be between 1 and 4096",
+    ),
+    spec(
         "spec.replicas.partitions",
         "self.replicas.partitions >= 1 && self.replicas.partitions <= 16 && self.parameterServers.shards % self.replicas.partitions == 0",
         "must be between 1 and 16 and divide spec.parameterServers.shards",

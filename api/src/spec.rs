@@ -115,6 +115,40 @@ pub struct DistBeliefJobSpec {
     /// link, with a CA and certificates of the job's own.
     #[serde(default, skip_serializing_if = "SecuritySpec::is_default")]
     pub security: SecuritySpec,
+    /// Kubernetes only: how the job's pods are scheduled (docs/scheduling.md).
+    /// Default: gang scheduling as the operator's default says, when the
+    /// cluster serves it; every replica in the gang.
+    #[serde(default, skip_serializing_if = "SchedulingSpec::is_empty")]
+    pub scheduling: SchedulingSpec,
+}
+
+/// All or nothing: a gang of pods the scheduler binds only when all of it
+/// fits at once (Kubernetes' scheduling.k8s.io/v1alpha2 PodGroup).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SchedulingSpec {
+    /// Schedule the job as one gang: a PodGroup the job owns, named
+    /// `<job>-gang`, whose minCount covers every shard member, the
+    /// coordinator and minReplicas replicas (each of its partitions), all
+    /// created at once. Replicas then wait for the shards themselves. Used
+    /// only where the cluster serves scheduling.k8s.io/v1alpha2 (feature
+    /// gates GenericWorkload and GangScheduling); elsewhere the job runs as
+    /// without it, and its GangScheduling condition says so. Default: the
+    /// operator's (the chart's gangScheduling, false unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<bool>,
+    /// The fewest replicas the job can train with: those replicas (0 to
+    /// minReplicas - 1) are in the gang; replicas above it are scheduled
+    /// one by one as they fit, as elastic ones. At most replicas.count.
+    /// Default: replicas.count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_replicas: Option<u32>,
+}
+
+impl SchedulingSpec {
+    pub fn is_empty(&self) -> bool {
+        *self == SchedulingSpec::default()
+    }
 }
 
 /// How the job's processes know each other (docs/security.md).

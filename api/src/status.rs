@@ -193,6 +193,25 @@ pub struct PodRevision {
     /// whose revision does not say started in plaintext and stays so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mutual_tls: Option<bool>,
+    /// The gang the job's pods were started in (spec.scheduling), when they
+    /// were: every later pod of the job joins the same one, whatever the
+    /// spec or the operator's default says now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangRevision>,
+}
+
+/// A job's gang: its PodGroup and who is in it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GangRevision {
+    /// The PodGroup (scheduling.k8s.io/v1alpha2) every pod of the gang names.
+    pub pod_group: String,
+    /// The pods that must fit at once: every shard member, the coordinator
+    /// and each partition of the replicas in the gang.
+    pub min_count: u32,
+    /// Replicas 0 to replicas - 1 are in the gang; the others are scheduled
+    /// one by one.
+    pub replicas: u32,
 }
 
 /// One replica's pods, as the operator tracks them.

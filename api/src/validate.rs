@@ -284,6 +284,12 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
     if !(1..=MAX_REPLICAS).contains(&s.replicas.count) {
         fail("spec.replicas.count", None);
     }
+    if s.scheduling
+        .min_replicas
+        .is_some_and(|m| !(1..=MAX_REPLICAS).contains(&m))
+    {
+        fail("spec.scheduling.minReplicas", None);
+    }
     let partitions = s.replicas.partitions;
     if !(1..=MAX_PARTITIONS).contains(&partitions) || !shards.is_multiple_of(partitions.max(1)) {
         fail("spec.replicas.partitions", None);

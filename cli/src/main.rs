@@ -393,6 +393,10 @@ pub struct OperatorArgs {
     /// `resources`) for jobs that set no spec.coordinator.resources.
     #[arg(long, env = "DISTBELIEF_COORDINATOR_RESOURCES")]
     pub coordinator_resources: Option<String>,
+    /// Gang-schedule jobs that leave spec.scheduling.gang unset, where the
+    /// cluster serves scheduling.k8s.io/v1alpha2 PodGroups.
+    #[arg(long, env = "DISTBELIEF_GANG_SCHEDULING", default_value_t = false, action = clap::ArgAction::Set)]
+    pub gang_scheduling: bool,
 }
 
 /// Tensor messages are a few MiB each. By default glibc serves such

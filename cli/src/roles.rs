@@ -319,6 +319,9 @@ pub fn operator(a: OperatorArgs) -> anyhow::Result<ExitCode> {
         image_pull_policy: a.image_pull_policy,
         network_policy: a.network_policy,
         metrics_namespaces: a.metrics_namespace_selector,
+        gang_scheduling: a.gang_scheduling,
+        // Found by discovery when the operator starts.
+        pod_groups: false,
         backoff: distbelief_operator::Backoff {
             initial: Duration::from_secs(a.restart_backoff_seconds.max(1)),
             max: Duration::from_secs(a.restart_backoff_max_seconds.max(a.restart_backoff_seconds)),

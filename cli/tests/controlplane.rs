@@ -166,6 +166,9 @@ const BROKEN: &[(&str, Change)] = &[
         j["spec"]["parameterServers"]["shards"] = json!(0)
     }),
     ("replicas", |j| j["spec"]["replicas"]["count"] = json!(0)),
+    ("minReplicas", |j| {
+        j["spec"]["scheduling"] = json!({"minReplicas": 0})
+    }),
     ("targetTestAccuracy", |j| {
         j["spec"]["stop"]["targetTestAccuracy"] = json!(1.5)
     }),
@@ -1586,7 +1589,7 @@ async fn kit_with_replication_2_an_eviction_takes_one_member_and_refuses_the_oth
         "one disruption allowed",
         || async {
             let pdb = budgets.get("dr-ps").await.ok()?;
-            (pdb.status?.disruptions_allowed == 1).then_some(())
+            (pdb.status?.disruptions_allowed == Some(1)).then_some(())
         },
     )
     .await;
@@ -1952,4 +1955,218 @@ async fn kit_members_of_a_shard_repel_each_other_and_the_job_says_when_they_cann
     println!(
         "kit_spread: one node; one member of each shard Pending ({message}); the spread is immutable; unplaced shard pods took an edited template"
     );
+}
+
+fn condition_of(st: &Value, type_: &str) -> Option<Value> {
+    st["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// The kit serves scheduling.k8s.io/v1alpha2 with kube-scheduler's gang
+/// scheduling on (its default). A gang that cannot fit (its pods match no
+/// node) is created whole, names its PodGroup, says so within seconds and
+/// is failed by its start deadline.
+#[tokio::test]
+async fn kit_a_gang_that_cannot_fit_says_so_within_seconds_and_its_deadline_fails_it() {
+    let Some(kit) = kit::kit("kit_gang").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-gang").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("fm");
+    job["spec"]["scheduling"] = json!({"gang": true});
+    job["spec"]["startDeadlineSeconds"] = json!(20);
+    let created = Instant::now();
+    create_job(&kit, &ns, &job).await;
+    let groups: Api<DynamicObject> = Api::namespaced_with(
+        kit.client.clone(),
+        &ns,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "scheduling.k8s.io",
+            "v1alpha2",
+            "PodGroup",
+        )),
+    );
+    let group = wait_for(Duration::from_secs(60), "the job's PodGroup", || async {
+        groups.get_opt("fm-gang").await.ok()?
+    })
+    .await;
+    // 2 shards, the coordinator, 2 replicas.
+    assert_eq!(
+        group.data["spec"]["schedulingPolicy"]["gang"]["minCount"],
+        5
+    );
+    let owner = &group.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("DistBeliefJob", Some(true))
+    );
+    // Every pod at once, although no server is ready: replicas wait for
+    // the shards in-process, not in the operator.
+    let pods = wait_for(
+        Duration::from_secs(60),
+        "all 5 pods of the gang",
+        || async {
+            let pods = kit
+                .pods(&ns)
+                .list(&ListParams::default().labels("distbelief.dev/job=fm"))
+                .await
+                .ok()?;
+            (pods.items.len() == 5).then_some(pods.items)
+        },
+    )
+    .await;
+    for p in &pods {
+        let named = p.spec.as_ref().and_then(|s| s.scheduling_group.as_ref());
+        assert_eq!(
+            named.and_then(|g| g.pod_group_name.as_deref()),
+            Some("fm-gang"),
+            "{:?}",
+            p.metadata.name
+        );
+    }
+    let waiting = wait_for(Duration::from_secs(30), "GangScheduled False", || async {
+        let st = status(&kit, &ns, "fm").await;
+        condition_of(&st, "GangScheduled").filter(|c| c["status"] == "False")
+    })
+    .await;
+    println!(
+        "kit_gang: GangScheduled=False {:.1} s after the job was created: {}",
+        created.elapsed().as_secs_f64(),
+        waiting["message"]
+    );
+    let message = waiting["message"].as_str().unwrap();
+    assert!(
+        message.contains("the gang cannot be scheduled yet (PodGroup fm-gang, minCount 5)"),
+        "{message}"
+    );
+    let st = status(&kit, &ns, "fm").await;
+    let mode = condition_of(&st, "GangScheduling").expect("GangScheduling");
+    assert_eq!(
+        (&mode["status"], &mode["reason"]),
+        (&json!("True"), &json!("PodGroup"))
+    );
+    assert_eq!(st["phase"], "Pending", "{st}");
+
+    let failed = wait_for(
+        Duration::from_secs(60),
+        "Failed by the start deadline",
+        || async {
+            let st = status(&kit, &ns, "fm").await;
+            (st["phase"] == "Failed").then_some(st)
+        },
+    )
+    .await;
+    let c = condition_of(&failed, "Failed").unwrap();
+    assert_eq!(c["reason"], "StartDeadlineExceeded", "{failed}");
+    wait_for(
+        Duration::from_secs(60),
+        "the gang's pods stopped",
+        || async {
+            pod_names(&kit, &ns, "distbelief.dev/job=fm")
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// spec.suspend as batch/v1's Jobs have it, which Kueue relies on: a job
+/// created suspended creates no pods and has not started; a queue then
+/// writes its placement into the templates and resumes it, and every pod,
+/// the StatefulSet's shard pods included, carries that placement.
+#[tokio::test]
+async fn kit_a_job_created_suspended_starts_nothing_and_its_resume_carries_the_queues_placement() {
+    let Some(kit) = kit::kit("kit_queued").await else {
+        return;
+    };
+    let (ns, _gone) = kit.namespace("cp-queued").await;
+    let _op = kit.operator(&ns, "solo", &[]);
+    let mut job = example_job("fm");
+    job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "team-a"});
+    job["spec"]["suspend"] = json!(true);
+    create_job(&kit, &ns, &job).await;
+    let st = wait_for(Duration::from_secs(60), "Suspended", || async {
+        let st = status(&kit, &ns, "fm").await;
+        (st["phase"] == "Suspended").then_some(st)
+    })
+    .await;
+    assert!(
+        st["startTime"].is_null(),
+        "a job created suspended has not started: {st}"
+    );
+    assert!(st["podRevision"].is_null(), "{st}");
+    // The shards' StatefulSets exist, at 0: the operator has had its turn.
+    let sets: Api<StatefulSet> = Api::namespaced(kit.client.clone(), &ns);
+    let set = wait_for(
+        Duration::from_secs(60),
+        "the shards' StatefulSet",
+        || async { sets.get_opt("fm-ps").await.ok()? },
+    )
+    .await;
+    assert_eq!(set.spec.as_ref().unwrap().replicas, Some(0));
+    assert!(
+        pod_names(&kit, &ns, "distbelief.dev/job=fm")
+            .await
+            .is_empty()
+    );
+
+    // The queue admits it on a flavour: a node selector and a toleration
+    // in every role's template, then resume.
+    let placement = json!({"spec": {
+        "nodeSelector": {"pool": "team-a"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "team-a", "effect": "NoSchedule"}],
+    }});
+    kit.jobs(&ns)
+        .patch(
+            "fm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "parameterServers": {"template": placement},
+                "replicas": {"template": placement},
+                "coordinator": {"template": placement},
+            }})),
+        )
+        .await
+        .expect("the templates are written while suspended");
+    kit.jobs(&ns)
+        .patch(
+            "fm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .unwrap();
+    servers_ready(&kit, &ns, "fm", 2).await;
+    for r in 0..2 {
+        current_replica_pod(&kit, &ns, r, 0).await;
+    }
+    let pods = kit
+        .pods(&ns)
+        .list(&ListParams::default().labels("distbelief.dev/job=fm"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(pods.len(), 5, "2 shards, the coordinator, 2 replicas");
+    for p in &pods {
+        let spec = p.spec.as_ref().unwrap();
+        let name = p.metadata.name.as_deref().unwrap_or_default();
+        let selector = spec.node_selector.clone().unwrap_or_default();
+        assert_eq!(
+            selector.get("pool").map(String::as_str),
+            Some("team-a"),
+            "{name}"
+        );
+        let tolerated =
+            spec.tolerations.iter().flatten().any(|t| {
+                t.key.as_deref() == Some("dedicated") && t.value.as_deref() == Some("team-a")
+            });
+        assert!(tolerated, "{name} lacks the queue's toleration");
+    }
+    let st = status(&kit, &ns, "fm").await;
+    assert!(st["startTime"].is_string(), "started on its resume: {st}");
 }

@@ -70,8 +70,9 @@ where
 
 /// Runs the operator until SIGTERM/SIGINT or, with leader election, until
 /// the lease is lost.
-pub async fn run(client: Client, config: Config, opts: RunOptions) -> Result<(), RunError> {
+pub async fn run(client: Client, mut config: Config, opts: RunOptions) -> Result<(), RunError> {
     let metrics = Metrics::new()?;
+    config.pod_groups = serves_pod_groups(&client).await;
     let ar = reconcile::job_resource();
     let jobs: Api<DynamicObject> = match &opts.namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
@@ -231,4 +232,31 @@ fn error_policy(obj: Arc<DynamicObject>, error: &Error, ctx: Arc<Context>) -> Ac
         delay.as_secs()
     );
     Action::requeue(delay)
+}
+
+/// Whether the API server serves scheduling.k8s.io/v1alpha2 PodGroups, the
+/// gang scheduling of kube-scheduler itself (feature gates GenericWorkload
+/// and GangScheduling). Asked once: turning the gates on or off restarts
+/// the control plane, and the operator with a new pod then.
+async fn serves_pod_groups(client: &Client) -> bool {
+    let served = match client
+        .list_api_group_resources("scheduling.k8s.io/v1alpha2")
+        .await
+    {
+        Ok(list) => list.resources.iter().any(|r| r.name == "podgroups"),
+        Err(e) => {
+            tracing::debug!("scheduling.k8s.io/v1alpha2 not served: {e}");
+            false
+        }
+    };
+    tracing::info!(
+        served,
+        "gang scheduling (scheduling.k8s.io/v1alpha2 PodGroups) {}",
+        if served {
+            "is served"
+        } else {
+            "is not served: jobs asking for it schedule pod by pod"
+        }
+    );
+    served
 }

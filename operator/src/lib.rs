@@ -31,6 +31,11 @@ pub struct Config {
     pub backoff: Backoff,
     /// The coordinator's container resources when a job sets none.
     pub coordinator_resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    /// Whether the cluster serves scheduling.k8s.io/v1alpha2 PodGroups
+    /// (found by discovery when the operator starts).
+    pub pod_groups: bool,
+    /// Gang-schedule jobs whose spec.scheduling.gang is unset.
+    pub gang_scheduling: bool,
 }
 
 impl Default for Config {
@@ -46,6 +51,8 @@ impl Default for Config {
                 max: Duration::from_secs(300),
             },
             coordinator_resources: None,
+            pod_groups: false,
+            gang_scheduling: false,
         }
     }
 }

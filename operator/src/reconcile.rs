@@ -468,6 +468,10 @@ async fn apply_children(
     apply_named(ctx, namespace, uid, &c.role).await?;
     apply_named(ctx, namespace, uid, &c.role_binding).await?;
     apply_named(ctx, namespace, uid, &c.ps_service).await?;
+    // Before any pod that names it.
+    if let Some(g) = &c.pod_group {
+        apply_named(ctx, namespace, uid, g).await?;
+    }
     for set in &c.ps_stateful_sets {
         apply_named(ctx, namespace, uid, set).await?;
     }

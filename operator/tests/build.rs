@@ -867,3 +867,90 @@ fn the_network_policy_selects_every_role_and_admits_only_the_listed_flows() {
     );
     assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
 }
+
+fn gang_job(scheduling: &str) -> distbelief_api::DistBeliefJob {
+    let mut j = serde_json::to_value(common::job("fmnist")).unwrap();
+    j["spec"]["parameterServers"]["replication"] = 2.into();
+    j["spec"]["scheduling"] = serde_json::from_str(scheduling).unwrap();
+    serde_json::from_value(j).expect("job decodes")
+}
+
+fn group_of(spec: Option<&k8s_openapi::api::core::v1::PodSpec>) -> Option<String> {
+    spec?.scheduling_group.as_ref()?.pod_group_name.clone()
+}
+
+#[test]
+fn a_gang_job_owns_a_pod_group_every_pod_of_its_gang_names() {
+    let job = gang_job(r#"{"gang": true, "minReplicas": 3}"#);
+    let cfg = distbelief_operator::Config {
+        pod_groups: true,
+        ..common::config()
+    };
+    let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+    let c = children::children(&t).expect("children");
+    let g = c.pod_group.as_ref().expect("a PodGroup");
+    assert_eq!(g.name_any(), "fmnist-gang");
+    // 2 shards × 2 members, the coordinator, 3 of the 4 replicas.
+    let gang = g
+        .spec
+        .scheduling_policy
+        .gang
+        .as_ref()
+        .expect("a gang policy");
+    assert_eq!(gang.min_count, 2 * 2 + 1 + 3);
+    let owner = &g.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("DistBeliefJob", common::JOB_UID, Some(true))
+    );
+    let named = Some("fmnist-gang".to_string());
+    for set in &c.ps_stateful_sets {
+        let template = set.spec.as_ref().unwrap().template.spec.as_ref();
+        assert_eq!(group_of(template), named, "{}", set.name_any());
+    }
+    let coordinator = c.coordinator_pod.as_ref().unwrap().spec.as_ref();
+    assert_eq!(group_of(coordinator), named);
+    for r in 0..4 {
+        let p = children::replica_pods(&t, r, 0, Cause::Start, None).remove(0);
+        let expected = if r < 3 { named.clone() } else { None };
+        assert_eq!(group_of(p.spec.as_ref()), expected, "replica {r}");
+    }
+    // What the pods run reads no scheduling field: an older image would
+    // refuse one it does not know.
+    let file = children::job_file(&job).unwrap();
+    assert!(!file.contains("scheduling"), "{file}");
+}
+
+#[test]
+fn without_the_pod_group_api_a_gang_job_builds_as_before() {
+    for served in [false, true] {
+        let job = gang_job(if served {
+            r#"{"gang": false}"#
+        } else {
+            r#"{"gang": true}"#
+        });
+        let cfg = distbelief_operator::Config {
+            pod_groups: served,
+            ..common::config()
+        };
+        let t = children::target(&job, &cfg, CheckpointStorage::EmptyDir).expect("valid job");
+        let c = children::children(&t).expect("children");
+        assert!(c.pod_group.is_none(), "served: {served}");
+        let template = c.ps_stateful_sets[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref();
+        assert_eq!(group_of(template), None);
+        let p = children::replica_pods(&t, 0, 0, Cause::Start, None).remove(0);
+        assert_eq!(group_of(p.spec.as_ref()), None);
+        match &t.scheduling {
+            children::Scheduling::PodByPod { reason, .. } => {
+                assert_eq!(*reason, if served { "Off" } else { "NotServed" });
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -924,3 +924,121 @@ fn an_edit_after_the_start_is_named_against_the_recorded_revision() {
     );
     assert_eq!(older.status.pod_revision, None);
 }
+
+fn decide_with(job: &DistBeliefJob, pods: &[Pod], cfg: &distbelief_operator::Config) -> Plan {
+    let t = children::target(job, cfg, CheckpointStorage::PersistentVolumeClaim).expect("valid");
+    plan(&t, pods, &[], cfg.backoff, Timestamp::now())
+}
+
+fn condition<'a>(
+    plan: &'a Plan,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    plan.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+#[test]
+fn a_gang_starts_whole_and_pod_by_pod_replicas_wait_for_the_shards() {
+    let job = job(json!(null), json!({"scheduling": {"gang": true}}));
+    let served = distbelief_operator::Config {
+        pod_groups: true,
+        ..common::config()
+    };
+    // No pod exists yet: in a gang every replica is created with the
+    // shards; pod by pod, none is until every shard serves.
+    let gang = decide_with(&job, &[], &served);
+    assert_eq!(created(&gang).len(), 4, "{:?}", created(&gang));
+    let c = condition(&gang, distbelief_operator::plan::GANG_SCHEDULING);
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "PodGroup"));
+    assert!(c.message.contains("minCount 7"), "{}", c.message);
+    let recorded = gang
+        .status
+        .pod_revision
+        .as_ref()
+        .and_then(|r| r.gang.clone());
+    assert_eq!(
+        recorded.map(|g| (g.pod_group, g.min_count)),
+        Some(("fm-gang".into(), 7))
+    );
+
+    let not_served = decide_with(&job, &[], &common::config());
+    assert!(
+        created(&not_served).is_empty(),
+        "{:?}",
+        created(&not_served)
+    );
+    let c = condition(&not_served, distbelief_operator::plan::GANG_SCHEDULING);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NotServed")
+    );
+}
+
+#[test]
+fn a_gang_the_scheduler_cannot_place_says_so_in_the_phase() {
+    let served = distbelief_operator::Config {
+        pod_groups: true,
+        ..common::config()
+    };
+    let mut status = common::running_status();
+    status["podRevision"] = json!({
+        "operatorVersion": env!("CARGO_PKG_VERSION"),
+        "gang": {"podGroup": "fm-gang", "minCount": 7, "replicas": 4}
+    });
+    let job = job(status, json!({"scheduling": {"gang": true}}));
+    let mut pending = common::pod(
+        "fm-coordinator",
+        json!({"distbelief.dev/role": "coordinator"}),
+        "Pending",
+    );
+    let spec = pending.spec.get_or_insert_with(Default::default);
+    spec.scheduling_group = Some(k8s_openapi::api::core::v1::PodSchedulingGroup {
+        pod_group_name: Some("fm-gang".into()),
+    });
+    pending.status.as_mut().unwrap().conditions =
+        Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("pod group is unschedulable".into()),
+            ..Default::default()
+        }]);
+    let p = decide_with(&job, &[pending], &served);
+    assert_eq!(p.status.phase, Some(Phase::Pending));
+    let c = condition(&p, distbelief_operator::plan::GANG_SCHEDULED);
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "Unschedulable")
+    );
+    assert!(
+        c.message
+            .contains("the gang cannot be scheduled yet (PodGroup fm-gang, minCount 7)")
+            && c.message
+                .contains("1 of its 1 pods are pending: pod group is unschedulable"),
+        "{}",
+        c.message
+    );
+    let event = p
+        .notes
+        .iter()
+        .find(|n| n.reason == "GangWaiting")
+        .expect("an event");
+    assert!(event.warning && event.message == c.message);
+}
+
+#[test]
+fn a_job_created_suspended_has_no_pods_and_has_not_started() {
+    let job = job(json!(null), json!({"suspend": true}));
+    let p = decide(&job, &[], Timestamp::now());
+    assert!(p.create_pods.is_empty());
+    assert!(p.status.start_time.is_none(), "not started");
+    assert!(
+        p.status.pod_revision.is_none(),
+        "its inputs are recorded on resume"
+    );
+    assert_eq!(p.status.phase, Some(Phase::Suspended));
+}

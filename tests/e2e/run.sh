@@ -46,6 +46,8 @@ KUBECTL=(kubectl --request-timeout=30s)
 . tests/e2e/routine.sh
 # shellcheck source=tests/e2e/chaos.sh
 . tests/e2e/chaos.sh
+# shellcheck source=tests/e2e/gang.sh
+. tests/e2e/gang.sh
 
 # --- where to run ------------------------------------------------------------
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -1520,6 +1522,15 @@ uninstall_clean() {
 step() {
   local what=$1 rc t0=$SECONDS
   shift
+  # E2E_ONLY=REGEX: only the steps whose function matches, besides the
+  # cluster, the chart and the uninstall (for working on one step).
+  case "$1" in
+    setup_cluster | install_chart | uninstall_clean) ;;
+    *) if [ -n "${E2E_ONLY:-}" ] && ! [[ "$1" =~ ^(${E2E_ONLY})$ ]]; then
+         skip "$what (E2E_ONLY=$E2E_ONLY)"
+         return 1
+       fi ;;
+  esac
   log "== $what"
   "$@"
   rc=$?
@@ -1557,6 +1568,11 @@ if step "cluster ready, image $IMAGE_REPO:$IMAGE_TAG available" setup_cluster; t
         step "$PVC_JOB with a data path that names nothing: DataReadable=False and a DataUnreadable event, no coordinator restart" pvc_wrong_path
       else
         skip "$PVC_JOB with a wrong data path (the claim was not filled)"
+      fi
+      if "${KUBECTL[@]}" api-resources --api-group=scheduling.k8s.io -o name 2>/dev/null | grep -q '^podgroups'; then
+        step "$GANG: two jobs that do not both fit on the node, as gangs: one runs to Succeeded while none of the other's pods is bound, then the other, no CPU held by a job that cannot start; pod by pod, the same pair holds CPU in jobs that cannot start (measured)" gang_pair
+      else
+        skip "$GANG (the cluster does not serve scheduling.k8s.io/v1alpha2 PodGroups: start the kit with its default K8S_FEATURE_GATES)"
       fi
       step "$STREAMED: 8 Parquet part files on a claim, streamed by replicas limited to 200Mi (whole, the set takes about 530 MB), reach Succeeded with bestTestAuc >= 0.75, no replica restarted" streamed_ctr
     else

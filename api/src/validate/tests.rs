@@ -962,6 +962,12 @@ const RULES: &[Rule] = &[
         "node label key",
     ),
     (
+        "minReplicas at least 1",
+        |j| j.spec.scheduling.min_replicas = Some(0),
+        "spec.scheduling.minReplicas",
+        "between 1 and 4096",
+    ),
+    (
         "output claim is a resource name",
         |j| j.spec.output.volume_claim_name = Some("Models!".into()),
         "spec.output.volumeClaimName",

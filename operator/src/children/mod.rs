@@ -12,6 +12,9 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::scheduling::v1alpha2::{
+    GangSchedulingPolicy, PodGroup, PodGroupSchedulingPolicy, PodGroupSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
@@ -24,7 +27,7 @@ mod target;
 mod template;
 
 pub use credentials::{TLS_DIR, authority};
-pub use target::{Target, target};
+pub use target::{Scheduling, Target, target};
 
 pub const PS_PORT: u16 = 7000;
 pub const COORDINATOR_PORT: u16 = 7100;
@@ -119,6 +122,8 @@ pub struct Children {
     /// by. Only for jobs whose replicas have several partitions.
     pub partition_service: Option<Service>,
     pub network_policy: Option<NetworkPolicy>,
+    /// The job's gang, when it is scheduled as one.
+    pub pod_group: Option<PodGroup>,
 }
 
 /// The job file every pod reads: the resource as the user wrote it, without
@@ -127,6 +132,7 @@ pub struct Children {
 pub fn job_file(job: &DistBeliefJob) -> Result<String, BuildError> {
     let mut spec = job.spec.clone();
     spec.parameter_servers.spread = None;
+    spec.scheduling = distbelief_api::SchedulingSpec::default();
     let doc = json!({
         "apiVersion": distbelief_api::API_VERSION,
         "kind": distbelief_api::KIND,
@@ -177,7 +183,7 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
     let role_binding = RoleBinding {
         metadata: t.metadata(&coordinator, "coordinator"),
         role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
             kind: "Role".into(),
             name: coordinator.clone(),
         },
@@ -203,7 +209,26 @@ pub fn children(t: &Target) -> Result<Children, BuildError> {
         coordinator_pod,
         partition_service: (t.job.spec.replicas.partitions > 1).then(|| servers::partitions(t)),
         network_policy: t.cfg.network_policy.then(|| network_policy(t)),
+        pod_group: t.gang().map(|g| pod_group(t, g)),
     })
+}
+
+/// The gang every pod of it names: the scheduler binds none of them until
+/// `min_count` fit at once.
+fn pod_group(t: &Target, g: &distbelief_api::GangRevision) -> PodGroup {
+    PodGroup {
+        metadata: t.metadata(&g.pod_group, "gang"),
+        spec: PodGroupSpec {
+            scheduling_policy: PodGroupSchedulingPolicy {
+                gang: Some(GangSchedulingPolicy {
+                    min_count: i32::try_from(g.min_count).unwrap_or(i32::MAX),
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        status: None,
+    }
 }
 
 /// Every pod of the job, whatever its role, takes connections on its
@@ -350,6 +375,10 @@ fn replica_pod(
     // Never: the operator, not the kubelet, restarts replicas, so that it
     // can count failures against the budget and back off.
     let mut spec = t.pod_spec(container, "Never", None);
+    // Replicas above the gang's are elastic: each is scheduled as it fits.
+    if t.gang().is_some_and(|g| replica >= g.replicas) {
+        spec.scheduling_group = None;
+    }
     t.mount_output(&mut spec, true);
     let me = distbelief_net::identity::Peer::Replica {
         index: replica,

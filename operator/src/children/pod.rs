@@ -3,9 +3,9 @@
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext,
-    PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, TCPSocketAction, Volume,
-    VolumeMount,
+    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSchedulingGroup,
+    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -227,6 +227,9 @@ impl Target<'_> {
             }]),
             service_account_name: account,
             node_selector: (!node_selector.is_empty()).then(|| node_selector.clone()),
+            scheduling_group: self.gang().map(|g| PodSchedulingGroup {
+                pod_group_name: Some(g.pod_group.clone()),
+            }),
             ..Default::default()
         }
     }

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use distbelief_api::addresses::{SHARD, ShardPattern};
 use distbelief_api::{
-    CheckpointStorage, DistBeliefJob, PodRevision, ShardLayout, ValidationError, admission,
+    CheckpointStorage, DistBeliefJob, GangRevision, PodRevision, ShardLayout, ValidationError,
+    admission,
 };
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -25,7 +26,62 @@ pub struct Target<'a> {
     pub checkpoint_storage: CheckpointStorage,
     /// How shard pods are laid out in StatefulSets, decided once per job.
     pub shard_layout: ShardLayout,
+    /// Whether the job's pods are scheduled as one gang, decided once per job.
+    pub scheduling: Scheduling,
     pub(super) cfg: &'a Config,
+}
+
+/// How a job's pods are scheduled (docs/scheduling.md).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scheduling {
+    /// All or nothing, as one PodGroup.
+    Gang(GangRevision),
+    /// Pod by pod: the shards and the coordinator first, replicas once every
+    /// shard serves. Why, for the GangScheduling condition.
+    PodByPod {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+/// The job's scheduling: the gang it started in, else what the spec (or
+/// the operator's default) asks for where the cluster serves PodGroups.
+fn scheduling(job: &DistBeliefJob, name: &str, cfg: &Config) -> Scheduling {
+    let asked = job.spec.scheduling.gang.unwrap_or(cfg.gang_scheduling);
+    let recorded = job.status.as_ref().and_then(|s| s.pod_revision.as_ref());
+    let not_served = || {
+        Scheduling::PodByPod {
+        reason: "NotServed",
+        message: "gang scheduling is asked for, but the cluster does not serve scheduling.k8s.io/v1alpha2 PodGroups (feature gates GenericWorkload and GangScheduling): the shards and the coordinator start first, replicas once every shard serves".into(),
+    }
+    };
+    match recorded.map(|r| r.gang.clone()) {
+        Some(Some(g)) if cfg.pod_groups => Scheduling::Gang(g),
+        Some(Some(_)) => not_served(),
+        Some(None) | None if !asked => Scheduling::PodByPod {
+            reason: "Off",
+            message: "gang scheduling is off (spec.scheduling.gang, or the operator's default): the shards and the coordinator start first, replicas once every shard serves".into(),
+        },
+        Some(None) => Scheduling::PodByPod {
+            reason: "StartedPodByPod",
+            message: "the job started without a gang and keeps scheduling its pods one by one".into(),
+        },
+        None if !cfg.pod_groups => not_served(),
+        None => {
+            let spec = &job.spec;
+            let ps = &spec.parameter_servers;
+            let replicas = spec
+                .scheduling
+                .min_replicas
+                .unwrap_or(spec.replicas.count)
+                .min(spec.replicas.count);
+            Scheduling::Gang(GangRevision {
+                pod_group: format!("{name}-gang"),
+                min_count: ps.shards * ps.replication + 1 + replicas * spec.replicas.partitions,
+                replicas,
+            })
+        }
+    }
 }
 
 /// Checks the job for everything Kubernetes adds to the local rules:
@@ -101,6 +157,7 @@ pub fn target<'a>(
     Ok(Target {
         job,
         image: pinned_image(job, cfg),
+        scheduling: scheduling(job, &name, cfg),
         name,
         namespace,
         checkpoint_storage,
@@ -270,6 +327,15 @@ impl Target<'_> {
             image_pull_policy: Some(self.cfg.image_pull_policy.clone()),
             coordinator_resources: self.cfg.coordinator_resources.clone(),
             mutual_tls: Some(self.job.spec.security.mutual_tls),
+            gang: self.gang().cloned(),
+        }
+    }
+
+    /// The job's gang, when its pods are scheduled as one.
+    pub fn gang(&self) -> Option<&GangRevision> {
+        match &self.scheduling {
+            Scheduling::Gang(g) => Some(g),
+            Scheduling::PodByPod { .. } => None,
         }
     }
 

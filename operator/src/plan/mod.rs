@@ -2,6 +2,7 @@
 //! delete and write. Pure, so that every fault-handling rule is tested
 //! without an API server.
 
+mod gang;
 mod pods;
 mod replica;
 mod revision;
@@ -18,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::children::{Cause, Target};
+pub use gang::{GANG_SCHEDULED, GANG_SCHEDULING, GANG_WAITING};
 use kube::ResourceExt;
 use pods::{is_ready, is_unit_head, phase_of, restart_count, role};
 use replica::{Outcome, Scene, count_cause};
@@ -251,15 +253,22 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         return plan;
     }
     plan.apply_children = true;
-    revision::pod_revision(&mut plan, t, generation, now);
-    plan.status.start_time.get_or_insert(Time(now));
     plan.status.image.get_or_insert_with(|| t.image.clone());
     plan.status.shard_layout.get_or_insert(t.shard_layout);
     plan.status.dashboard_url = Some(t.dashboard_url());
+    // As batch/v1's Jobs (which Kueue relies on): a job created suspended
+    // has not started. Its pods' inputs are recorded on its resume, after
+    // whatever a queue wrote into its templates meanwhile.
+    let started = plan.status.start_time.is_some();
+    if started || !job.spec.suspend {
+        revision::pod_revision(&mut plan, t, generation, now);
+    }
+    gang::condition(&mut plan, t, generation, now);
     if job.spec.suspend {
         suspend(&mut plan, t, &live, now);
         return plan;
     }
+    plan.status.start_time.get_or_insert(Time(now));
     let Some(servers) = servers(&mut plan, t, &old, &live, now) else {
         cleanup(&mut plan, job, &live);
         return plan;
@@ -271,7 +280,8 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
         progress: &progress,
         backoff,
         now,
-        servers_ready: servers.ready,
+        // A gang starts whole: its replicas wait for the shards in-process.
+        servers_ready: servers.ready || t.gang().is_some(),
         earlier,
         by_replica: replica::index(pods),
     };
@@ -294,7 +304,8 @@ pub fn plan(t: &Target, pods: &[Pod], earlier: &[Pod], backoff: Backoff, now: Ti
             cleanup(&mut plan, job, &live);
         }
         (Ok(waiting), None) => {
-            let (phase, reason, message) = phase(&plan, job, &servers, waiting);
+            let gang = gang::scheduled(&mut plan, t, &live, (generation, now));
+            let (phase, reason, message) = phase(&plan, job, &servers, waiting, gang);
             transition(&mut plan, generation, phase, reason, &message, now);
         }
     }
@@ -888,8 +899,11 @@ fn phase(
     job: &DistBeliefJob,
     servers: &Servers,
     waiting: bool,
+    gang_waiting: Option<String>,
 ) -> (Phase, &'static str, String) {
-    if waiting && servers.ready {
+    if let Some(message) = gang_waiting {
+        (Phase::Pending, GANG_WAITING, message)
+    } else if waiting && servers.ready {
         let message = "a failed replica is waiting out its restart backoff";
         (Phase::Restarting, "BackingOff", message.to_string())
     } else if servers.ready && plan.status.replicas_ready.unwrap_or(0) > 0 {
