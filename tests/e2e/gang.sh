@@ -3,6 +3,9 @@
 # and once pod by pod.
 # shellcheck shell=bash
 #
+# A job is blocked while it has bound pods beside one the scheduler cannot
+# place (seen at two polls in a row, about 1.5 s apart).
+#
 # Each job is 1 shard, the coordinator and 1 replica, every pod asking for
 # about a quarter of the CPU the node has free, so that one job fits and two
 # do not, while the four server pods of both do (pod by pod, the shards and
@@ -87,6 +90,7 @@ held = 0.0          # CPU-seconds in bound pods of jobs with a pod the scheduler
 blocked_both = 0.0  # seconds during which both jobs held bound pods and neither could start
 first = None
 phases = {}
+was_blocked = {n: False for n in names}
 while True:
     jobs, pods = get("dbj", *names), get("pods", "-l", "distbelief.dev/job in (%s)" % ",".join(names))
     now = time.time()
@@ -105,11 +109,16 @@ while True:
             bound[n] += 1
         elif unschedulable(p):
             stuck[n] += 1
+    # Blocked: bound pods beside one the scheduler cannot place, at two
+    # polls in a row (a gang's pods are bound one call at a time, so one
+    # poll can catch it half bound).
+    blocked = {n: bool(bound[n] and stuck[n]) for n in names}
     for n in names:
-        if bound[n] and stuck[n]:
+        if blocked[n] and was_blocked[n]:
             held += bound[n] * cpu * dt
-    if all(bound[n] and stuck[n] for n in names):
+    if all(blocked[n] and was_blocked[n] for n in names):
         blocked_both += dt
+    was_blocked = blocked
     if gang:
         if first is None:
             on = [n for n in names if bound[n]]
