@@ -3,8 +3,8 @@
 # and once pod by pod.
 # shellcheck shell=bash
 #
-# A job is blocked while it has bound pods beside one the scheduler cannot
-# place (seen at two polls in a row, about 1.5 s apart).
+# A job is blocked once it has had bound pods beside one the scheduler
+# cannot place for 10 s; the CPU its bound pods ask for is counted from then.
 #
 # Each job is 1 shard, the coordinator and 1 replica, every pod asking for
 # about a quarter of the CPU the node has free, so that one job fits and two
@@ -90,7 +90,7 @@ held = 0.0          # CPU-seconds in bound pods of jobs with a pod the scheduler
 blocked_both = 0.0  # seconds during which both jobs held bound pods and neither could start
 first = None
 phases = {}
-was_blocked = {n: False for n in names}
+blocked_since = {n: None for n in names}
 while True:
     jobs, pods = get("dbj", *names), get("pods", "-l", "distbelief.dev/job in (%s)" % ",".join(names))
     now = time.time()
@@ -109,16 +109,20 @@ while True:
             bound[n] += 1
         elif unschedulable(p):
             stuck[n] += 1
-    # Blocked: bound pods beside one the scheduler cannot place, at two
-    # polls in a row (a gang's pods are bound one call at a time, so one
-    # poll can catch it half bound).
-    blocked = {n: bool(bound[n] and stuck[n]) for n in names}
+    # Blocked: bound pods beside one the scheduler cannot place, for 10 s
+    # and more (a gang's pods are bound one call at a time, so a poll can
+    # catch one half bound, for as long as a loaded API server takes).
     for n in names:
-        if blocked[n] and was_blocked[n]:
+        if bound[n] and stuck[n]:
+            blocked_since[n] = blocked_since[n] or now
+        else:
+            blocked_since[n] = None
+    blocked = {n: blocked_since[n] is not None and now - blocked_since[n] >= 10 for n in names}
+    for n in names:
+        if blocked[n]:
             held += bound[n] * cpu * dt
-    if all(blocked[n] and was_blocked[n] for n in names):
+    if all(blocked.values()):
         blocked_both += dt
-    was_blocked = blocked
     if gang:
         if first is None:
             on = [n for n in names if bound[n]]
@@ -141,6 +145,9 @@ PY
 
 gang_pair() {
   local free cpu out held
+  # The earlier steps' pods must be gone: CPU they free mid-step would let
+  # the pair fit.
+  until_empty "$STEP_TIMEOUT" "${KUBECTL[@]}" get pods -n "$JOB_NS" -l distbelief.dev/job -o name || return 1
   free=$(gang_free_cpu) || { echo "cannot read the node's free CPU"; return 1; }
   # One job (3 pods) fits, two do not; the 4 server pods of both do, a
   # fifth pod does not.
