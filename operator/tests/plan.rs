@@ -1042,3 +1042,33 @@ fn a_job_created_suspended_has_no_pods_and_has_not_started() {
     );
     assert_eq!(p.status.phase, Some(Phase::Suspended));
 }
+
+#[test]
+fn a_gang_is_scheduled_only_once_every_pod_of_it_is_bound() {
+    let served = distbelief_operator::Config {
+        pod_groups: true,
+        ..common::config()
+    };
+    let mut status = common::running_status();
+    status["podRevision"] = json!({
+        "operatorVersion": env!("CARGO_PKG_VERSION"),
+        "gang": {"podGroup": "fm-gang", "minCount": 7, "replicas": 4}
+    });
+    let job = job(status, json!({"scheduling": {"gang": true}}));
+    let mut pod = common::pod(
+        "fm-coordinator",
+        json!({"distbelief.dev/role": "coordinator"}),
+        "Pending",
+    );
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.scheduling_group = Some(k8s_openapi::api::core::v1::PodSchedulingGroup {
+        pod_group_name: Some("fm-gang".into()),
+    });
+    // Created, not yet looked at by the scheduler: neither way yet.
+    let p = decide_with(&job, std::slice::from_ref(&pod), &served);
+    let gang = distbelief_operator::plan::GANG_SCHEDULED;
+    assert!(!p.status.conditions.iter().any(|c| c.type_ == gang));
+    pod.spec.as_mut().unwrap().node_name = Some("node-1".into());
+    let p = decide_with(&job, &[pod], &served);
+    assert_eq!(condition(&p, gang).status, "True");
+}

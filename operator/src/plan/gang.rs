@@ -68,15 +68,12 @@ pub(super) fn scheduled(
     live: &[&Pod],
     at: (Option<i64>, Timestamp),
 ) -> Option<String> {
-    t.gang()?;
-    let Some(message) = waiting(t, live) else {
-        let known = plan
-            .status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == GANG_SCHEDULED);
-        let placed = live.iter().any(|p| unschedulable(p).is_none());
-        if known || placed {
+    let g = t.gang()?;
+    let members = members(&g.pod_group, live);
+    let Some(message) = waiting(g, &members) else {
+        // Every pod of the gang bound: not merely not refused yet.
+        let bound = |p: &&Pod| p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+        if !members.is_empty() && members.iter().all(bound) {
             let message = "the scheduler has placed every pod of the gang".to_string();
             let c = &mut plan.status.conditions;
             set_condition(
@@ -104,15 +101,20 @@ pub(super) fn scheduled(
     Some(message)
 }
 
+/// The job's pods that name its PodGroup.
+fn members<'a>(pod_group: &str, live: &[&'a Pod]) -> Vec<&'a Pod> {
+    live.iter()
+        .copied()
+        .filter(|p| {
+            let group = p.spec.as_ref().and_then(|s| s.scheduling_group.as_ref());
+            group.and_then(|s| s.pod_group_name.as_deref()) == Some(pod_group)
+        })
+        .collect()
+}
+
 /// Why the job's gang waits, while the scheduler places none of a pod of it
 /// that exists: how many of its pods wait, and what the scheduler said.
-fn waiting(t: &Target, live: &[&Pod]) -> Option<String> {
-    let g = t.gang()?;
-    let in_gang = |p: &&&Pod| {
-        let group = p.spec.as_ref().and_then(|s| s.scheduling_group.as_ref());
-        group.and_then(|s| s.pod_group_name.as_deref()) == Some(g.pod_group.as_str())
-    };
-    let members: Vec<&&Pod> = live.iter().filter(in_gang).collect();
+fn waiting(g: &distbelief_api::GangRevision, members: &[&Pod]) -> Option<String> {
     let stuck: Vec<&str> = members.iter().filter_map(|p| unschedulable(p)).collect();
     let why = stuck.first()?;
     Some(format!(
