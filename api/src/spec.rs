@@ -139,8 +139,9 @@ pub struct SchedulingSpec {
     pub gang: Option<bool>,
     /// The fewest replicas the job can train with: those replicas (0 to
     /// minReplicas - 1) are in the gang; replicas above it are scheduled
-    /// one by one as they fit, as elastic ones. At most replicas.count.
-    /// Default: replicas.count.
+    /// one by one as they fit, as elastic ones. Above replicas.count, the
+    /// gang holds every replica. Between 1 and 4096. Default:
+    /// replicas.count, both when the job starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_replicas: Option<u32>,
 }
