@@ -978,8 +978,9 @@ fn a_gang_starts_whole_and_pod_by_pod_replicas_wait_for_the_shards() {
     );
 }
 
-#[test]
-fn a_gang_the_scheduler_cannot_place_says_so_in_the_phase() {
+/// A running job started in the gang fm-gang (7 pods), on a cluster that
+/// serves PodGroups.
+fn running_gang() -> (DistBeliefJob, distbelief_operator::Config) {
     let served = distbelief_operator::Config {
         pod_groups: true,
         ..common::config()
@@ -989,16 +990,27 @@ fn a_gang_the_scheduler_cannot_place_says_so_in_the_phase() {
         "operatorVersion": env!("CARGO_PKG_VERSION"),
         "gang": {"podGroup": "fm-gang", "minCount": 7, "replicas": 4}
     });
-    let job = job(status, json!({"scheduling": {"gang": true}}));
-    let mut pending = common::pod(
+    (job(status, json!({"scheduling": {"gang": true}})), served)
+}
+
+/// Its coordinator's pod, created and not yet bound.
+fn gang_coordinator() -> Pod {
+    let mut pod = common::pod(
         "fm-coordinator",
         json!({"distbelief.dev/role": "coordinator"}),
         "Pending",
     );
-    let spec = pending.spec.get_or_insert_with(Default::default);
+    let spec = pod.spec.get_or_insert_with(Default::default);
     spec.scheduling_group = Some(k8s_openapi::api::core::v1::PodSchedulingGroup {
         pod_group_name: Some("fm-gang".into()),
     });
+    pod
+}
+
+#[test]
+fn a_gang_the_scheduler_cannot_place_says_so_in_the_phase() {
+    let (job, served) = running_gang();
+    let mut pending = gang_coordinator();
     pending.status.as_mut().unwrap().conditions =
         Some(vec![k8s_openapi::api::core::v1::PodCondition {
             type_: "PodScheduled".into(),
@@ -1045,25 +1057,8 @@ fn a_job_created_suspended_has_no_pods_and_has_not_started() {
 
 #[test]
 fn a_gang_is_scheduled_only_once_every_pod_of_it_is_bound() {
-    let served = distbelief_operator::Config {
-        pod_groups: true,
-        ..common::config()
-    };
-    let mut status = common::running_status();
-    status["podRevision"] = json!({
-        "operatorVersion": env!("CARGO_PKG_VERSION"),
-        "gang": {"podGroup": "fm-gang", "minCount": 7, "replicas": 4}
-    });
-    let job = job(status, json!({"scheduling": {"gang": true}}));
-    let mut pod = common::pod(
-        "fm-coordinator",
-        json!({"distbelief.dev/role": "coordinator"}),
-        "Pending",
-    );
-    let spec = pod.spec.get_or_insert_with(Default::default);
-    spec.scheduling_group = Some(k8s_openapi::api::core::v1::PodSchedulingGroup {
-        pod_group_name: Some("fm-gang".into()),
-    });
+    let (job, served) = running_gang();
+    let mut pod = gang_coordinator();
     // Created, not yet looked at by the scheduler: neither way yet.
     let p = decide_with(&job, std::slice::from_ref(&pod), &served);
     let gang = distbelief_operator::plan::GANG_SCHEDULED;
