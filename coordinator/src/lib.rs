@@ -582,8 +582,8 @@ pub async fn serve(
         ));
         (stop, task)
     });
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = distbelief_net::server()?.add_service(CoordinatorServer::new(Service { shared }));
+    let incoming = distbelief_net::incoming(listener);
+    let router = distbelief_net::server().add_service(CoordinatorServer::new(Service { shared }));
     let result = distbelief_net::serve_until(shutdown, |stop| {
         router.serve_with_incoming_shutdown(incoming, stop)
     })

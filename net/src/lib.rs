@@ -4,7 +4,7 @@
 mod heartbeat;
 pub mod identity;
 pub use heartbeat::Heartbeat;
-pub use identity::Serves;
+pub use identity::{Serves, incoming};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -34,20 +34,16 @@ pub const MAX_MESSAGE: usize = (4 << 20) + 64 * 1024;
 /// Default deadline of one RPC.
 pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A gRPC server builder with the project's transport settings, speaking
-/// mutual TLS when this process has an identity ([`identity::install`]).
-pub fn server() -> Result<Server, tonic::transport::Error> {
-    let server = Server::builder()
+/// A gRPC server builder with the project's transport settings. Serve it
+/// [`incoming`]'s connections: they are in mutual TLS when this process has
+/// an identity ([`identity::install`]).
+pub fn server() -> Server {
+    Server::builder()
         .initial_stream_window_size(SERVER_STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(FRAME_SIZE)
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
-    match identity::installed() {
-        Some(tls) => server.tls_config(tls.server()),
-        None => Ok(server),
-    }
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
 }
 
 /// A lazily connected channel to `addr` (`host:port`), a server of `role`.
@@ -59,14 +55,9 @@ pub fn channel(
     addr: &str,
     timeout: Duration,
 ) -> Result<Channel, tonic::transport::Error> {
-    let tls = identity::installed();
     let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{host}"))?;
-    if let Some(tls) = tls {
-        endpoint = endpoint.tls_config(tls.client(role))?;
-    }
-    Ok(endpoint
+    // The scheme only names the request's; TLS, when spoken, is the connector's.
+    let endpoint = Endpoint::from_shared(format!("http://{host}"))?
         .connect_timeout(Duration::from_secs(3))
         .timeout(timeout)
         .tcp_nodelay(true)
@@ -75,8 +66,11 @@ pub fn channel(
         .max_frame_size(FRAME_SIZE)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true)
-        .connect_lazy())
+        .keep_alive_while_idle(true);
+    Ok(match identity::installed() {
+        Some(tls) => endpoint.connect_with_connector_lazy(identity::Connector::new(tls, role)),
+        None => endpoint.connect_lazy(),
+    })
 }
 
 /// How long a server may spend closing its connections once told to stop.

@@ -62,7 +62,7 @@ fn mounted(spec: &PodSpec, secrets: &[Secret]) -> Tls {
             .expect("the key is in the Secret")
     };
     assert_eq!(items.len(), 3, "{items:?}");
-    Tls::from_pem(file("ca.crt"), file("tls.crt"), file("tls.key")).expect("loads")
+    Tls::from_pem(&file("ca.crt"), &file("tls.crt"), &file("tls.key")).expect("loads")
 }
 
 fn secrets(t: &Target, ca: &Authority, replicas: u32) -> Vec<Secret> {

@@ -144,8 +144,8 @@ pub async fn serve_state(
     };
     let keeping_up = chain.clone().map(|c| tokio::spawn(c.keep_up()));
     let svc = ShardService::new(state.clone(), metrics.clone(), push_log, chain);
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = distbelief_net::server()?.add_service(
+    let incoming = distbelief_net::incoming(listener);
+    let router = distbelief_net::server().add_service(
         ParameterServerServer::new(svc)
             .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
             .max_encoding_message_size(distbelief_net::MAX_MESSAGE),

@@ -31,12 +31,8 @@ enum Caller {
 }
 
 fn tls(ca: &Authority, issued: &Issued) -> Tls {
-    Tls::from_pem(
-        ca.cert_pem().into(),
-        issued.cert_pem.clone(),
-        issued.key_pem.clone(),
-    )
-    .expect("minted credentials load")
+    Tls::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem)
+        .expect("minted credentials load")
 }
 
 async fn channel(caller: &Caller, addr: &str, ca: &Authority) -> Channel {
@@ -63,7 +59,12 @@ async fn channel(caller: &Caller, addr: &str, ca: &Authority) -> Channel {
             ),
         ),
         // Every server of this process holds the coordinator's certificate.
-        Caller::As(t) => ("https", Some(t.client(Serves::Coordinator))),
+        Caller::As(t) => {
+            return Endpoint::from_shared(format!("http://{addr}"))
+                .expect("address")
+                .timeout(Duration::from_secs(10))
+                .connect_with_connector_lazy(identity::Connector::new(t, Serves::Coordinator));
+        }
     };
     let mut e = Endpoint::from_shared(format!("{scheme}://{addr}"))
         .expect("address")

@@ -117,14 +117,12 @@ pub async fn serve(
         incarnation,
         parts: opts.peers.len(),
     };
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let router = distbelief_net::server()
-        .map_err(|e| WorkerError::PartitionSetup(format!("partition service TLS: {e}")))?
-        .add_service(
-            PartitionServer::new(service)
-                .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
-                .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
-        );
+    let incoming = distbelief_net::incoming(listener);
+    let router = distbelief_net::server().add_service(
+        PartitionServer::new(service)
+            .max_decoding_message_size(distbelief_net::MAX_MESSAGE)
+            .max_encoding_message_size(distbelief_net::MAX_MESSAGE),
+    );
     Ok(tokio::spawn(async move {
         if let Err(e) = router.serve_with_incoming(incoming).await {
             tracing::error!("partition service stopped: {e}");

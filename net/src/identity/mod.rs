@@ -10,9 +10,11 @@
 //! job. Without it, a process speaks plaintext and every caller is allowed,
 //! which is what a job with `spec.security.mutualTls: false` asks for.
 
+mod conn;
 mod mint;
 mod tls;
 
+pub use conn::{Conn, ConnInfo, Connector, incoming};
 pub use mint::{Authority, Issued};
 pub use tls::{Tls, TlsError, install, installed};
 
@@ -50,6 +52,9 @@ pub enum Serves {
 }
 
 impl Serves {
+    /// In declaration order, so that `role as usize` indexes it.
+    pub const ALL: [Serves; 3] = [Serves::Shards, Serves::Coordinator, Serves::Partitions];
+
     fn label(self) -> &'static str {
         match self {
             Serves::Shards => "shards",
@@ -225,18 +230,22 @@ pub fn require<T>(
     let Some(me) = installed() else {
         return Ok(None);
     };
-    let certs = req.peer_certs();
-    let Some(leaf) = certs.as_deref().and_then(|c| c.first()) else {
-        return Err(tonic::Status::unauthenticated(format!(
-            "no client certificate: only the processes of job {}/{} may {what} (mutual TLS)",
-            me.me.namespace, me.me.job
-        )));
+    let caller = match req.extensions().get::<ConnInfo>().map(|c| &*c.caller) {
+        Some(conn::Caller::Process(caller)) => caller.clone(),
+        Some(conn::Caller::Unnamed) => {
+            return Err(tonic::Status::unauthenticated(format!(
+                "the client certificate names no process of a distbelief job, so it may not {what}"
+            )));
+        }
+        // A request from a server not fed by [`incoming`] has no record of
+        // its connection: nothing says who sent it.
+        Some(conn::Caller::Anonymous) | None => {
+            return Err(tonic::Status::unauthenticated(format!(
+                "no client certificate: only the processes of job {}/{} may {what} (mutual TLS)",
+                me.me.namespace, me.me.job
+            )));
+        }
     };
-    let caller = tls::identity_of(leaf).ok_or_else(|| {
-        tonic::Status::unauthenticated(format!(
-            "the client certificate names no process of a distbelief job, so it may not {what}"
-        ))
-    })?;
     if caller.job != me.me.job || caller.namespace != me.me.namespace {
         return Err(tonic::Status::permission_denied(format!(
             "{caller} may not {what} on job {}/{}",

@@ -157,4 +157,66 @@ fn a_replica_speaks_only_for_itself() {
     assert!(speaks_for(&coordinator, 5).is_ok());
 }
 
+#[tokio::test]
+async fn a_connection_speaks_mutual_tls_on_aes_128_and_names_its_caller() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_stream::StreamExt;
+    use tonic::transport::server::Connected;
+    use tower_service::Service;
+
+    let ca = Authority::new("local", "mnist").unwrap();
+    let tls_of = |peer| {
+        let issued = ca.issue(peer).unwrap();
+        Tls::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem).unwrap()
+    };
+    let shard = tls_of(Peer::Shard(Some(0)));
+    let replica = tls_of(Peer::Replica {
+        index: 1,
+        partition: None,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let uri: http::Uri = format!("http://{}", listener.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    let mut conns = conn::accept(listener, Some(&shard));
+
+    // A client that wants the coordinator does not take the shard for it.
+    let err = Connector::new(&replica, Serves::Coordinator)
+        .call(uri.clone())
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("certificate"), "{err}");
+
+    let (client, server) = tokio::join!(
+        Connector::new(&replica, Serves::Shards).call(uri),
+        conns.next()
+    );
+    let mut client = client.unwrap().into_inner();
+    let mut server = server.unwrap().unwrap();
+    let suite = client.get_ref().1.negotiated_cipher_suite().unwrap();
+    assert_eq!(suite.suite(), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let info = server.connect_info();
+    assert!(
+        matches!(&*info.caller, conn::Caller::Process(me) if *me == replica.me),
+        "{info:?}"
+    );
+
+    // More than the connection's buffer crosses whole.
+    let sent: Vec<u8> = (0..9 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let (wrote, got) = tokio::join!(
+        async {
+            client.write_all(&sent).await.unwrap();
+            client.flush().await.unwrap();
+        },
+        async {
+            let mut got = vec![0; sent.len()];
+            server.read_exact(&mut got).await.unwrap();
+            got
+        }
+    );
+    let () = wrote;
+    assert!(got == sent, "the bytes arrive as sent");
+}
+
 use rustls::pki_types::pem::PemObject;
