@@ -12,7 +12,6 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -48,7 +47,6 @@ pub enum Conn {
 /// certificate is read once per connection, not once per call.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
-    pub remote: Option<SocketAddr>,
     pub(super) caller: Arc<Caller>,
 }
 
@@ -65,19 +63,14 @@ impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> ConnInfo {
-        let (tcp, caller) = match self {
-            Conn::Plain(tcp) => (tcp, Caller::Anonymous),
-            Conn::Tls(s) => {
-                let (tcp, session) = s.get_ref();
-                let caller = match session.peer_certificates().and_then(|c| c.first()) {
-                    None => Caller::Anonymous,
-                    Some(leaf) => tls::identity_of(leaf).map_or(Caller::Unnamed, Caller::Process),
-                };
-                (tcp, caller)
-            }
+        let caller = match self {
+            Conn::Plain(_) => Caller::Anonymous,
+            Conn::Tls(s) => match s.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+                None => Caller::Anonymous,
+                Some(leaf) => tls::identity_of(leaf).map_or(Caller::Unnamed, Caller::Process),
+            },
         };
         ConnInfo {
-            remote: tcp.peer_addr().ok(),
             caller: Arc::new(caller),
         }
     }
