@@ -864,6 +864,13 @@ pub struct DownpourSpec {
     /// optimizer applies the result. Default: off (pushes are dense f32).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<CompressionSpec>,
+    /// How dense pushes carry their values (summed gradients, Adagrad's
+    /// sums of squares, averaging's moves). f32: as computed. bf16: rounded
+    /// to bfloat16, half the bytes, each value within 2⁻⁸ of itself; the
+    /// shards still hold and apply f32. Table rows, fetches and Sandblaster
+    /// stay f32. Not with compression, which sends no values. Default: f32.
+    #[serde(default, skip_serializing_if = "PushPrecision::is_f32")]
+    pub push_precision: PushPrecision,
     /// Synchronous SGD instead of asynchronous Downpour: every step, each
     /// shard applies the mean of the first (replicas − backupWorkers)
     /// gradients computed on its current parameters, one per replica, and
@@ -907,6 +914,7 @@ impl Default for DownpourSpec {
             staleness_aware_learning_rate: false,
             max_staleness: None,
             compression: None,
+            push_precision: PushPrecision::F32,
             synchronous: None,
             averaging: None,
             local_steps: true,
@@ -931,6 +939,22 @@ pub struct SynchronousSpec {
 pub struct AveragingSpec {
     /// Local steps between two averagings, at least 1.
     pub period_steps: u32,
+}
+
+/// The number format of a dense push's values on the wire: f32, or
+/// bfloat16 (f32's sign, exponent and top 7 mantissa bits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum PushPrecision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl PushPrecision {
+    fn is_f32(&self) -> bool {
+        *self == PushPrecision::F32
+    }
 }
 
 /// How pushes are compressed.

@@ -943,9 +943,15 @@ fn the_same_chaos_without_replication_shows_what_replication_saves() {
     );
 }
 
+/// With pushes of two mini-batches as bfloat16, values and squares.
 #[test]
 fn a_clean_audited_run_loses_nothing() {
-    let mut run = Run::start_with(job("audit-clean"), &["--audit"]);
+    let file = job("audit-clean").replace(
+        "batchSize: 64}",
+        "batchSize: 64, nPush: 2, pushPrecision: bf16}",
+    );
+    assert!(file.contains("bf16"), "the job's pushes are bf16");
+    let mut run = Run::start_with(file, &["--audit"]);
     let s = run.finish(Duration::from_secs(240));
     assert_reached_target(&s);
     let (acknowledged, applied, lost, duplicated) = audit(&s);
@@ -953,6 +959,15 @@ fn a_clean_audited_run_loses_nothing() {
     assert_eq!((lost, duplicated), (0, 0), "{s}");
     assert!(applied >= acknowledged, "{s}");
     assert!(s["chaos"].is_null(), "{s}");
+    // A push of 2 × 64 examples carries 2 + 2 bytes per parameter: at most
+    // P / 32 bytes per example (coalesced pushes and examples whose push
+    // had not landed make it less). f32 would carry twice that.
+    let params = (784 * 128 + 128 + 128 * 10 + 10) as f64;
+    let pushed = s["push_bytes_per_example"].as_f64().expect("push bytes");
+    assert!(
+        pushed > 0.0 && pushed <= params / 32.0 * 1.001,
+        "{pushed} bytes per example pushed: {s}"
+    );
     // Every process spoke mutual TLS, as the certificate minted for it.
     for (log, who) in [
         ("coordinator.log", "the coordinator"),

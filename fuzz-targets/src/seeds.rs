@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use distbelief_proto::codec::{encode_f32, encode_threshold_signs};
+use distbelief_proto::codec::{encode_bf16, encode_f32, encode_threshold_signs};
 use distbelief_proto::v1::{
     BoundaryChunk, GradientChunk, GradientEncoding, StateBytes, Vector, VectorCommand,
     VectorCommands, VectorKind, VectorOp,
@@ -136,6 +136,20 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
         "push",
         "threshold-signs",
         [&[8u8][..], &grpc_body(&[signs])].concat(),
+    );
+    let mut summed_bf16 = dense_push(1, 0, 0);
+    for c in &mut summed_bf16 {
+        let mut values = vec![0.0f32; c.values.len() / 4];
+        distbelief_proto::codec::decode_f32_into(&c.values, &mut values).expect("f32 values");
+        c.encoding = GradientEncoding::Bf16.into();
+        c.values = encode_bf16(&values);
+        c.squares = encode_bf16(&values.iter().map(|v| v * v).collect::<Vec<_>>());
+        c.steps = 2;
+    }
+    add(
+        "push",
+        "bf16-summed",
+        [&[0u8][..], &grpc_body(&summed_bf16)].concat(),
     );
     let mut granted = dense_push(1, 0, 0);
     for c in &mut granted {

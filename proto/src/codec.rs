@@ -1,5 +1,5 @@
-//! Tensors travel as little-endian f32 bytes, in chunks small enough for one
-//! gRPC message each.
+//! Tensors travel as little-endian f32 bytes (pushes may ask for bfloat16),
+//! in chunks small enough for one gRPC message each.
 
 use bytes::{Bytes, BytesMut};
 
@@ -64,6 +64,80 @@ pub fn decode_f32_into(bytes: &[u8], out: &mut [f32]) -> Option<()> {
     for (dst, src) in out.iter_mut().zip(bytes.chunks_exact(4)) {
         *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
     }
+    Some(())
+}
+
+/// `x` as bfloat16 bits: its top 16 bits, rounded to nearest even. A finite
+/// value that would round to ±inf saturates at the largest finite bfloat16
+/// instead, as the shards' update rules do at f32's; NaN and ±inf stay what
+/// they are, so that the shard still refuses them.
+#[inline(always)]
+pub fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let magnitude = b & 0x7fff_ffff;
+    let top = (b >> 16) as u16;
+    let rounded = (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16;
+    // Selects, not branches, so that the loops over this vectorise.
+    let finite = if rounded & 0x7f80 == 0x7f80 {
+        (top & 0x8000) | 0x7f7f
+    } else {
+        rounded
+    };
+    match magnitude {
+        m if m > 0x7f80_0000 => top | 0x0040,
+        0x7f80_0000 => top,
+        _ => finite,
+    }
+}
+
+/// Bfloat16 bits as the f32 they stand for, exactly.
+#[inline(always)]
+pub fn from_bf16(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
+}
+
+/// bfloat16 bits lent to a `Bytes` as their little-endian bytes.
+struct Bf16Bits(Vec<u16>);
+
+impl AsRef<[u8]> for Bf16Bits {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn bf16_bits(values: &[f32]) -> Vec<u16> {
+    values.iter().map(|&v| to_bf16(v).to_le()).collect()
+}
+
+/// Encodes values as little-endian bfloat16: half the bytes of f32, with
+/// 8 bits of mantissa, so each value is off by at most 2⁻⁸ of itself.
+pub fn encode_bf16(values: &[f32]) -> Bytes {
+    Bytes::from_owner(Bf16Bits(bf16_bits(values)))
+}
+
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl",
+    "x86_64+avx2+fma",
+    "aarch64+neon"
+))]
+fn bf16_into(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *o = from_bf16(u16::from_le_bytes([b[0], b[1]]));
+    }
+}
+
+/// Decodes little-endian bfloat16 bytes into `out`, which must be exactly
+/// `bytes.len() / 2` long. Returns `None` when the byte count does not fit.
+pub fn decode_bf16_into(bytes: &[u8], out: &mut [f32]) -> Option<()> {
+    if bytes.len() != out.len() * 2 {
+        return None;
+    }
+    bf16_into(bytes, out);
     Some(())
 }
 
@@ -180,6 +254,60 @@ mod tests {
         let mut out = vec![0.0; 4];
         decode_f32_into(&b, &mut out).unwrap();
         assert_eq!(out, v);
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even_and_saturates() {
+        // Exactly representable values come back as they went.
+        for v in [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.5,
+            0.15625,
+            2f32.powi(127),
+            f32::MIN_POSITIVE,
+        ] {
+            assert_eq!(from_bf16(to_bf16(v)).to_bits(), v.to_bits(), "{v}");
+        }
+        // Halfway between 1 and the next bfloat16 (1 + 2⁻⁷) goes to even (1);
+        // just above halfway goes up.
+        assert_eq!(from_bf16(to_bf16(1.0 + 2f32.powi(-8))), 1.0);
+        assert_eq!(
+            from_bf16(to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-20))),
+            1.0 + 2f32.powi(-7)
+        );
+        // Halfway between 1 + 2⁻⁷ (odd) and 1 + 2⁻⁶ goes to the even one.
+        assert_eq!(
+            from_bf16(to_bf16(1.0 + 3.0 * 2f32.powi(-8))),
+            1.0 + 2f32.powi(-6)
+        );
+        let max = from_bf16(0x7f7f);
+        assert_eq!(from_bf16(to_bf16(f32::MAX)), max);
+        assert_eq!(from_bf16(to_bf16(-f32::MAX)), -max);
+        assert_eq!(from_bf16(to_bf16(f32::INFINITY)), f32::INFINITY);
+        assert!(from_bf16(to_bf16(f32::NAN)).is_nan());
+        // A NaN whose payload sits in the dropped bits stays NaN, not inf.
+        assert!(from_bf16(to_bf16(f32::from_bits(0x7f80_0001))).is_nan());
+    }
+
+    #[test]
+    fn bf16_round_trip_is_within_its_precision() {
+        let v: Vec<f32> = (0..10_000)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) % 20_001) as f32 / 7.0 - 1428.0)
+            .collect();
+        let b = encode_bf16(&v);
+        assert_eq!(b.len(), v.len() * 2);
+        let mut out = vec![0.0; v.len()];
+        decode_bf16_into(&b, &mut out).unwrap();
+        for (x, y) in v.iter().zip(&out) {
+            assert!(
+                (x - y).abs() <= x.abs() * 2f32.powi(-8),
+                "{x} came back {y}"
+            );
+        }
+        assert!(decode_bf16_into(&b[1..], &mut out[..4_999]).is_none());
+        assert!(decode_bf16_into(&b, &mut out[1..]).is_none());
     }
 
     #[test]

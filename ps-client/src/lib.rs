@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use distbelief_proto::codec::{
-    chunk_ranges, decode_f32_into, encode_f32, encode_threshold_signs, share_f32,
+    chunk_ranges, decode_f32_into, encode_bf16, encode_f32, encode_threshold_signs, share_f32,
 };
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
 use distbelief_proto::v1::{
@@ -490,6 +490,25 @@ impl ShardClient {
         squares: Option<&Arc<Vec<f32>>>,
     ) -> Vec<GradientChunk> {
         self.f32_chunks(id, share_f32(sum), squares.map(share_f32))
+    }
+
+    /// As [`Self::shared_chunks`], with the values and squares sent as
+    /// bfloat16: half the bytes, each value within 2⁻⁸ of itself.
+    pub fn bf16_chunks(
+        &self,
+        id: PushId,
+        sum: &[f32],
+        squares: Option<&[f32]>,
+    ) -> Vec<GradientChunk> {
+        chunk_ranges(sum.len())
+            .map(|r| GradientChunk {
+                offset: (self.range.start + r.start) as u64,
+                encoding: GradientEncoding::Bf16.into(),
+                values: encode_bf16(&sum[r.clone()]),
+                squares: squares.map(|s| encode_bf16(&s[r])).unwrap_or_default(),
+                ..self.chunk_header(id)
+            })
+            .collect()
     }
 
     /// Chunks of whole f32 values (and their squares) for the whole range.

@@ -497,19 +497,22 @@ pub fn header(c: &GradientChunk) -> PushHeader {
 
 /// Adds a chunk to its push: dense values at their offset, or a table's rows.
 pub fn assemble(a: &mut PushAssembly, c: &GradientChunk) -> Result<(), PsError> {
+    // prost reads an encoding it does not know as the default, dense f32:
+    // refuse it instead, so a newer replica's bytes are never misread.
+    let encoding =
+        GradientEncoding::try_from(c.encoding).map_err(|_| PsError::UnknownEncoding(c.encoding))?;
     match c.table {
-        Some(_) if c.encoding() != GradientEncoding::Dense => {
-            Err(PsError::Malformed(c.values.len()))
-        }
+        Some(_) if encoding != GradientEncoding::Dense => Err(PsError::Malformed(c.values.len())),
         Some(table) => a.add_rows(header(c), table, &c.keys, &c.values, &c.squares),
-        None => a.add(header(c), c.offset, payload(c), &c.squares),
+        None => a.add(header(c), c.offset, payload(c, encoding), &c.squares),
     }
 }
 
 /// A chunk's values, as its encoding says.
-pub fn payload(c: &GradientChunk) -> Payload<'_> {
-    match c.encoding() {
+fn payload(c: &GradientChunk, encoding: GradientEncoding) -> Payload<'_> {
+    match encoding {
         GradientEncoding::Dense => Payload::Dense(&c.values),
+        GradientEncoding::Bf16 => Payload::Bf16(&c.values),
         GradientEncoding::ThresholdSigns => Payload::ThresholdSigns {
             words: &c.values,
             threshold: c.threshold,

@@ -23,9 +23,13 @@ pub enum PsError {
         end: usize,
     },
     #[error(
-        "gradient chunk payload of {0} bytes does not decode: not whole f32 values, or threshold-signs words out of order, out of range or with a threshold that is not positive"
+        "gradient chunk payload of {0} bytes does not decode: not whole f32 or bfloat16 values, or threshold-signs words out of order, out of range or with a threshold that is not positive"
     )]
     Malformed(usize),
+    #[error(
+        "gradient encoding {0} is not one this shard knows: is the shard's image older than the replica's?"
+    )]
+    UnknownEncoding(i32),
     #[error("gradient chunks disagree on {0}")]
     InconsistentHeader(&'static str),
     #[error("push carried no chunks")]
@@ -73,7 +77,7 @@ impl PsError {
             PsError::OutOfRange { .. } => "out_of_range",
             PsError::OutOfOrder { .. } => "out_of_order",
             PsError::WrongLength { .. } => "wrong_length",
-            PsError::Malformed(_) => "malformed",
+            PsError::Malformed(_) | PsError::UnknownEncoding(_) => "malformed",
             PsError::InconsistentHeader(_) => "inconsistent_header",
             PsError::EmptyPush => "empty_push",
             PsError::Undecodable(_) => "undecodable",

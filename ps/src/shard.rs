@@ -595,6 +595,8 @@ fn check_squares(grad: &[f32], squares: Option<&[f32]>) -> Result<(), PsError> {
 pub enum Payload<'a> {
     /// Little-endian f32 values.
     Dense(&'a [u8]),
+    /// Little-endian bfloat16 values; the push's squares, if any, too.
+    Bf16(&'a [u8]),
     /// Threshold-signs words covering `length` parameters.
     ThresholdSigns {
         words: &'a [u8],
@@ -609,6 +611,8 @@ impl Payload<'_> {
         match *self {
             Payload::Dense(b) if b.len().is_multiple_of(4) => Ok(b.len() / 4),
             Payload::Dense(b) => Err(PsError::Malformed(b.len())),
+            Payload::Bf16(b) if b.len().is_multiple_of(2) => Ok(b.len() / 2),
+            Payload::Bf16(b) => Err(PsError::Malformed(b.len())),
             Payload::ThresholdSigns { length, .. } => Ok(length as usize),
         }
     }
@@ -616,7 +620,7 @@ impl Payload<'_> {
     /// Bytes on the wire.
     pub fn bytes(&self) -> usize {
         match *self {
-            Payload::Dense(b) => b.len(),
+            Payload::Dense(b) | Payload::Bf16(b) => b.len(),
             Payload::ThresholdSigns { words, .. } => words.len(),
         }
     }
@@ -668,8 +672,8 @@ impl PushAssembly {
         self.with_squares.then_some(&self.squares[..])
     }
 
-    /// Adds one chunk: its values, and `squares` (little-endian f32, one
-    /// per value; empty when the push has none).
+    /// Adds one chunk: its values, and `squares` (one per value, encoded as
+    /// the values are; empty when the push has none).
     pub fn add(
         &mut self,
         h: PushHeader,
@@ -702,17 +706,25 @@ impl PushAssembly {
             return Err(PsError::InconsistentHeader("squares"));
         }
         if self.with_squares {
-            let dense = matches!(payload, Payload::Dense(_));
-            if !dense || squares.len() != 4 * n {
+            let width = match payload {
+                Payload::Dense(_) => 4,
+                Payload::Bf16(_) => 2,
+                Payload::ThresholdSigns { .. } => 0,
+            };
+            if width == 0 || squares.len() != width * n {
                 return Err(PsError::SquaresLength {
-                    got: squares.len() / 4,
+                    got: squares.len() / width.max(1),
                     want: n,
                 });
             }
             let at = self.squares.len();
             self.squares.resize(at + n, 0.0);
-            if distbelief_proto::codec::decode_f32_into(squares, &mut self.squares[at..]).is_none()
-            {
+            let into = &mut self.squares[at..];
+            let decoded = match width {
+                4 => distbelief_proto::codec::decode_f32_into(squares, into),
+                _ => distbelief_proto::codec::decode_bf16_into(squares, into),
+            };
+            if decoded.is_none() {
                 self.squares.truncate(at);
                 return Err(PsError::Malformed(squares.len()));
             }
@@ -722,6 +734,7 @@ impl PushAssembly {
         let out = &mut self.values[at..];
         let decoded = match payload {
             Payload::Dense(b) => distbelief_proto::codec::decode_f32_into(b, out),
+            Payload::Bf16(b) => distbelief_proto::codec::decode_bf16_into(b, out),
             Payload::ThresholdSigns {
                 words, threshold, ..
             } if threshold.is_finite() && threshold > 0.0 => {
@@ -1282,6 +1295,45 @@ mod tests {
         s.apply_summed(two, &[1.0, 1.0], Some(&[0.5, 2.0]), &[])
             .unwrap();
         assert_eq!(s.accum, vec![1.0, 2.5]);
+    }
+
+    #[test]
+    fn bf16_chunks_carry_half_the_bytes_and_squares_of_their_own_width() {
+        use distbelief_proto::codec::encode_bf16;
+        let h = header(1);
+        let mut a = PushAssembly::new(10..14, Vec::new(), Vec::new());
+        assert!(matches!(
+            a.add(h, 10, Payload::Bf16(&[0u8; 3]), &[]),
+            Err(PsError::Malformed(3))
+        ));
+        a.add(
+            h,
+            10,
+            Payload::Bf16(&encode_bf16(&[1.0, -2.0])),
+            &encode_bf16(&[1.0, 4.0]),
+        )
+        .unwrap();
+        // f32-wide squares under bf16 values do not fit them.
+        assert!(matches!(
+            a.add(
+                h,
+                12,
+                Payload::Bf16(&encode_bf16(&[3.0, 4.0])),
+                &encode_f32(&[9.0, 16.0])
+            ),
+            Err(PsError::SquaresLength { got: 4, want: 2 })
+        ));
+        assert_eq!(a.values, vec![1.0, -2.0], "a refused chunk leaves nothing");
+        a.add(
+            h,
+            12,
+            Payload::Bf16(&encode_bf16(&[3.0, 4.0])),
+            &encode_bf16(&[9.0, 16.0]),
+        )
+        .unwrap();
+        assert_eq!(a.values, vec![1.0, -2.0, 3.0, 4.0]);
+        assert_eq!(a.squares(), Some(&[1.0, 4.0, 9.0, 16.0][..]));
+        assert_eq!(a.bytes, 16, "half of f32's 32");
     }
 
     #[test]

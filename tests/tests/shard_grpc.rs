@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use distbelief_proto::codec::encode_f32;
 use distbelief_proto::v1::parameter_server_client::ParameterServerClient;
-use distbelief_proto::v1::{GradientChunk, InfoRequest};
+use distbelief_proto::v1::{GradientChunk, GradientEncoding, InfoRequest};
 use distbelief_ps_client::{PushId, ShardClient, Stamp};
 use distbelief_tests::start;
 
@@ -113,6 +113,39 @@ async fn bad_pushes_are_refused_and_change_nothing() {
             "7 bytes",
         ),
         (
+            "an encoding this shard does not know",
+            vec![GradientChunk {
+                encoding: 7,
+                ..chunk(0, 0, &[0.1; 4])
+            }],
+            tonic::Code::InvalidArgument,
+            "encoding 7",
+        ),
+        (
+            "not whole bfloat16s",
+            vec![GradientChunk {
+                encoding: GradientEncoding::Bf16.into(),
+                values: vec![0u8; 5].into(),
+                ..chunk(0, 0, &[])
+            }],
+            tonic::Code::InvalidArgument,
+            "5 bytes",
+        ),
+        (
+            "f32 squares under bfloat16 values",
+            shard
+                .bf16_chunks(id(1), &vec![0.1; n], None)
+                .into_iter()
+                .map(|c| GradientChunk {
+                    squares: encode_f32(&vec![0.01; c.values.len() / 2]),
+                    steps: 2,
+                    ..c
+                })
+                .collect(),
+            tonic::Code::InvalidArgument,
+            "squared-gradient sums cover",
+        ),
+        (
             "no chunks",
             vec![],
             tonic::Code::InvalidArgument,
@@ -177,6 +210,40 @@ async fn bad_pushes_are_refused_and_change_nothing() {
     for i in [0, n / 2, n - 1] {
         assert!((initial[i] - after[i] - step).abs() < 1e-5, "param {i}");
     }
+
+    // The same gradient summed over two mini-batches, as bfloat16 with its
+    // squares (0.5 and 0.5 are exact in it): half the bytes, and the shard
+    // applies it as the f32 push would be applied.
+    let before = raw
+        .info(InfoRequest {})
+        .await
+        .expect("info")
+        .into_inner()
+        .push_bytes;
+    let reply = shard
+        .push(shard.bf16_chunks(
+            PushId { steps: 2, ..id(2) },
+            &vec![1.0f32; n],
+            Some(&vec![0.5f32; n]),
+        ))
+        .await
+        .expect("bf16 push");
+    assert!(reply.applied);
+    let mut twice = vec![0.0f32; n];
+    assert_eq!(
+        shard.fetch_into(&mut twice).await.expect("fetch"),
+        Stamp::new(0, 2)
+    );
+    let step = 0.1 * 1.0 / (0.35f32 + 0.5).sqrt();
+    for i in [0, n / 2, n - 1] {
+        assert!((after[i] - twice[i] - step).abs() < 1e-5, "param {i}");
+    }
+    let info = raw.info(InfoRequest {}).await.expect("info").into_inner();
+    assert_eq!(
+        info.push_bytes - before,
+        2 * 2 * n as u64,
+        "bf16 values and squares: 2 bytes each"
+    );
 }
 
 /// An exchange is a push answered with the parameters right after it: they

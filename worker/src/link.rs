@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use crate::metrics::WorkerMetrics;
 pub use crate::row_sums::RowSums;
+use distbelief_api::PushPrecision;
 use distbelief_ps_client::audit::{self, Appender, PushKey};
 use distbelief_ps_client::{PushId, ShardClient, Stamp};
 
@@ -48,6 +49,8 @@ pub struct Pushing {
     pub fence: Arc<AtomicU64>,
     /// Compressed pushes: quantise to ±threshold, with error feedback.
     pub threshold: Option<f32>,
+    /// Otherwise, dense values go out as f32 or as bfloat16.
+    pub precision: PushPrecision,
     /// Parameter averaging: push moves, not gradients.
     pub average: bool,
     /// Append every acknowledged push's id here (see `distbelief_ps::audit`).
@@ -359,6 +362,7 @@ impl Link {
             incarnation,
             fence,
             threshold,
+            precision,
             average,
             ack_log,
         } = how;
@@ -396,6 +400,12 @@ impl Link {
                         *r += g;
                     }
                     client.threshold_chunks(id, &mut residual, t)
+                }
+                // Rounding is not fed back: each push's error is within
+                // 2⁻⁸ of each value, far inside a mini-batch's noise, and
+                // a retried or refused push leaves no residual behind.
+                None if precision == PushPrecision::Bf16 => {
+                    client.bf16_chunks(id, &grad, squares.as_deref().map(Vec::as_slice))
                 }
                 None => client.shared_chunks(id, &grad, squares.as_ref()),
             };

@@ -642,6 +642,7 @@ fn start_links(
         incarnation,
         fence: fence.clone(),
         threshold: job.downpour.compression.map(|c| c.threshold as f32),
+        precision: job.downpour.push_precision,
         average: job.downpour.averaging.is_some(),
         ack_log: ack_log(opts)?,
     };

@@ -1,8 +1,8 @@
 use super::*;
 use crate::spec::{
     Activation, AveragingSpec, CheckpointVolume, CompressionSpec, Conv2dLayer, CrossSpec,
-    DenseLayer, FASHION_MNIST_DIR, Flatten, HoldoutSpec, InputShape, LayerSpec, Loss, SlowReplica,
-    StreamSpec, SynchronousSpec,
+    DenseLayer, FASHION_MNIST_DIR, Flatten, HoldoutSpec, InputShape, LayerSpec, Loss,
+    PushPrecision, SlowReplica, StreamSpec, SynchronousSpec,
 };
 use crate::{load_job, parse_job};
 
@@ -878,6 +878,17 @@ const RULES: &[Rule] = &[
         "positive",
     ),
     (
+        "bf16 pushes not with compression",
+        |j| {
+            if let Some(d) = j.spec.algorithm.downpour.as_mut() {
+                d.compression = Some(CompressionSpec { threshold: 0.02 });
+                d.push_precision = PushPrecision::Bf16;
+            }
+        },
+        "spec.algorithm.downpour.pushPrecision",
+        "f32 with compression",
+    ),
+    (
         "synchronous backup workers fewer than replicas",
         |j| {
             j.spec.replicas.count = 2;
@@ -1046,7 +1057,7 @@ fn rule_table_covers_every_field_validate_checks() {
     let rules: std::collections::BTreeSet<_> = RULES.iter().map(|r| r.0).collect();
     assert_eq!(rules.len(), RULES.len(), "rule names must be unique");
     // One per `fail(...)` site, the idx and csv loops counted per field.
-    assert_eq!(fields.len(), 72, "{fields:#?}");
+    assert_eq!(fields.len(), 73, "{fields:#?}");
 }
 
 #[test]

@@ -18,6 +18,8 @@
 //!   every step
 //!   (n) (c) in plaintext (`spec.security.mutualTls: false`): what mutual
 //!   TLS on every link costs, beside (c), which runs with it
+//!   (o, p) (c) and (n) with f32 pushes (`downpour.pushPrecision: f32`):
+//!   what the example's bf16 pushes save, with TLS and without
 
 mod micro;
 
@@ -57,7 +59,7 @@ struct Args {
     no_micro: bool,
     /// The Downpour configurations to run beside (a), by letter. (k) and
     /// (l) run only with --baseline.
-    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j", "m", "n"])]
+    #[arg(long, value_delimiter = ',', default_values = ["b", "c", "d", "e", "f", "g", "h", "i", "j", "m", "n", "o", "p"])]
     configs: Vec<String>,
     /// Another distbelief binary (an earlier build) that runs (k): the
     /// job as written, so that binary must accept it.
@@ -83,6 +85,8 @@ struct Setup {
     learning_rate: Option<f64>,
     /// spec.security.mutualTls false.
     plaintext: bool,
+    /// downpour.pushPrecision f32 (the job's otherwise).
+    f32_pushes: bool,
 }
 
 impl Setup {
@@ -93,6 +97,11 @@ impl Setup {
 
     const fn in_plaintext(mut self) -> Setup {
         self.plaintext = true;
+        self
+    }
+
+    const fn with_f32_pushes(mut self) -> Setup {
+        self.f32_pushes = true;
         self
     }
 
@@ -128,6 +137,7 @@ const fn setup(
         every_step: false,
         learning_rate: None,
         plaintext: false,
+        f32_pushes: false,
     }
 }
 
@@ -150,6 +160,7 @@ fn downpour(
         every_step,
         learning_rate,
         plaintext,
+        f32_pushes,
         ..
     } = c;
     let text =
@@ -177,16 +188,20 @@ fn downpour(
     if plaintext {
         doc["spec"]["security"]["mutualTls"] = false.into();
     }
+    if f32_pushes {
+        doc["spec"]["algorithm"]["downpour"]["pushPrecision"] = "f32".into();
+    }
     let downpour = &mut doc["spec"]["algorithm"]["downpour"];
     let batch = downpour["batchSize"].as_u64().unwrap_or(128) * u64::from(batch_factor);
     downpour["batchSize"] = batch.into();
     let name = format!(
-        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}{}{}",
+        "bench-{shards}x{replicas}-r{replication}{}-b{batch}{}{}{}{}{}",
         n_push.map_or(String::new(), |n| format!("-p{n}")),
         if local_steps { "" } else { "-nolocal" },
         if baseline { "-baseline" } else { "" },
         if every_step { "-tf-peer" } else { "" },
-        if plaintext { "-plaintext" } else { "" }
+        if plaintext { "-plaintext" } else { "" },
+        if f32_pushes { "-f32" } else { "" }
     );
     distbelief_bench_downpour::train(exe, &doc, &name, dir)
 }
@@ -242,6 +257,10 @@ fn main() -> anyhow::Result<()> {
             setup("l_2x2_no_local_steps", (2, 2, 1), None, 1).without_local_steps(),
             setup("m_2x2_tf_peer", (2, 2, 1), None, 1).like_tf_peer(),
             setup("n_2x2_plaintext", (2, 2, 1), None, 1).in_plaintext(),
+            setup("o_2x2_f32", (2, 2, 1), None, 1).with_f32_pushes(),
+            setup("p_2x2_f32_plaintext", (2, 2, 1), None, 1)
+                .with_f32_pushes()
+                .in_plaintext(),
         ]
         .into_iter()
         .filter(|s| {
@@ -400,6 +419,28 @@ fn main() -> anyhow::Result<()> {
             ratios.insert(
                 "mutual_tls_vs_plaintext".into(),
                 json!({ "examples_per_second": c / n }),
+            );
+        }
+        if let (Some(o), Some(p)) = (eps_of.get("o_2x2_f32"), eps_of.get("p_2x2_f32_plaintext")) {
+            ratios.insert(
+                "mutual_tls_vs_plaintext_f32_pushes".into(),
+                json!({ "examples_per_second": o / p }),
+            );
+        }
+        // The example's bf16 pushes against f32 ones, both over mutual TLS:
+        // the bytes they save, and whether rounding costs examples.
+        if let (Some(c), Some(o)) = (eps_of.get("c_2x2"), eps_of.get("o_2x2_f32")) {
+            ratios.insert(
+                "bf16_vs_f32_pushes".into(),
+                json!({
+                    "examples_per_second": c / o,
+                    "examples_to_target": ett_of
+                        .get("c_2x2")
+                        .copied()
+                        .flatten()
+                        .zip(ett_of.get("o_2x2_f32").copied().flatten())
+                        .map(|(c, o)| c / o),
+                }),
             );
         }
         if let (Some(m), Some(c)) = (eps_of.get("m_2x2_tf_peer"), eps_of.get("c_2x2")) {
