@@ -454,11 +454,6 @@ pub const RULES: &[AdmissionRule] = &[
         "must be a positive number"
     ),
     downpour!(
-        "pushPrecision",
-        "!has(self.algorithm.downpour.compression) || !has(self.algorithm.downpour.pushPrecision) || self.algorithm.downpour.pushPrecision == 'f32'",
-        "must be f32 with compression, which sends signs, not values"
-    ),
-    downpour!(
         "synchronous.backupWorkers",
         "!has(self.algorithm.downpour.synchronous) || !has(self.algorithm.downpour.synchronous.backupWorkers) || self.algorithm.downpour.synchronous.backupWorkers < self.replicas.count",
         "must be fewer than the replicas"

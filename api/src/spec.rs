@@ -868,7 +868,8 @@ pub struct DownpourSpec {
     /// sums of squares, averaging's moves). f32: as computed. bf16: rounded
     /// to bfloat16, half the bytes, each value within 2⁻⁸ of itself; the
     /// shards still hold and apply f32. Table rows, fetches and Sandblaster
-    /// stay f32. Not with compression, which sends no values. Default: f32.
+    /// stay f32. Ignored with compression, which sends signs, not values.
+    /// Default: f32.
     #[serde(default, skip_serializing_if = "PushPrecision::is_f32")]
     pub push_precision: PushPrecision,
     /// Synchronous SGD instead of asynchronous Downpour: every step, each

@@ -5,8 +5,7 @@ use crate::admission;
 use crate::error::{ApiError, ValidationError};
 use crate::layout::{ImageOp, Layout, Partitioning, Tables};
 use crate::spec::{
-    DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec, PushPrecision,
-    SandblasterSpec,
+    DataFormat, DistBeliefJob, DistBeliefJobSpec, DownpourSpec, ModelSpec, SandblasterSpec,
 };
 
 /// A validated job. Only [`validate`] builds one.
@@ -409,13 +408,6 @@ pub fn validate(job: &DistBeliefJob) -> Result<Job, ApiError> {
         .is_some_and(|c| !(c.threshold > 0.0 && c.threshold.is_finite()))
     {
         fail("spec.algorithm.downpour.compression.threshold", None);
-    }
-    if s.algorithm
-        .downpour
-        .as_ref()
-        .is_some_and(|d| d.compression.is_some() && d.push_precision != PushPrecision::F32)
-    {
-        fail("spec.algorithm.downpour.pushPrecision", None);
     }
     if let Some(d) = s.algorithm.downpour.as_ref()
         && let Some(sync) = d.synchronous

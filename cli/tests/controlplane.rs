@@ -198,10 +198,6 @@ const BROKEN: &[(&str, Change)] = &[
     ("compression threshold", |j| {
         j["spec"]["algorithm"]["downpour"]["compression"] = json!({"threshold": 0.0})
     }),
-    ("bf16 pushes with compression", |j| {
-        j["spec"]["algorithm"]["downpour"]["compression"] = json!({"threshold": 0.02});
-        j["spec"]["algorithm"]["downpour"]["pushPrecision"] = json!("bf16")
-    }),
     ("synchronous backup workers", |j| {
         j["spec"]["algorithm"]["downpour"]["warmStartSteps"] = json!(0);
         j["spec"]["algorithm"]["downpour"]["synchronous"] = json!({"backupWorkers": 99})
