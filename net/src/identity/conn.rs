@@ -6,9 +6,9 @@
 //! writes, and each woke the peer. With every process on two busy cores,
 //! each wake waited its turn. On the dense benchmark that doubled a push's
 //! latency (16.6 ms against 7.9 ms in plaintext), and the replicas waited
-//! on their staleness bound with cores idle. Connections made here let
-//! rustls hold several frames, so a write leaves in pieces as large as in
-//! plaintext (docs/benchmarks.md, "Mutual TLS").
+//! on their staleness bound with cores idle. Connections made here hold
+//! several frames, so a write leaves in pieces as large as in plaintext,
+//! and they protect their records themselves ([`super::stream`]).
 
 use std::future::Future;
 use std::io;
@@ -18,15 +18,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use super::stream::TlsStream;
 use super::{Identity, Serves, installed, tls};
 
-/// Encrypted bytes one connection may hold for its socket: four of the
-/// largest frames (`FRAME_SIZE`), so a frame is never cut for the buffer.
-const TLS_BUFFER: usize = 4 << 20;
 /// How long a caller may take over its handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 /// Handshakes one server runs at once; past them, it stops accepting until
@@ -39,7 +37,7 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// One connection a server accepted.
 pub enum Conn {
     Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<TlsStream>),
 }
 
 /// Who is at the other end of a server's connection, as its handshake
@@ -65,7 +63,7 @@ impl tonic::transport::server::Connected for Conn {
     fn connect_info(&self) -> ConnInfo {
         let caller = match self {
             Conn::Plain(_) => Caller::Anonymous,
-            Conn::Tls(s) => match s.get_ref().1.peer_certificates().and_then(|c| c.first()) {
+            Conn::Tls(s) => match s.peer_certificate() {
                 None => Caller::Anonymous,
                 Some(leaf) => tls::identity_of(leaf).map_or(Caller::Unnamed, Caller::Process),
             },
@@ -147,7 +145,7 @@ pub(super) fn accept(
     listener: TcpListener,
     tls: Option<&tls::Tls>,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn>> {
-    let acceptor = tls.map(|t| TlsAcceptor::from(t.server()));
+    let acceptor: Option<Arc<ServerConfig>> = tls.map(tls::Tls::server);
     let (tx, rx) = tokio::sync::mpsc::channel(HANDSHAKES);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
     tokio::spawn(async move {
@@ -179,9 +177,8 @@ pub(super) fn accept(
             tokio::spawn(async move {
                 let _permit = permit;
                 let peer = tcp.peer_addr().ok();
-                match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
-                    Ok(Ok(mut s)) => {
-                        s.get_mut().1.set_buffer_limit(Some(TLS_BUFFER));
+                match tokio::time::timeout(HANDSHAKE, TlsStream::accept(acceptor, tcp)).await {
+                    Ok(Ok(s)) => {
                         let _ = tx.send(Ok(Conn::Tls(Box::new(s)))).await;
                     }
                     Ok(Err(e)) => tracing::info!(?peer, error = %e, "TLS handshake refused"),
@@ -197,14 +194,14 @@ pub(super) fn accept(
 /// TCP, then mutual TLS as `tls`, checking that the server holds `role`'s name.
 #[derive(Clone)]
 pub struct Connector {
-    tls: TlsConnector,
+    tls: Arc<ClientConfig>,
     name: ServerName<'static>,
 }
 
 impl Connector {
     pub fn new(tls: &tls::Tls, role: Serves) -> Connector {
         Connector {
-            tls: TlsConnector::from(tls.client()),
+            tls: tls.client(),
             name: tls.server_name(role),
         }
     }
@@ -213,7 +210,7 @@ impl Connector {
 type Connecting<T> = Pin<Box<dyn Future<Output = io::Result<T>> + Send>>;
 
 impl tower_service::Service<http::Uri> for Connector {
-    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Response = hyper_util::rt::TokioIo<TlsStream>;
     type Error = io::Error;
     type Future = Connecting<Self::Response>;
 
@@ -236,8 +233,7 @@ impl tower_service::Service<http::Uri> for Connector {
             };
             let tcp = TcpStream::connect(&addr).await?;
             tcp.set_nodelay(true)?;
-            let mut s = tls.connect(name, tcp).await?;
-            s.get_mut().1.set_buffer_limit(Some(TLS_BUFFER));
+            let s = TlsStream::connect(tls, name, tcp).await?;
             Ok(hyper_util::rt::TokioIo::new(s))
         })
     }

@@ -12,6 +12,8 @@
 
 mod conn;
 mod mint;
+mod record;
+mod stream;
 mod tls;
 
 pub use conn::{Conn, ConnInfo, Connector, incoming};
@@ -281,5 +283,7 @@ pub fn speaks_for_index(me: u32, claimed: u32) -> Result<(), tonic::Status> {
     )))
 }
 
+#[cfg(test)]
+mod interop;
 #[cfg(test)]
 mod tests;

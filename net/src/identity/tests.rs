@@ -194,7 +194,7 @@ async fn a_connection_speaks_mutual_tls_on_aes_128_and_names_its_caller() {
     );
     let mut client = client.unwrap().into_inner();
     let mut server = server.unwrap().unwrap();
-    let suite = client.get_ref().1.negotiated_cipher_suite().unwrap();
+    let suite = client.suite();
     assert_eq!(suite.suite(), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     let info = server.connect_info();
     assert!(

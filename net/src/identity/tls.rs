@@ -142,6 +142,10 @@ impl Tls {
             .with_single_cert(chain.clone(), key.clone_key())
             .map_err(unusable)?;
         server.alpn_protocols = vec![ALPN.to_vec()];
+        // Links protect their records themselves, with the keys rustls
+        // hands over ([`super::stream`]), and never resume a session.
+        server.enable_secret_extraction = true;
+        server.send_tls13_tickets = 0;
         // Clients present this process's certificate and accept only a
         // server of the job's CA; which role's name it must hold, each
         // connection says ([`super::conn`]).
@@ -152,6 +156,8 @@ impl Tls {
             .with_client_auth_cert(chain, key)
             .map_err(unusable)?;
         client.alpn_protocols = vec![ALPN.to_vec()];
+        client.enable_secret_extraction = true;
+        client.resumption = rustls::client::Resumption::disabled();
         Ok(Tls {
             me,
             server: Arc::new(server),
