@@ -262,3 +262,34 @@ async fn a_socket_that_never_quite_empties_keeps_the_send_buffer_bounded() {
         "{most} sealed bytes held for a socket, of {total} written"
     );
 }
+
+#[tokio::test]
+async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
+    let (client, server) = pair();
+    let (c, s) = tcp_pair().await;
+    let connector = tokio_rustls::TlsConnector::from(client.client());
+    let (theirs, ours) = tokio::join!(
+        connector.connect(name(&client), c),
+        TlsStream::accept(server.server(), s)
+    );
+    let (mut theirs, mut ours) = (theirs.unwrap(), ours.unwrap());
+    let first = pattern(100, 6);
+    theirs.write_all(&first).await.unwrap();
+    theirs.flush().await.unwrap();
+    // A read smaller than the record opens it in the connection's buffer.
+    let mut got = [0; 10];
+    ours.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, first[..10]);
+    // A read with room for records hands out the rest of that record,
+    // even though the socket has nothing more until later.
+    let later = async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        theirs.write_all(b"later").await.unwrap();
+        theirs.flush().await.unwrap();
+        theirs
+    };
+    let mut big = vec![0; 100_000];
+    let (n, _theirs) = tokio::join!(ours.read(&mut big), later);
+    let n = n.unwrap();
+    assert_eq!(big[..n], first[10..], "{n} bytes read");
+}

@@ -516,14 +516,13 @@ impl TlsStream {
         cx: &mut Context<'_>,
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self;
         let before = out.filled().len();
         loop {
-            if !this.rx.early.is_empty() {
-                let n = hand_out(&this.rx.early, out);
-                this.rx.early.drain(..n);
+            if !self.rx.early.is_empty() {
+                let n = hand_out(&self.rx.early, out);
+                self.rx.early.drain(..n);
             }
-            let rx = &mut this.rx;
+            let rx = &mut self.rx;
             rx.plain.start += hand_out(&rx.buf[rx.plain.clone()], out);
             if out.remaining() == 0 || rx.closed {
                 return Poll::Ready(Ok(()));
@@ -532,13 +531,18 @@ impl TlsStream {
                 && rx.early.is_empty()
                 && rx.end - rx.start + MAX_RECORD <= out.remaining();
             if direct {
-                ready!(this.read_direct(cx, out))?;
-                if out.filled().len() > before || this.rx.closed {
+                // A reader that gets `Pending` drops what was put in its
+                // buffer, so content handed out goes back before any wait.
+                if out.filled().len() > before {
+                    return Poll::Ready(Ok(()));
+                }
+                ready!(self.read_direct(cx, out))?;
+                if out.filled().len() > before || self.rx.closed {
                     return Poll::Ready(Ok(()));
                 }
                 continue;
             }
-            if this.open_next()? {
+            if self.open_next()? {
                 continue;
             }
             if out.filled().len() > before {
@@ -547,7 +551,7 @@ impl TlsStream {
             // Not a whole record yet: make room after what has arrived, and
             // read no more than `out` can soon take, so that the next call
             // with room can read directly.
-            let rx = &mut this.rx;
+            let rx = &mut self.rx;
             if rx.start == rx.end {
                 (rx.start, rx.end) = (0, 0);
             } else if rx.buf.len() - rx.start < MAX_RECORD {
@@ -556,7 +560,7 @@ impl TlsStream {
             }
             let room = (rx.buf.len() - rx.end).min(MAX_RECORD);
             let mut into = ReadBuf::new(&mut rx.buf[rx.end..rx.end + room]);
-            ready!(Pin::new(&mut this.tcp).poll_read(cx, &mut into))?;
+            ready!(Pin::new(&mut self.tcp).poll_read(cx, &mut into))?;
             let n = into.filled().len();
             if n == 0 {
                 return Poll::Ready(Err(eof()));
