@@ -293,3 +293,40 @@ async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
     let n = n.unwrap();
     assert_eq!(big[..n], first[10..], "{n} bytes read");
 }
+
+#[tokio::test]
+async fn a_connection_cut_inside_a_record_hands_out_none_of_it() {
+    let (client, server) = pair();
+    let (c, s) = tcp_pair().await;
+    let connector = tokio_rustls::TlsConnector::from(client.client());
+    let (theirs, ours) = tokio::join!(
+        connector.connect(name(&client), c),
+        TlsStream::accept(server.server(), s)
+    );
+    let (mut theirs, mut ours) = (theirs.unwrap(), ours.unwrap());
+    let genuine = pattern(40_000, 7);
+    theirs.write_all(&genuine).await.unwrap();
+    theirs.flush().await.unwrap();
+    // The start of a record of 4,096 bytes, then the TCP connection ends.
+    let mut cut = vec![23, 3, 3, 0x10, 0];
+    cut.extend(pattern(100, 8));
+    theirs.get_mut().0.write_all(&cut).await.unwrap();
+    theirs.get_mut().0.shutdown().await.unwrap();
+    // Reads with room for records, so the partial one is read directly.
+    let mut got = Vec::new();
+    let mut buf = vec![0; 100_000];
+    let err = loop {
+        match ours.read(&mut buf).await {
+            Ok(0) => panic!("the stream ended as if closed, after {} bytes", got.len()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
+    assert!(
+        got == genuine,
+        "{} bytes read, {} sent: ciphertext handed out as content",
+        got.len(),
+        genuine.len()
+    );
+}

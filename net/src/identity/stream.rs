@@ -88,10 +88,29 @@ pub struct TlsStream {
     peer: Option<CertificateDer<'static>>,
     rx: Rx,
     tx: Tx,
-    /// The first error either direction met. A connection that failed
-    /// stays failed: a record skipped would let the next one open under
-    /// its sequence number, and bytes sealed twice would reach the peer twice.
-    failed: Option<(io::ErrorKind, String)>,
+}
+
+/// The first error one direction met, kept: a record skipped would let the
+/// next one open under its sequence number, and bytes sealed twice would
+/// reach the peer twice.
+type Failure = Option<(io::ErrorKind, String)>;
+
+/// The error `failed` holds, again.
+fn again(failed: &Failure) -> io::Result<()> {
+    match failed {
+        Some((kind, why)) => Err(io::Error::new(*kind, why.clone())),
+        None => Ok(()),
+    }
+}
+
+/// Keeps the first error `result` carries in `failed`.
+fn keep<T>(failed: &mut Failure, result: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    if let Poll::Ready(Err(e)) = &result
+        && failed.is_none()
+    {
+        *failed = Some((e.kind(), e.to_string()));
+    }
+    result
 }
 
 struct Rx {
@@ -105,6 +124,9 @@ struct Rx {
     /// Content rustls decrypted during the handshake, not yet read.
     early: Vec<u8>,
     closed: bool,
+    /// A received stream that failed ends the connection both ways
+    /// (RFC 8446 §5.2: a record that does not open is fatal).
+    failed: Failure,
 }
 
 struct Tx {
@@ -118,6 +140,8 @@ struct Tx {
     /// that a peer cannot make the reader queue replies it never takes.
     owe_update: bool,
     closed: bool,
+    /// A send that failed ends sending; what has arrived can still be read.
+    failed: Failure,
 }
 
 impl TlsStream {
@@ -171,6 +195,7 @@ impl TlsStream {
                 plain: 0..0,
                 early,
                 closed: false,
+                failed: None,
             },
             tx: Tx {
                 key: Protection::new(tx_seq, tx)?,
@@ -179,8 +204,8 @@ impl TlsStream {
                 rekey_after: REKEY_AFTER,
                 owe_update: false,
                 closed: false,
+                failed: None,
             },
-            failed: None,
         })
     }
 
@@ -325,7 +350,7 @@ impl TlsStream {
         // is sealed waits in `buf`. Nor, yet, is a broken one: the caller
         // learns that `taken` bytes were taken, and the next call fails.
         let sent = self.poll_send(cx);
-        let _ = self.sticky(sent);
+        let _ = keep(&mut self.tx.failed, sent);
         Poll::Ready(Ok(taken))
     }
 
@@ -392,11 +417,13 @@ impl TlsStream {
         (self.rx.start, self.rx.end) = (0, 0);
         if !whole {
             match Pin::new(&mut self.tcp).poll_read(cx, out) {
-                Poll::Ready(Ok(())) if out.filled().len() == base + held => {
-                    return Poll::Ready(Err(eof()));
+                Poll::Ready(Ok(())) if out.filled().len() > base + held => {}
+                // A partial record is no content: it leaves `out` with the
+                // error, which the connection keeps.
+                Poll::Ready(result) => {
+                    out.set_filled(base);
+                    return Poll::Ready(result.and(Err(eof())));
                 }
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 // Readiness that was stale: the held bytes go back.
                 Poll::Pending => {
                     self.rx.buf[..held].copy_from_slice(&out.filled()[base..]);
@@ -488,22 +515,10 @@ fn hand_out(from: &[u8], out: &mut ReadBuf<'_>) -> usize {
 }
 
 impl TlsStream {
-    /// The error this connection failed with, again.
-    fn check(&self) -> io::Result<()> {
-        match &self.failed {
-            Some((kind, why)) => Err(io::Error::new(*kind, why.clone())),
-            None => Ok(()),
-        }
-    }
-
-    /// Keeps the first error this connection meets.
-    fn sticky<T>(&mut self, result: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
-        if let Poll::Ready(Err(e)) = &result
-            && self.failed.is_none()
-        {
-            self.failed = Some((e.kind(), e.to_string()));
-        }
-        result
+    /// Whether this end may still send.
+    fn may_send(&self) -> io::Result<()> {
+        again(&self.rx.failed)?;
+        again(&self.tx.failed)
     }
 
     /// Hands out as much content as has arrived whole, up to `out`'s room,
@@ -577,16 +592,16 @@ impl AsyncRead for TlsStream {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.check()?;
+        again(&this.rx.failed)?;
         let before = out.filled().len();
         match this.read_records(cx, out) {
             // What opened before the failure is genuine: it is read first,
             // and the error with the next call.
             Poll::Ready(Err(e)) if out.filled().len() > before => {
-                let _ = this.sticky::<()>(Poll::Ready(Err(e)));
+                let _ = keep::<()>(&mut this.rx.failed, Poll::Ready(Err(e)));
                 Poll::Ready(Ok(()))
             }
-            result => this.sticky(result),
+            result => keep(&mut this.rx.failed, result),
         }
     }
 }
@@ -613,9 +628,9 @@ impl AsyncWrite for TlsStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        this.check()?;
+        this.may_send()?;
         let sealed = this.poll_seal(cx, bufs);
-        this.sticky(sealed)
+        keep(&mut this.tx.failed, sealed)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -624,16 +639,16 @@ impl AsyncWrite for TlsStream {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.check()?;
+        this.may_send()?;
         let flushed = this.flush(cx);
-        this.sticky(flushed)
+        keep(&mut this.tx.failed, flushed)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.check()?;
+        this.may_send()?;
         let closed = this.close(cx);
-        this.sticky(closed)
+        keep(&mut this.tx.failed, closed)
     }
 }
 
