@@ -261,10 +261,8 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
     let (own, earlier) = job_pods(&ctx.stores, &namespace, &name, &uid);
     let pods = ctx.memory.with_unseen(&uid, own);
     let mut plan = plan::plan(&target, &pods, &earlier, ctx.config.backoff, now);
-    let revisions: HashMap<String, String> = own_stateful_sets(&ctx.stores, &namespace, &uid)
-        .iter()
-        .filter_map(|s| Some((s.name_any(), s.status.as_ref()?.update_revision.clone()?)))
-        .collect();
+    let sets = own_stateful_sets(&ctx.stores, &namespace, &uid);
+    let revisions = plan::update_revisions(sets.iter().map(|s| s.as_ref()));
     plan::recreate_unplaced_shards(&mut plan, &pods, &revisions);
     let new_generation =
         status_of(obj).and_then(|s| s.observed_generation) != obj.metadata.generation;

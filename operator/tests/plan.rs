@@ -834,6 +834,47 @@ fn an_unplaced_shard_pod_from_an_older_template_is_recreated_and_no_other() {
     assert!(same.delete_pods.is_empty(), "{:?}", same.delete_pods);
 }
 
+#[test]
+fn a_statefulset_its_controller_has_not_caught_up_with_names_no_revision() {
+    let set = |generation: i64, observed: i64, revision: &str| {
+        serde_json::from_value::<k8s_openapi::api::apps::v1::StatefulSet>(json!({
+            "metadata": {"name": "fm-ps", "generation": generation},
+            "status": {"replicas": 0, "observedGeneration": observed, "updateRevision": revision},
+        }))
+        .expect("fixture StatefulSet")
+    };
+    // The template was edited (generation 3); the controller's status
+    // still describes generation 2, so its revision is not the edited one.
+    let behind = set(3, 2, "fm-ps-old");
+    assert!(distbelief_operator::plan::update_revisions([&behind]).is_empty());
+    let caught_up = set(3, 3, "fm-ps-new");
+    assert_eq!(
+        distbelief_operator::plan::update_revisions([&caught_up]),
+        std::collections::HashMap::from([("fm-ps".to_string(), "fm-ps-new".to_string())])
+    );
+    // A pod the controller built from the edited template, not yet placed,
+    // is kept while the controller's status lags.
+    let job = job(json!({"phase": "Pending"}), json!({}));
+    let mut fresh = common::pod(
+        "fm-ps-0",
+        json!({"distbelief.dev/job": "fm", "distbelief.dev/role": "ps", "controller-revision-hash": "fm-ps-new"}),
+        "Pending",
+    );
+    fresh.status = serde_json::from_value(json!({
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }))
+    .expect("fixture status");
+    let pods = vec![fresh, common::coordinator_pod("fm")];
+    let mut plan = decide(&job, &pods, Timestamp::now());
+    distbelief_operator::plan::recreate_unplaced_shards(
+        &mut plan,
+        &pods,
+        &distbelief_operator::plan::update_revisions([&behind]),
+    );
+    assert!(plan.delete_pods.is_empty(), "{:?}", plan.delete_pods);
+}
+
 /// The job as the next reconcile sees it, with the plan's status written.
 fn job_with(job: &DistBeliefJob, plan: &Plan) -> DistBeliefJob {
     let mut next = job.clone();

@@ -25,7 +25,7 @@ use pods::{is_ready, is_unit_head, phase_of, restart_count, role};
 use replica::{Outcome, Scene, count_cause};
 pub use revision::PODS_AS_STARTED;
 use shards::shards_scheduled;
-pub use shards::{SHARDS_SCHEDULED, recreate_unplaced_shards};
+pub use shards::{SHARDS_SCHEDULED, recreate_unplaced_shards, update_revisions};
 
 /// A Kubernetes Event to publish: one per transition or action.
 #[derive(Debug, Clone, PartialEq)]

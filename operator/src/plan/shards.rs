@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use distbelief_api::{ShardLayout, WhenUnsatisfiable};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -76,6 +77,24 @@ pub(super) fn shards_scheduled(plan: &mut Plan, t: &Target, ps_pods: &[&Pod], no
 /// `OnDelete` to keep running shards' state, but a pod that never ran has
 /// none: an edit that makes it schedulable (a spread, a node selector, a
 /// toleration) must reach it.
+/// Each shards' StatefulSet's update revision, once its controller has
+/// seen the set's current spec. Before that, `updateRevision` still names
+/// the template before the last edit, and the pods the controller has
+/// just built from the edited one would look stale: a template edited
+/// while suspended, then resumed, had its fresh shard pods deleted.
+pub fn update_revisions<'a>(
+    sets: impl IntoIterator<Item = &'a StatefulSet>,
+) -> HashMap<String, String> {
+    sets.into_iter()
+        .filter_map(|s| {
+            let status = s.status.as_ref()?;
+            let seen = status.observed_generation?;
+            (Some(seen) == s.metadata.generation)
+                .then(|| Some((s.name_any(), status.update_revision.clone()?)))?
+        })
+        .collect()
+}
+
 pub fn recreate_unplaced_shards(
     plan: &mut Plan,
     pods: &[Pod],
