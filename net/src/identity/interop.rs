@@ -2,8 +2,6 @@
 //! at the other end: the bytes cross whole both ways, key updates from
 //! either side are followed, and close_notify ends the stream.
 
-use std::sync::Arc;
-
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -33,6 +31,32 @@ async fn tcp_pair() -> (TcpStream, TcpStream) {
 
 fn name(client: &Tls) -> ServerName<'static> {
     client.server_name(Serves::Shards)
+}
+
+/// Our client, handshaken with a stock rustls server.
+async fn ours_to_stock(
+    (client, server): &(Tls, Tls),
+) -> (TlsStream, tokio_rustls::server::TlsStream<TcpStream>) {
+    let (c, s) = tcp_pair().await;
+    let acceptor = tokio_rustls::TlsAcceptor::from(server.server());
+    let (ours, theirs) = tokio::join!(
+        TlsStream::connect(client.client(), name(client), c),
+        acceptor.accept(s)
+    );
+    (ours.unwrap(), theirs.unwrap())
+}
+
+/// A stock rustls client, handshaken with our server.
+async fn stock_to_ours(
+    (client, server): &(Tls, Tls),
+) -> (tokio_rustls::client::TlsStream<TcpStream>, TlsStream) {
+    let (c, s) = tcp_pair().await;
+    let connector = tokio_rustls::TlsConnector::from(client.client());
+    let (theirs, ours) = tokio::join!(
+        connector.connect(name(client), c),
+        TlsStream::accept(server.server(), s)
+    );
+    (theirs.unwrap(), ours.unwrap())
 }
 
 /// Bytes that differ at every offset, so a lost or repeated record shows.
@@ -83,16 +107,9 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 
 #[tokio::test]
 async fn our_client_and_a_stock_rustls_server_exchange_whole_streams() {
-    let (client, server) = pair();
-    let (c, s) = tcp_pair().await;
     let up = pattern(3 << 20, 1);
     let down = pattern((2 << 20) + 12_345, 2);
-    let acceptor = tokio_rustls::TlsAcceptor::from(server.server());
-    let (ours, theirs) = tokio::join!(
-        TlsStream::connect(client.client(), name(&client), c),
-        acceptor.accept(s)
-    );
-    let (mut ours, theirs) = (ours.unwrap(), theirs.unwrap());
+    let (mut ours, theirs) = ours_to_stock(&pair()).await;
     // A few records per key, so that this end replaces its key hundreds
     // of times and rustls must follow each update.
     ours.rekey_after(5);
@@ -116,17 +133,11 @@ async fn our_client_and_a_stock_rustls_server_exchange_whole_streams() {
 
 #[tokio::test]
 async fn a_stock_rustls_client_and_our_server_exchange_whole_streams_through_key_updates() {
-    let (client, server) = pair();
-    let (c, s) = tcp_pair().await;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new((*client.client()).clone()));
-    let (theirs, ours) = tokio::join!(
-        connector.connect(name(&client), c),
-        TlsStream::accept(server.server(), s)
-    );
-    let (mut theirs, mut ours) = (theirs.unwrap(), ours.unwrap());
+    let tls = pair();
+    let (mut theirs, mut ours) = stock_to_ours(&tls).await;
     assert_eq!(
         ours.peer_certificate().and_then(super::tls::identity_of),
-        Some(client.me.clone()),
+        Some(tls.0.me.clone()),
         "the server names its caller from the certificate"
     );
     // The client asks for new keys both ways mid-stream: this end must
@@ -160,14 +171,7 @@ async fn a_stock_rustls_client_and_our_server_exchange_whole_streams_through_key
 
 #[tokio::test]
 async fn a_connection_cut_without_close_notify_is_an_error_not_an_end() {
-    let (client, server) = pair();
-    let (c, s) = tcp_pair().await;
-    let acceptor = tokio_rustls::TlsAcceptor::from(server.server());
-    let (ours, theirs) = tokio::join!(
-        TlsStream::connect(client.client(), name(&client), c),
-        acceptor.accept(s)
-    );
-    let (mut ours, mut theirs) = (ours.unwrap(), theirs.unwrap());
+    let (mut ours, mut theirs) = ours_to_stock(&pair()).await;
     theirs.write_all(b"partial").await.unwrap();
     theirs.flush().await.unwrap();
     // The TCP connection ends, with no TLS close_notify.
@@ -180,7 +184,7 @@ async fn a_connection_cut_without_close_notify_is_an_error_not_an_end() {
 
 #[tokio::test]
 async fn bytes_the_handshake_did_not_key_end_the_connection_with_a_reason() {
-    let (client, server) = pair();
+    let tls = pair();
     let forged: [(&[u8], &str); 3] = [
         (
             &[
@@ -193,13 +197,7 @@ async fn bytes_the_handshake_did_not_key_end_the_connection_with_a_reason() {
         (&[23, 3, 3, 0xff, 0xff], "65535 bytes"),
     ];
     for (bytes, why) in forged {
-        let (c, s) = tcp_pair().await;
-        let connector = tokio_rustls::TlsConnector::from(client.client());
-        let (theirs, ours) = tokio::join!(
-            connector.connect(name(&client), c),
-            TlsStream::accept(server.server(), s)
-        );
-        let (mut theirs, mut ours) = (theirs.unwrap(), ours.unwrap());
+        let (mut theirs, mut ours) = stock_to_ours(&tls).await;
         theirs.write_all(b"genuine").await.unwrap();
         theirs.flush().await.unwrap();
         // Written under TLS, straight onto the socket.
@@ -221,14 +219,7 @@ async fn bytes_the_handshake_did_not_key_end_the_connection_with_a_reason() {
 
 #[tokio::test]
 async fn a_socket_that_never_quite_empties_keeps_the_send_buffer_bounded() {
-    let (client, server) = pair();
-    let (c, s) = tcp_pair().await;
-    let acceptor = tokio_rustls::TlsAcceptor::from(server.server());
-    let (ours, theirs) = tokio::join!(
-        TlsStream::connect(client.client(), name(&client), c),
-        acceptor.accept(s)
-    );
-    let (mut ours, mut theirs) = (ours.unwrap(), theirs.unwrap());
+    let (mut ours, mut theirs) = ours_to_stock(&pair()).await;
     let total = 64 << 20;
     // A reader a little slower than the writer, so that the socket takes
     // each write in part and seldom all that is sealed.
@@ -265,14 +256,8 @@ async fn a_socket_that_never_quite_empties_keeps_the_send_buffer_bounded() {
 
 #[tokio::test]
 async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
-    let (client, server) = pair();
-    let (c, s) = tcp_pair().await;
-    let connector = tokio_rustls::TlsConnector::from(client.client());
-    let (theirs, ours) = tokio::join!(
-        connector.connect(name(&client), c),
-        TlsStream::accept(server.server(), s)
-    );
-    let (mut theirs, mut ours) = (theirs.unwrap(), ours.unwrap());
+    let tls = pair();
+    let (mut theirs, mut ours) = stock_to_ours(&tls).await;
     let first = pattern(100, 6);
     theirs.write_all(&first).await.unwrap();
     theirs.flush().await.unwrap();
@@ -281,7 +266,9 @@ async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
     ours.read_exact(&mut got).await.unwrap();
     assert_eq!(got, first[..10]);
     // A read with room for records hands out the rest of that record,
-    // even though the socket has nothing more until later.
+    // even though the socket has nothing more until later. The test passes
+    // on what the read returns, whatever the pause: the pause only makes a
+    // read that waits on the socket see "later" instead, as it would.
     let later = async move {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         theirs.write_all(b"later").await.unwrap();
@@ -296,14 +283,8 @@ async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
 
 #[tokio::test]
 async fn a_connection_cut_inside_a_record_hands_out_none_of_it() {
-    let (client, server) = pair();
-    let (c, s) = tcp_pair().await;
-    let connector = tokio_rustls::TlsConnector::from(client.client());
-    let (theirs, ours) = tokio::join!(
-        connector.connect(name(&client), c),
-        TlsStream::accept(server.server(), s)
-    );
-    let (mut theirs, mut ours) = (theirs.unwrap(), ours.unwrap());
+    let tls = pair();
+    let (mut theirs, mut ours) = stock_to_ours(&tls).await;
     let genuine = pattern(40_000, 7);
     theirs.write_all(&genuine).await.unwrap();
     theirs.flush().await.unwrap();
