@@ -25,10 +25,9 @@ fn registry(role: &str, index: Option<u32>) -> anyhow::Result<prometheus::Regist
     if let Some(i) = index {
         labels.insert(role_index_label(role).to_string(), i.to_string());
     }
-    Ok(prometheus::Registry::new_custom(
-        Some("distbelief".into()),
-        Some(labels),
-    )?)
+    let registry = prometheus::Registry::new_custom(Some("distbelief".into()), Some(labels))?;
+    distbelief_net::register_all(&registry, distbelief_net::identity::collectors())?;
+    Ok(registry)
 }
 
 fn role_index_label(role: &str) -> &'static str {

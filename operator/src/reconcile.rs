@@ -17,6 +17,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
 };
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -354,7 +355,7 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
         &name,
         &mut plan,
         coordinator_refused.clone(),
-        Some(&target),
+        Some((&target, &pods[..])),
     )
     .await?;
     // The status says so; the retry backs off with the job's errors.
@@ -704,7 +705,9 @@ async fn shard_creation_failure(
 }
 
 /// Status, replica pods, deletions, events and metrics: the steps every plan
-/// ends with. `coordinator_refused`: the coordinator pod was refused.
+/// ends with. `coordinator_refused`: the coordinator pod was refused;
+/// `made_from`: the job's target and pods the plan was made from, for a
+/// plan that may create or delete pods.
 async fn finish(
     obj: &DynamicObject,
     ctx: &Context,
@@ -712,8 +715,9 @@ async fn finish(
     name: &str,
     plan: &mut Plan,
     coordinator_refused: Option<Refusal>,
-    target: Option<&children::Target<'_>>,
+    made_from: Option<(&children::Target<'_>, &[Pod])>,
 ) -> Result<(), Error> {
+    let (target, pods) = made_from.map_or((None, &[][..]), |(t, p)| (Some(t), p));
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), namespace, &job_resource());
     let (generation, now) = (obj.metadata.generation, Timestamp::now());
@@ -769,9 +773,29 @@ async fn finish(
         plan::refused(plan, &refusals, ctx.config.backoff, generation, now);
         write_status(&jobs, name, &plan.status, guard.as_deref()).await?;
     }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     for p in &plan.delete_pods {
-        ignore_missing(pods.delete(p, &DeleteParams::default()).await.map(|_| ()))?;
+        // Only the pod the plan judged: a cache that lags can still show
+        // one that a newer pod of the same name has replaced (a shard's,
+        // the coordinator's).
+        let uid = pods
+            .iter()
+            .find(|o| o.metadata.name.as_ref() == Some(p))
+            .and_then(|o| o.metadata.uid.clone());
+        let guarded = uid.is_some();
+        let params = DeleteParams {
+            preconditions: uid.map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(p, &params).await {
+            Err(kube::Error::Api(e)) if guarded && e.code == 409 && e.reason == "Conflict" => {
+                tracing::info!(job = name, pod = %p, "not deleted: a newer pod has its name");
+            }
+            other => ignore_missing(other.map(|_| ()))?,
+        }
     }
     if plan.delete_stateful_set {
         let sets: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), namespace);

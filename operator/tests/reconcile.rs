@@ -52,6 +52,9 @@ async fn run_reconcile(
 struct Mock {
     /// Answer status writes with 409 Conflict (the job changed meanwhile).
     status_conflict: bool,
+    /// Answer pod deletions with 409 Conflict, as when a newer pod has
+    /// taken the name and the uid precondition fails.
+    pods_replaced: bool,
     /// The operator's memory of each job, shared across reconciles.
     memory: Arc<Memory>,
     /// Answer the creation of replica pods as a ResourceQuota does.
@@ -88,7 +91,8 @@ async fn run_with(
                 query: parts.uri.query().unwrap_or("").to_string(),
                 body: body.clone(),
             };
-            let conflict = mock.status_conflict && call.path.ends_with("/status");
+            let conflict = (mock.status_conflict && call.path.ends_with("/status"))
+                || (mock.pods_replaced && call.method == "DELETE" && call.path.contains("/pods/"));
             let refused = mock.refuse_replica_pods
                 && call.method == "PATCH"
                 && call
@@ -107,6 +111,11 @@ async fn run_with(
                 200
             };
             let reply = match call.method.as_str() {
+                "DELETE" if conflict => json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "reason": "Conflict", "code": 409,
+                    "message": "Precondition failed: UID in precondition: a, UID in object meta: b",
+                }),
                 _ if conflict => json!({
                     "apiVersion": "v1", "kind": "Status", "status": "Failure",
                     "reason": "Conflict", "code": 409, "message": "the object has been modified",
@@ -691,6 +700,19 @@ async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
     expected.push(format!("POST {}", path("events", "")));
     expected.push(format!("POST {}", path("events", "")));
     assert_eq!(lines, expected);
+    // Each pod is deleted only as the pod the plan saw, not a newer one a
+    // lagging cache hides behind its name.
+    for c in calls
+        .iter()
+        .filter(|c| c.method == "DELETE" && c.path.contains("/pods/"))
+    {
+        let name = c.path.rsplit('/').next().unwrap_or_default();
+        assert_eq!(
+            c.body["preconditions"]["uid"],
+            format!("uid-of-{name}"),
+            "{c:?}"
+        );
+    }
     let status = &status_call(&calls).body["status"];
     assert_eq!(status["phase"], "Succeeded");
     let ok = condition(status, "Succeeded");
@@ -700,6 +722,35 @@ async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
     );
     assert!(ok["message"].as_str().unwrap().contains("0.8612"));
     assert_eq!(events(&calls), vec!["Succeeded", "CleanedUp"]);
+}
+
+/// A pod the plan saw that a newer pod of the same name has replaced by
+/// the time it is deleted: the API server refuses the deletion (the uid
+/// precondition), and the reconcile goes on with the rest.
+#[tokio::test]
+async fn a_pod_replaced_under_its_name_is_not_deleted_and_the_rest_goes_on() {
+    let mut status = common::running_status();
+    status["progress"] = json!({
+        "step": 9000, "examples": 1152000, "examplesPerSecond": 40000.0, "epochs": 19.2, "trainSeconds": 28.8,
+        "testAccuracy": 0.8612, "bestTestAccuracy": 0.8612, "done": true, "stopReason": "target_reached",
+    });
+    let mock = Mock {
+        pods_replaced: true,
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(
+        job_with_status("fm", status),
+        common::running_pods("fm"),
+        mock,
+    )
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+    let lines: Vec<String> = calls.iter().map(Call::line).collect();
+    assert!(
+        lines.contains(&format!("DELETE {}", path("pods", "fm-replica-3-0")))
+            && lines.contains(&format!("DELETE {}", path("statefulsets", "fm-ps"))),
+        "{lines:?}"
+    );
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -21,15 +21,12 @@ use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
 
+use super::admit::{Limits, Outcome, Pending};
 use super::stream::TlsStream;
 use super::{Identity, Serves, installed, tls};
 
-/// How long a caller may take over its handshake.
-const HANDSHAKE: Duration = Duration::from_secs(10);
-/// Handshakes one server runs at once; past them, it stops accepting until
-/// one ends, so a flood of silent connections holds no more than this.
-const HANDSHAKES: usize = 64;
 /// The pause after a failed accept (out of descriptors, say), so that the
 /// loop does not spin on it.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -138,24 +135,26 @@ impl AsyncWrite for Conn {
 /// task of its own, so a slow caller holds up no other. A caller whose
 /// handshake fails (another job's CA, no TLS) is dropped here, and logged.
 pub fn incoming(listener: TcpListener) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn>> {
-    accept(listener, installed())
+    accept(listener, installed(), Limits::standard())
 }
 
 pub(super) fn accept(
     listener: TcpListener,
     tls: Option<&tls::Tls>,
+    limits: Limits,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn>> {
     let acceptor: Option<Arc<ServerConfig>> = tls.map(tls::Tls::server);
-    let (tx, rx) = tokio::sync::mpsc::channel(HANDSHAKES);
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let pending = Arc::new(Mutex::new(Pending::<AbortHandle>::new()));
+    let limits = Arc::new(limits);
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
                 () = tx.closed() => return,
             };
-            let tcp = match accepted {
-                Ok((tcp, _)) => tcp,
+            let (tcp, peer) = match accepted {
+                Ok(a) => a,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot accept a connection; retrying");
                     tokio::time::sleep(ACCEPT_RETRY).await;
@@ -170,24 +169,66 @@ pub(super) fn accept(
                 }
                 continue;
             };
-            let Ok(permit) = handshakes.clone().acquire_owned().await else {
-                return;
-            };
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                let peer = tcp.peer_addr().ok();
-                match tokio::time::timeout(HANDSHAKE, TlsStream::accept(acceptor, tcp)).await {
-                    Ok(Ok(s)) => {
-                        let _ = tx.send(Ok(Conn::Tls(Box::new(s)))).await;
+            // The task is recorded under the lock it takes to end, so it
+            // cannot end before it is recorded.
+            let mut table = pending.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(evicted) = table.make_room(peer.ip(), &limits) {
+                evicted.abort();
+                Outcome::Evicted.count(&limits.outcomes);
+                tracing::debug!(%peer, "a pending TLS handshake gave way to a newer connection");
+            }
+            let (tx, pending, limits) = (tx.clone(), pending.clone(), limits.clone());
+            table.insert(peer.ip(), |id| {
+                tokio::spawn(async move {
+                    let outcome = handshake(acceptor, tcp, &limits).await;
+                    let mine = pending
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(id);
+                    if !mine {
+                        // Evicted as it ended, and counted so: its place
+                        // went to another caller.
+                        return;
                     }
-                    Ok(Err(e)) => tracing::info!(?peer, error = %e, "TLS handshake refused"),
-                    Err(_) => tracing::info!(?peer, "TLS handshake not done in {HANDSHAKE:?}"),
-                }
+                    match outcome {
+                        Ok(s) => {
+                            Outcome::Accepted.count(&limits.outcomes);
+                            let _ = tx.send(Ok(Conn::Tls(Box::new(s)))).await;
+                        }
+                        Err((o, why)) => {
+                            o.count(&limits.outcomes);
+                            tracing::info!(%peer, outcome = o.label(), "TLS handshake not done: {why}");
+                        }
+                    }
+                })
+                .abort_handle()
             });
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// One caller's handshake, within the limits' deadlines.
+async fn handshake(
+    acceptor: Arc<ServerConfig>,
+    tcp: TcpStream,
+    limits: &Limits,
+) -> Result<TlsStream, (Outcome, String)> {
+    // `readable` can report a socket ready that has nothing to read; a peek
+    // waits for a byte (or the end).
+    let said = tokio::time::timeout(limits.first_message, tcp.peek(&mut [0u8; 1])).await;
+    if said.is_err() {
+        let why = format!("nothing said in {:?}", limits.first_message);
+        return Err((Outcome::Silent, why));
+    }
+    match tokio::time::timeout(limits.handshake, TlsStream::accept(acceptor, tcp)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => Err((Outcome::Refused, e.to_string())),
+        Err(_) => Err((
+            Outcome::TimedOut,
+            format!("not done in {:?}", limits.handshake),
+        )),
+    }
 }
 
 /// Makes a channel's connections (`Endpoint::connect_with_connector_lazy`):

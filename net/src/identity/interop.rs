@@ -7,19 +7,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::stream::{TX_LIMIT, TlsStream};
-use super::{Authority, Peer, Serves, Tls};
+use super::{Serves, Tls};
 
+/// A replica's TLS and a shard's, of one job's CA.
 fn pair() -> (Tls, Tls) {
-    let ca = Authority::new("local", "interop").unwrap();
-    let tls_of = |peer| {
-        let issued = ca.issue(peer).unwrap();
-        Tls::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem).unwrap()
-    };
-    let replica = Peer::Replica {
-        index: 0,
-        partition: None,
-    };
-    (tls_of(replica), tls_of(Peer::Shard(Some(0))))
+    let (shard, replica) = super::tests::shard_and_replica();
+    (replica, shard)
 }
 
 async fn tcp_pair() -> (TcpStream, TcpStream) {

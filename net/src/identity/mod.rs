@@ -10,12 +10,14 @@
 //! job. Without it, a process speaks plaintext and every caller is allowed,
 //! which is what a job with `spec.security.mutualTls: false` asks for.
 
+mod admit;
 mod conn;
 mod mint;
 mod record;
 mod stream;
 mod tls;
 
+pub use admit::collectors;
 pub use conn::{Conn, ConnInfo, Connector, incoming};
 pub use mint::{Authority, Issued};
 pub use tls::{Tls, TlsError, install, installed};

@@ -164,21 +164,12 @@ async fn a_connection_speaks_mutual_tls_on_aes_128_and_names_its_caller() {
     use tonic::transport::server::Connected;
     use tower_service::Service;
 
-    let ca = Authority::new("local", "mnist").unwrap();
-    let tls_of = |peer| {
-        let issued = ca.issue(peer).unwrap();
-        Tls::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem).unwrap()
-    };
-    let shard = tls_of(Peer::Shard(Some(0)));
-    let replica = tls_of(Peer::Replica {
-        index: 1,
-        partition: None,
-    });
+    let (shard, replica) = shard_and_replica();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let uri: http::Uri = format!("http://{}", listener.local_addr().unwrap())
         .parse()
         .unwrap();
-    let mut conns = conn::accept(listener, Some(&shard));
+    let mut conns = conn::accept(listener, Some(&shard), admit::Limits::standard());
 
     // A client that wants the coordinator does not take the shard for it.
     let err = Connector::new(&replica, Serves::Coordinator)
@@ -220,3 +211,132 @@ async fn a_connection_speaks_mutual_tls_on_aes_128_and_names_its_caller() {
 }
 
 use rustls::pki_types::pem::PemObject;
+
+/// A shard's and a replica's TLS, of one job's CA.
+pub(super) fn shard_and_replica() -> (Tls, Tls) {
+    let ca = Authority::new("local", "mnist").unwrap();
+    let tls_of = |peer| {
+        let issued = ca.issue(peer).unwrap();
+        Tls::from_pem(ca.cert_pem(), &issued.cert_pem, &issued.key_pem).unwrap()
+    };
+    let replica = Peer::Replica {
+        index: 1,
+        partition: None,
+    };
+    (tls_of(Peer::Shard(Some(0))), tls_of(replica))
+}
+
+/// A bound on waits for what must happen, so a defect fails the test
+/// rather than hanging it; nothing here is expected to take more than
+/// milliseconds.
+const HANG: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until `outcome` has been counted `n` times: counters only grow.
+async fn counted(outcomes: &prometheus::IntCounterVec, outcome: &str, n: u64) {
+    let got = || outcomes.with_label_values(&[outcome]).get();
+    let reached = tokio::time::timeout(HANG, async {
+        while got() < n {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(reached.is_ok() && got() == n, "{outcome}: {} of {n}", got());
+}
+
+fn test_outcomes() -> prometheus::IntCounterVec {
+    prometheus::IntCounterVec::new(prometheus::Opts::new("t", "t"), &["outcome"]).unwrap()
+}
+
+/// The job's own process connects, through `conns`, while whatever else
+/// is pending waits.
+async fn connects(
+    replica: &Tls,
+    addr: std::net::SocketAddr,
+    conns: &mut tokio_stream::wrappers::ReceiverStream<std::io::Result<Conn>>,
+) {
+    use tokio_stream::StreamExt;
+    use tower_service::Service;
+
+    let uri: http::Uri = format!("http://{addr}").parse().unwrap();
+    let both = async {
+        tokio::join!(
+            Connector::new(replica, Serves::Shards).call(uri),
+            conns.next()
+        )
+    };
+    let (client, server) = tokio::time::timeout(HANG, both)
+        .await
+        .expect("the job's own process got through");
+    client.expect("the client's handshake");
+    server
+        .expect("a connection")
+        .expect("the server's handshake");
+}
+
+#[tokio::test]
+async fn callers_that_say_nothing_give_way_to_the_job_s_own_processes() {
+    use tokio::io::AsyncReadExt;
+
+    let (shard, replica) = shard_and_replica();
+    let outcomes = test_outcomes();
+    // Nothing times out here: only eviction makes room.
+    let limits = admit::Limits {
+        pending: 8,
+        per_source: 4,
+        first_message: HANG * 60,
+        handshake: HANG * 60,
+        outcomes: outcomes.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut conns = conn::accept(listener, Some(&shard), limits);
+    // 20 silent connections from each of three other addresses, all
+    // accepted before the job's process connects from 127.0.0.1.
+    let mut silent = Vec::new();
+    for source in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        for _ in 0..20 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+            silent.push(socket.connect(addr).await.unwrap());
+        }
+    }
+    connects(&replica, addr, &mut conns).await;
+    // Each source kept its 4 until the table held 8; every later
+    // connection, the job's included, took one's place: 61 - 8.
+    counted(&outcomes, "evicted", 53).await;
+    counted(&outcomes, "accepted", 1).await;
+    // The first silent caller gave way, and its connection was closed.
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(HANG, silent[0].read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the evicted connection is closed: {read:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_caller_that_says_nothing_is_closed_after_the_first_message_deadline() {
+    use tokio::io::AsyncReadExt;
+
+    let (shard, _) = shard_and_replica();
+    let outcomes = test_outcomes();
+    let limits = admit::Limits {
+        first_message: std::time::Duration::from_millis(100),
+        handshake: HANG * 60,
+        outcomes: outcomes.clone(),
+        ..admit::Limits::standard()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = conn::accept(listener, Some(&shard), limits);
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(HANG, silent.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the silent connection is closed: {read:?}"
+    );
+    counted(&outcomes, "silent", 1).await;
+    assert_eq!(outcomes.with_label_values(&["evicted"]).get(), 0);
+    drop(conns);
+}

@@ -69,7 +69,10 @@ pub fn pod(name: &str, labels: serde_json::Value, phase: &str) -> Pod {
         owner("DistBeliefJob", job, JOB_UID)
     };
     serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS, "labels": labels, "ownerReferences": [owner]},
+        "metadata": {
+            "name": name, "namespace": NS, "uid": format!("uid-of-{name}"),
+            "labels": labels, "ownerReferences": [owner],
+        },
         "status": {"phase": phase},
     }))
     .expect("fixture pod")
