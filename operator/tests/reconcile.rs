@@ -679,13 +679,19 @@ async fn a_straggler_gets_a_backup_at_its_data_position_and_the_slower_is_retire
     );
 }
 
-#[tokio::test]
-async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
+/// A running job's status once the coordinator says it reached its target.
+fn finished_status() -> Value {
     let mut status = common::running_status();
     status["progress"] = json!({
         "step": 9000, "examples": 1152000, "examplesPerSecond": 40000.0, "epochs": 19.2, "trainSeconds": 28.8,
         "testAccuracy": 0.8612, "bestTestAccuracy": 0.8612, "done": true, "stopReason": "target_reached",
     });
+    status
+}
+
+#[tokio::test]
+async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
+    let status = finished_status();
     let (result, calls) =
         run_reconcile(job_with_status("fm", status), common::running_pods("fm")).await;
     assert_eq!(result.expect("reconciled"), Action::await_change());
@@ -729,11 +735,7 @@ async fn finishes_when_the_coordinator_is_done_and_cleans_up() {
 /// precondition), and the reconcile goes on with the rest.
 #[tokio::test]
 async fn a_pod_replaced_under_its_name_is_not_deleted_and_the_rest_goes_on() {
-    let mut status = common::running_status();
-    status["progress"] = json!({
-        "step": 9000, "examples": 1152000, "examplesPerSecond": 40000.0, "epochs": 19.2, "trainSeconds": 28.8,
-        "testAccuracy": 0.8612, "bestTestAccuracy": 0.8612, "done": true, "stopReason": "target_reached",
-    });
+    let status = finished_status();
     let mock = Mock {
         pods_replaced: true,
         ..Mock::default()
