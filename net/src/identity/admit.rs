@@ -86,6 +86,7 @@ fn outcomes() -> &'static IntCounterVec {
             ),
             &["outcome"],
         )
+        // A constant name and label: `new` refuses only invalid ones.
         .expect("a valid metric")
     })
 }

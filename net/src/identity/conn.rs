@@ -27,6 +27,9 @@ use super::admit::{Limits, Outcome, Pending};
 use super::stream::TlsStream;
 use super::{Identity, Serves, installed, tls};
 
+/// Connections ready for tonic that it has not taken yet; past them, a
+/// finished handshake waits.
+const READY: usize = 64;
 /// The pause after a failed accept (out of descriptors, say), so that the
 /// loop does not spin on it.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -144,7 +147,7 @@ pub(super) fn accept(
     limits: Limits,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<Conn>> {
     let acceptor: Option<Arc<ServerConfig>> = tls.map(tls::Tls::server);
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let (tx, rx) = tokio::sync::mpsc::channel(READY);
     let pending = Arc::new(Mutex::new(Pending::<AbortHandle>::new()));
     let limits = Arc::new(limits);
     tokio::spawn(async move {

@@ -52,6 +52,14 @@ async fn stock_to_ours(
     (theirs.unwrap(), ours.unwrap())
 }
 
+/// As [`stock_to_ours`], once stock rustls has sent `data`.
+async fn stock_sent_ours(data: &[u8]) -> (tokio_rustls::client::TlsStream<TcpStream>, TlsStream) {
+    let (mut theirs, ours) = stock_to_ours(&pair()).await;
+    theirs.write_all(data).await.unwrap();
+    theirs.flush().await.unwrap();
+    (theirs, ours)
+}
+
 /// Bytes that differ at every offset, so a lost or repeated record shows.
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
     (0..len as u32)
@@ -249,11 +257,8 @@ async fn a_socket_that_never_quite_empties_keeps_the_send_buffer_bounded() {
 
 #[tokio::test]
 async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
-    let tls = pair();
-    let (mut theirs, mut ours) = stock_to_ours(&tls).await;
     let first = pattern(100, 6);
-    theirs.write_all(&first).await.unwrap();
-    theirs.flush().await.unwrap();
+    let (mut theirs, mut ours) = stock_sent_ours(&first).await;
     // A read smaller than the record opens it in the connection's buffer.
     let mut got = [0; 10];
     ours.read_exact(&mut got).await.unwrap();
@@ -276,11 +281,8 @@ async fn content_handed_out_is_never_taken_back_by_a_wait_on_the_socket() {
 
 #[tokio::test]
 async fn a_connection_cut_inside_a_record_hands_out_none_of_it() {
-    let tls = pair();
-    let (mut theirs, mut ours) = stock_to_ours(&tls).await;
     let genuine = pattern(40_000, 7);
-    theirs.write_all(&genuine).await.unwrap();
-    theirs.flush().await.unwrap();
+    let (mut theirs, mut ours) = stock_sent_ours(&genuine).await;
     // The start of a record of 4,096 bytes, then the TCP connection ends.
     let mut cut = vec![23, 3, 3, 0x10, 0];
     cut.extend(pattern(100, 8));
