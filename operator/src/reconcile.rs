@@ -326,6 +326,11 @@ async fn reconcile_inner(obj: &DynamicObject, ctx: &Context) -> Result<Action, E
                 }
                 Err((_, Refused::Other(e))) => return Err(e.into()),
             }
+        } else {
+            // This operator applied these very children, maybe in a
+            // reconcile whose status write lost to a newer job: a refusal
+            // the status still shows is over.
+            plan::children_applied(&mut plan, None, job.metadata.generation, now);
         }
         if plan.shards_missing {
             // The StatefulSet controller, not the operator, creates shard

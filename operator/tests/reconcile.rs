@@ -1079,6 +1079,65 @@ async fn child_name_taken(kind: &str, name: &str, shown: &str) {
     );
 }
 
+/// The refusal ends while the cache lags: a reconcile from the older job
+/// applies the children, but its status write loses to the newer job (the
+/// one that says False). The next reconcile has nothing to apply, and still
+/// says True; before, the job showed the refusal for good.
+#[tokio::test]
+async fn a_refusal_whose_end_was_not_written_is_cleared_by_the_next_reconcile() {
+    let memory = Arc::new(Memory::default());
+    let taken = Mock {
+        taken: vec![path("services", "fm-coordinator")],
+        memory: memory.clone(),
+        ..Mock::default()
+    };
+    let (refused, calls) = run_with(
+        job_with_status("fm", common::running_status()),
+        common::running_pods("fm"),
+        taken,
+    )
+    .await;
+    refused.expect_err("refused");
+    let status = status_call(&calls).body["status"].clone();
+    assert_eq!(condition(&status, "ChildrenApplied")["status"], "False");
+
+    let stale = Mock {
+        status_conflict: true,
+        memory: memory.clone(),
+        ..Mock::default()
+    };
+    let (lost, calls) = run_with(
+        job_with_status("fm", common::running_status()),
+        common::running_pods("fm"),
+        stale,
+    )
+    .await;
+    lost.expect("a conflict is not an error");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.method == "PATCH" && c.path == path("services", "fm-coordinator")),
+        "the children were applied"
+    );
+
+    let fresh = Mock {
+        memory,
+        ..Mock::default()
+    };
+    let (result, calls) = run_with(
+        job_with_status("fm", status),
+        common::running_pods("fm"),
+        fresh,
+    )
+    .await;
+    result.expect("reconciled");
+    let c = condition(&status_call(&calls).body["status"], "ChildrenApplied");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("Applied"))
+    );
+}
+
 #[tokio::test]
 async fn progress_alone_does_not_reapply_unchanged_children() {
     let mock = Mock::default();
