@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::IntCounterVec;
 
@@ -30,6 +30,9 @@ pub(super) struct Limits {
     pub handshake: Duration,
     /// Where each handshake's outcome is counted.
     pub outcomes: IntCounterVec,
+    /// At most one line about a failed handshake is logged this often; the
+    /// metric counts every one.
+    pub log_every: Duration,
 }
 
 impl Limits {
@@ -40,6 +43,7 @@ impl Limits {
             first_message: Duration::from_secs(2),
             handshake: Duration::from_secs(10),
             outcomes: outcomes().clone(),
+            log_every: Duration::from_secs(10),
         }
     }
 }
@@ -94,6 +98,31 @@ fn outcomes() -> &'static IntCounterVec {
 /// The collectors of the connections' own metrics, for a role's registry.
 pub fn collectors() -> Vec<Box<dyn prometheus::core::Collector>> {
     vec![Box::new(outcomes().clone())]
+}
+
+/// Which failed handshakes are logged: a flood from many addresses would
+/// otherwise write a line for each. The first of a window is logged, with
+/// how many were held back since the last line.
+#[derive(Default)]
+pub(super) struct Quiet {
+    logged_at: Option<Instant>,
+    held: u64,
+}
+
+impl Quiet {
+    /// Whether a failure at `now` is logged: `Some(held back before it)`.
+    pub(super) fn admit(&mut self, now: Instant, every: Duration) -> Option<u64> {
+        match self.logged_at {
+            Some(t) if now.saturating_duration_since(t) < every => {
+                self.held += 1;
+                None
+            }
+            _ => {
+                self.logged_at = Some(now);
+                Some(std::mem::take(&mut self.held))
+            }
+        }
+    }
 }
 
 /// The pending handshakes, oldest first; `T` is what stops one.
@@ -193,5 +222,18 @@ mod tests {
         assert!(p.remove(id));
         assert_eq!(admit(&mut p, b, "b3"), Some("a2"));
         assert_eq!(p.len(), 4);
+    }
+
+    #[test]
+    fn one_failure_line_a_window_says_how_many_it_held_back() {
+        let (mut q, every, t) = (Quiet::default(), Duration::from_secs(10), Instant::now());
+        assert_eq!(q.admit(t, every), Some(0));
+        for s in 1..=9 {
+            assert_eq!(q.admit(t + Duration::from_secs(s), every), None);
+        }
+        assert_eq!(q.admit(t + every, every), Some(9));
+        assert_eq!(q.admit(t + every * 3, every), Some(0));
+        // A clock read out of order is inside the window, not a panic.
+        assert_eq!(q.admit(t, every), None);
     }
 }

@@ -15,7 +15,7 @@ use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ServerConfig};
@@ -23,7 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
-use super::admit::{Limits, Outcome, Pending};
+use super::admit::{Limits, Outcome, Pending, Quiet};
 use super::stream::TlsStream;
 use super::{Identity, Serves, installed, tls};
 
@@ -149,6 +149,7 @@ pub(super) fn accept(
     let acceptor: Option<Arc<ServerConfig>> = tls.map(tls::Tls::server);
     let (tx, rx) = tokio::sync::mpsc::channel(READY);
     let pending = Arc::new(Mutex::new(Pending::<AbortHandle>::new()));
+    let quiet = Arc::new(Mutex::new(Quiet::default()));
     let limits = Arc::new(limits);
     tokio::spawn(async move {
         loop {
@@ -181,6 +182,7 @@ pub(super) fn accept(
                 tracing::debug!(%peer, "a pending TLS handshake gave way to a newer connection");
             }
             let (tx, pending, limits) = (tx.clone(), pending.clone(), limits.clone());
+            let quiet = quiet.clone();
             table.insert(peer.ip(), |id| {
                 tokio::spawn(async move {
                     let outcome = handshake(acceptor, tcp, &limits).await;
@@ -200,7 +202,15 @@ pub(super) fn accept(
                         }
                         Err((o, why)) => {
                             o.count(&limits.outcomes);
-                            tracing::info!(%peer, outcome = o.label(), "TLS handshake not done: {why}");
+                            let logged = quiet
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .admit(Instant::now(), limits.log_every);
+                            match logged {
+                                Some(0) => tracing::info!(%peer, outcome = o.label(), "TLS handshake not done: {why}"),
+                                Some(held) => tracing::info!(%peer, outcome = o.label(), "TLS handshake not done: {why} ({held} more since the last such line: distbelief_tls_handshakes_total counts them)"),
+                                None => {}
+                            }
                         }
                     }
                 })

@@ -286,6 +286,7 @@ async fn callers_that_say_nothing_give_way_to_the_job_s_own_processes() {
         first_message: HANG * 60,
         handshake: HANG * 60,
         outcomes: outcomes.clone(),
+        log_every: HANG,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
