@@ -31,6 +31,7 @@ use crate::children::{self, BuildError};
 use crate::memory::Memory;
 use crate::metrics::Metrics;
 use crate::plan::{self, Plan, Refusal};
+use crate::ready;
 use crate::{Config, FIELD_MANAGER};
 
 #[derive(Debug, thiserror::Error)]
@@ -104,19 +105,16 @@ const SYNC_WAIT: Duration = Duration::from_secs(30);
 
 impl Stores {
     async fn synced(&self) -> Result<(), Error> {
-        filled("pod", self.pods.wait_until_ready()).await?;
-        filled("StatefulSet", self.stateful_sets.wait_until_ready()).await?;
-        filled("StorageClass", self.storage_classes.wait_until_ready()).await
-    }
-}
-
-async fn filled<E>(
-    name: &'static str,
-    ready: impl std::future::Future<Output = Result<(), E>>,
-) -> Result<(), Error> {
-    match tokio::time::timeout(SYNC_WAIT, ready).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(Error::NotSynced(name)),
+        if !ready::filled(&self.pods, SYNC_WAIT).await {
+            return Err(Error::NotSynced("pod"));
+        }
+        if !ready::filled(&self.stateful_sets, SYNC_WAIT).await {
+            return Err(Error::NotSynced("StatefulSet"));
+        }
+        if !ready::filled(&self.storage_classes, SYNC_WAIT).await {
+            return Err(Error::NotSynced("StorageClass"));
+        }
+        Ok(())
     }
 }
 
