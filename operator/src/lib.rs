@@ -9,7 +9,7 @@ pub mod lease;
 pub mod memory;
 pub mod metrics;
 pub mod plan;
-pub mod ready;
+mod ready;
 pub mod reconcile;
 
 use std::time::Duration;

@@ -1086,32 +1086,32 @@ async fn child_name_taken(kind: &str, name: &str, shown: &str) {
 #[tokio::test]
 async fn a_refusal_whose_end_was_not_written_is_cleared_by_the_next_reconcile() {
     let memory = Arc::new(Memory::default());
+    // The running job with `status`, reconciled with this operator's memory.
+    let run = |status: Value, mock: Mock| {
+        let mock = Mock {
+            memory: memory.clone(),
+            ..mock
+        };
+        run_with(
+            job_with_status("fm", status),
+            common::running_pods("fm"),
+            mock,
+        )
+    };
     let taken = Mock {
         taken: vec![path("services", "fm-coordinator")],
-        memory: memory.clone(),
         ..Mock::default()
     };
-    let (refused, calls) = run_with(
-        job_with_status("fm", common::running_status()),
-        common::running_pods("fm"),
-        taken,
-    )
-    .await;
+    let (refused, calls) = run(common::running_status(), taken).await;
     refused.expect_err("refused");
     let status = status_call(&calls).body["status"].clone();
     assert_eq!(condition(&status, "ChildrenApplied")["status"], "False");
 
     let stale = Mock {
         status_conflict: true,
-        memory: memory.clone(),
         ..Mock::default()
     };
-    let (lost, calls) = run_with(
-        job_with_status("fm", common::running_status()),
-        common::running_pods("fm"),
-        stale,
-    )
-    .await;
+    let (lost, calls) = run(common::running_status(), stale).await;
     lost.expect("a conflict is not an error");
     assert!(
         calls
@@ -1120,16 +1120,7 @@ async fn a_refusal_whose_end_was_not_written_is_cleared_by_the_next_reconcile() 
         "the children were applied"
     );
 
-    let fresh = Mock {
-        memory,
-        ..Mock::default()
-    };
-    let (result, calls) = run_with(
-        job_with_status("fm", status),
-        common::running_pods("fm"),
-        fresh,
-    )
-    .await;
+    let (result, calls) = run(status, Mock::default()).await;
     result.expect("reconciled");
     let c = condition(&status_call(&calls).body["status"], "ChildrenApplied");
     assert_eq!(
